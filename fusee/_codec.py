@@ -1,0 +1,139 @@
+"""Payload codec: JSON through msgspec, typed on the way in and out; `bytes` raw.
+
+A payload is the bytes the journal records. JSON never starts with a NUL byte, so a
+leading NUL marks a raw `bytes` value; no pickle anywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from fusee._errors import CodecError
+
+RAW = b"\x00"
+NULL = b"null"
+
+_encode_json = msgspec.json.Encoder().encode
+_decode_any = msgspec.json.Decoder().decode
+_decoders: dict[Any, msgspec.json.Decoder[Any]] = {}
+
+
+def encode(value: Any, what: str = "value") -> bytes:
+    """Encode a payload, naming the path of the first value JSON cannot hold."""
+    if type(value) is bytes:
+        return RAW + value
+    try:
+        return _encode_json(value)
+    except (TypeError, msgspec.EncodeError, OverflowError) as exc:
+        path = _bad_path(value, "$") or "$"
+        raise CodecError(
+            f"{what} cannot be encoded: a {type(_at(value, path)).__name__} at {path} ({exc})",
+            path=path,
+        ) from None
+
+
+def decode(data: bytes, type_: Any = Any, what: str = "value") -> Any:
+    """Decode a payload into `type_` (`Any` gives plain JSON values)."""
+    if data[:1] == RAW:
+        return data[1:]
+    if type_ is Any or type_ is None:
+        return _decode_any(data)
+    decoder = _decoders.get(type_)
+    if decoder is None:
+        decoder = _decoders[type_] = msgspec.json.Decoder(type_)
+    try:
+        return decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise CodecError(f"{what} does not match {_type_name(type_)}: {exc}") from None
+
+
+def convert(value: Any, type_: Any, what: str = "value") -> tuple[bytes, Any]:
+    """Encode `value` and check it against `type_`: the bytes to record and the typed value
+    the code will receive (the same as after a replay)."""
+    data = encode(value, what)
+    return data, decode(data, type_, what)
+
+
+def _type_name(type_: Any) -> str:
+    return getattr(type_, "__name__", None) or repr(type_)
+
+
+def _bad_path(value: Any, path: str) -> str | None:
+    """Slow path, only after an encode failed: walk the value to the unencodable part."""
+    try:
+        _encode_json(value)
+        return None
+    except Exception:  # noqa: BLE001 - any encode failure means: look inside
+        pass
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            found = _bad_path(item, f"{path}.{key}")
+            if found:
+                return found
+        return path
+    if isinstance(value, (list, tuple, set, frozenset)):
+        for index, item in enumerate(value):
+            found = _bad_path(item, f"{path}[{index}]")
+            if found:
+                return found
+        return path
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for field in dataclasses.fields(value):
+            found = _bad_path(getattr(value, field.name), f"{path}.{field.name}")
+            if found:
+                return found
+        return path
+    if isinstance(value, msgspec.Struct):
+        for name in value.__struct_fields__:
+            found = _bad_path(getattr(value, name), f"{path}.{name}")
+            if found:
+                return found
+    return path
+
+
+def _at(value: Any, path: str) -> Any:
+    """The value a `_bad_path` result names (for the message)."""
+    import re
+
+    for part in re.findall(r"\.([^.\[]+)|\[(\d+)\]", path[1:]):
+        key, index = part
+        if index:
+            value = list(value)[int(index)]
+        elif isinstance(value, Mapping):
+            value = value[key]
+        else:
+            value = getattr(value, key)
+    return value
+
+
+def is_enum(type_: Any) -> bool:
+    return isinstance(type_, type) and issubclass(type_, enum.Enum)
+
+
+_return_types: dict[Any, Any] = {}
+
+
+def return_type(fn: Any) -> Any:
+    """A step function's return annotation (cached per code object), so its recorded
+    result decodes to the same type live and after a replay."""
+    code = getattr(fn, "__code__", None)
+    try:
+        return _return_types[code]
+    except KeyError:
+        pass
+    import typing
+
+    try:
+        hint = typing.get_type_hints(fn).get("return", Any)
+    except Exception:  # noqa: BLE001 - unresolvable: plain JSON
+        hint = Any
+    if hint is None or hint is type(None) or typing.get_origin(hint) in (typing.Awaitable, typing.Coroutine):
+        hint = Any
+    if code is not None:
+        _return_types[code] = hint
+    return hint

@@ -1,0 +1,337 @@
+"""`ctx`: everything workflow code may touch. Each call is a journal operation; the code
+between calls must be deterministic (use `now`, `random` and `uuid` from here)."""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import random as _random_module
+import uuid as _uuid_module
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from fusee import _codec as codec
+from fusee import _records as R
+from fusee._definitions import (
+    DEFAULT_RETRY, Query, Retry, Signal, Update, Workflow, query_of, signal_of, update_of,
+)
+from fusee._durations import Duration, at_ms, to_ms
+from fusee._errors import RejectedError
+from fusee._ops import (
+    AllOp, CancelOp, ChildOp, FiberOp, Op, RaceOp, SendOp, StepOp, TimerOp, WaitOp, WatchOp,
+)
+from fusee._run import ContinueAsNew
+
+if TYPE_CHECKING:
+    from fusee._run import RunState
+
+current_step: contextvars.ContextVar[StepContext | None] = contextvars.ContextVar(
+    "fusee_step", default=None
+)
+
+
+@dataclass(slots=True)
+class StepContext:
+    """What a step function may take as its one argument (built only when it does)."""
+
+    key: str
+    attempt: int
+    workflow_id: str
+    step: str
+    cancelled: bool = False
+
+
+@dataclass(slots=True)
+class Completion:
+    """What `await_completion`'s send function receives."""
+
+    token: str
+    url: str | None = None
+
+
+class ChildHandle:
+    """A started child: its ID, and its result as an operation."""
+
+    __slots__ = ("_run", "_op", "id")
+
+    def __init__(self, run: RunState, op: ChildOp) -> None:
+        self._run = run
+        self._op = op
+        self.id = op.wid
+
+    def result(self) -> Op:
+        run, seq = self._run, self._op.seq
+        watch = WatchOp(-1, f"child '{self.id}'")
+        recorded = run.child_results.get(seq)
+        if recorded is not None:
+            run._resolve_child_watch(watch, recorded)
+        else:
+            run.child_watchers.setdefault(seq, []).append(watch)
+        return watch
+
+
+class Ctx:
+    """The workflow context. Methods that return an `Op` must be awaited (directly or
+    through `all`/`race`); `now`, `random`, `uuid` and `journal_size` return at once."""
+
+    __slots__ = ("_run",)
+
+    def __init__(self, run: RunState) -> None:
+        self._run = run
+
+    @property
+    def workflow_id(self) -> str:
+        return self._run.wid
+
+    @property
+    def run_number(self) -> int:
+        return self._run.run_no
+
+    # -- steps ------------------------------------------------------------------------
+
+    def step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *,
+        retry: Retry | None = None,
+        timeout: Duration | None = None,
+        read_only: bool = False,
+        thread: bool = False,
+        output: Any = None,
+    ) -> StepOp:
+        """Run `fn` once the records before it are durable, record its result, return it.
+        On replay the recorded result comes back and `fn` does not run."""
+        op = StepOp(
+            -1, name, fn, retry or self._run.shard.engine.default_retry,
+            to_ms(timeout, "timeout") if timeout is not None else None, read_only, thread,
+        )
+        op.output = output
+        self._run.issue(op)
+        return op
+
+    def await_completion(
+        self,
+        name: str,
+        send: Callable[[Completion], Any],
+        *,
+        retry: Retry | None = None,
+        timeout: Duration | None = None,
+        output: Any = None,
+    ) -> StepOp:
+        """Run `send(cb)` as a step (gated, retried), then wait until someone calls
+        `engine.complete(cb.token, value)` or `engine.fail(cb.token, failure)`."""
+        op = StepOp(
+            -1, name, send, retry or DEFAULT_RETRY,
+            to_ms(timeout, "timeout") if timeout is not None else None, False, False, completion=True,
+        )
+        op.output = output
+        self._run.issue(op)
+        return op
+
+    def compensate(
+        self, name: str, fn: Callable[..., Any], *, retry: Retry | None = None,
+        timeout: Duration | None = None,
+    ) -> None:
+        """Register a step that runs, newest first, if the workflow fails or is cancelled."""
+        options: dict[str, Any] = {}
+        if retry is not None:
+            options["retry"] = retry
+        if timeout is not None:
+            options["timeout"] = timeout
+        self._run.compensations.append((name, fn, options))
+
+    # -- time ---------------------------------------------------------------------------
+
+    def sleep(self, name: str, duration: Duration) -> TimerOp:
+        op = TimerOp(name, to_ms(duration, f"sleep '{name}'"))
+        return self._issue_timer(op)
+
+    def sleep_until(self, name: str, at: datetime | int | float) -> TimerOp:
+        return self._issue_timer(TimerOp(name, None, at_ms(at)))
+
+    def _issue_timer(self, op: TimerOp) -> TimerOp:
+        run = self._run
+        run.issue(op)
+        rec = run.issued_record(op.seq)
+        if isinstance(rec, R.TimerStarted):
+            op.due, op.recorded = rec.due, True
+        return op
+
+    # -- signals ------------------------------------------------------------------------
+
+    def wait_for(self, signal: Signal[Any] | str, *, timeout: Duration | None = None) -> WaitOp:
+        """The signal's value; None if the timeout passed first. A signal that arrived
+        before the code got here is kept and taken now."""
+        sig = signal_of(signal)
+        run = self._run
+        op = WaitOp(sig.name, sig.type, to_ms(timeout, "timeout") if timeout is not None else None)
+        run.issue(op)
+        rec = run.issued_record(op.seq)
+        if isinstance(rec, R.WaitStarted):
+            op.due, op.recorded = rec.due, True
+        run.take_signal(op)
+        return op
+
+    # -- values ---------------------------------------------------------------------------
+
+    def now(self) -> datetime:
+        """The time, recorded: the same on every replay."""
+        ms = self._draw("now", lambda: self._run.shard.now_ms())
+        return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+
+    def random(self) -> float:
+        return float(self._draw("random", _random_module.random))
+
+    def uuid(self) -> _uuid_module.UUID:
+        return _uuid_module.UUID(self._draw("uuid", lambda: str(_uuid_module.uuid4())))
+
+    def _draw(self, op_name: str, draw: Callable[[], Any]) -> Any:
+        run = self._run
+        op = run.issue(Op(-1, op_name))
+        run.pending_start.remove(op)
+        rec = run.issued_record(op.seq)
+        if isinstance(rec, R.Drawn):
+            value = rec.value
+        else:
+            value = draw()
+            run.record(R.Drawn(op.seq, op_name, value))
+        run.resolve(op, value)
+        return value
+
+    def journal_size(self) -> int:
+        """Operations the run has called so far; deterministic."""
+        return self._run.next_seq
+
+    def key(self) -> str:
+        """The idempotency key of the step whose function is running."""
+        step = current_step.get()
+        if step is None or step.workflow_id != self._run.wid:
+            raise RejectedError(
+                "key() called outside a step's function: there is no step to key. Call it "
+                "inside the step's function, or take the step context and use s.key"
+            )
+        return step.key
+
+    # -- combinators ----------------------------------------------------------------------
+
+    def all(self, ops: Sequence[Awaitable[Any]]) -> Op:
+        """Every operation's result, in order; the first failure raises."""
+        items = [_as_op(op) for op in ops]
+        return self._run.combine(AllOp(items), items)
+
+    def race(self, ops: Sequence[Awaitable[Any]]) -> Op:
+        """The first operation to finish, its result or its failure."""
+        items = [_as_op(op) for op in ops]
+        return self._run.combine(RaceOp(items), items)
+
+    # -- other workflows --------------------------------------------------------------
+
+    def start_child(
+        self, workflow: Workflow[Any] | str, id: str, input: Any = None, *,
+        parent_close: str = "terminate", timeout: Duration | None = None,
+    ) -> ChildOp:
+        """Start a child workflow (on whatever shard its ID hashes to); resolves to a
+        `ChildHandle` once the child's shard started it."""
+        if parent_close not in ("terminate", "request-cancel", "abandon"):
+            raise RejectedError(f"parent_close {parent_close!r}: use terminate, request-cancel or abandon")
+        name, in_type, out_type = _types_of(workflow, self._run)
+        data, _ = codec.convert(input, in_type, f"child '{id}' input")
+        op = ChildOp(id, name, out_type, data, parent_close, to_ms(timeout) if timeout else 0)
+        run = self._run
+        run.issue(op)
+        if isinstance(run.issued_record(op.seq), R.ChildRequested):
+            op.recorded = True
+        return op
+
+    async def child(
+        self, workflow: Workflow[Any] | str, id: str, input: Any = None, *,
+        parent_close: str = "terminate", timeout: Duration | None = None,
+    ) -> Any:
+        """Start a child and wait for its result."""
+        handle = await self.start_child(workflow, id, input, parent_close=parent_close, timeout=timeout)
+        return await handle.result()
+
+    def signal_workflow(self, id: str, signal: Signal[Any] | str, value: Any = None) -> SendOp:
+        sig = signal_of(signal)
+        op = SendOp(id, sig.name, codec.encode(value, f"signal '{sig.name}'"))
+        return self._issue_send(op, R.SignalSent)
+
+    def cancel_workflow(self, id: str, reason: str | None = None) -> SendOp:
+        return self._issue_send(CancelOp(id, id, reason), R.CancelSent)
+
+    def _issue_send(self, op: SendOp, kind: type) -> SendOp:
+        run = self._run
+        run.issue(op)
+        if isinstance(run.issued_record(op.seq), kind):
+            op.recorded = True
+        return op
+
+    # -- queries and updates ------------------------------------------------------------
+
+    def on_query(self, query: Query[Any, Any] | str, handler: Callable[[Any], Any]) -> None:
+        q = query_of(query)
+        self._run.query_handlers[q.name] = (q, handler)
+
+    def on_update(
+        self, update: Update[Any, Any] | str, handler: Callable[[Any], Any],
+        validate: Callable[[Any], Any] | None = None,
+    ) -> None:
+        """Register an update's handler (sync or async; async ones may call ctx) and its
+        validator, which refuses by raising or by returning a message."""
+        u = update_of(update)
+        run = self._run
+        run.update_handlers[u.name] = (u, handler, validate)
+        for rec in run.pending_updates.pop(u.name, []):
+            run.start_update(rec)
+
+    # -- the run's end ------------------------------------------------------------------
+
+    def continue_as_new(self, input: Any = None, *, version: int | None = None) -> NoReturn:
+        """End this run and start the next run of the same ID with `input`."""
+        wf = self._run.workflow
+        assert wf is not None
+        data, _ = codec.convert(input, wf.input_type, "continue_as_new input")
+        raise ContinueAsNew(data, version or wf.version)
+
+
+def _as_op(item: Awaitable[Any]) -> Op:
+    if isinstance(item, Op):
+        return item
+    if inspect.iscoroutine(item):
+        return FiberOp(item)
+    raise TypeError(f"all/race take ctx operations or coroutines, not {type(item).__name__}")
+
+
+def _types_of(workflow: Workflow[Any] | str, run: RunState) -> tuple[str, Any, Any]:
+    if isinstance(workflow, str):
+        known = run.shard.engine.workflows.get(workflow)
+        if known is None:
+            return workflow, Any, Any
+        workflow = known
+    return workflow.name, workflow.input_type, workflow.output_type
+
+
+def takes_context(fn: Callable[..., Any], _cache: dict[Any, bool] = {}) -> bool:  # noqa: B006
+    """Whether a step function declares the step context parameter (cached per code)."""
+    code = getattr(fn, "__code__", fn)
+    try:
+        return _cache[code]
+    except KeyError:
+        pass
+    try:
+        params = [
+            p for p in inspect.signature(fn).parameters.values()
+            if p.default is inspect.Parameter.empty
+            and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        takes = len(params) >= 1
+    except (TypeError, ValueError):
+        takes = False
+    _cache[code] = takes
+    return takes
+
+
+Coro = Coroutine[Any, Any, Any]

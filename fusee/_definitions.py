@@ -1,0 +1,175 @@
+"""Definitions: workflows, signals, queries and updates, plain values made apart from any
+engine so a client can import them for their names and types alone."""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar, overload
+
+from fusee._durations import Duration, to_ms
+
+In = TypeVar("In")
+Out = TypeVar("Out")
+WorkflowFn = Callable[..., Awaitable[Any]]
+
+
+class Workflow(Generic[Out]):
+    """A workflow type: its name, version, code and the input and result types read once
+    from the function's annotations."""
+
+    __slots__ = ("name", "fn", "version", "timeout_ms", "input_type", "output_type", "takes_input")
+
+    def __init__(
+        self,
+        fn: WorkflowFn,
+        name: str | None = None,
+        version: int = 1,
+        timeout: Duration | None = None,
+        input: Any = None,
+        output: Any = None,
+    ) -> None:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"workflow '{name or fn.__name__}' must be an `async def` function")
+        params = list(inspect.signature(fn).parameters.values())
+        if not params or len(params) > 2:
+            raise TypeError(
+                f"workflow '{name or fn.__name__}' must take (ctx) or (ctx, input), "
+                f"not {len(params)} parameters"
+            )
+        hints = _hints(fn)
+        self.fn = fn
+        self.name = name or fn.__name__
+        self.version = version
+        self.timeout_ms = to_ms(timeout, "timeout") if timeout is not None else None
+        self.takes_input = len(params) == 2
+        self.input_type = input if input is not None else (
+            hints.get(params[1].name, Any) if self.takes_input else Any
+        )
+        self.output_type = output if output is not None else hints.get("return", Any)
+
+    def __repr__(self) -> str:
+        return f"<fusee.Workflow {self.name!r} v{self.version}>"
+
+    async def __call__(self, ctx: Any, *args: Any) -> Out:
+        """Calls the code directly (as a plain coroutine), e.g. from a test."""
+        result: Out = await self.fn(ctx, *args)
+        return result
+
+
+def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(fn)
+    except Exception:  # noqa: BLE001 - unresolvable annotations mean: untyped JSON
+        return {}
+
+
+@overload
+def workflow(fn: WorkflowFn, /) -> Workflow[Any]: ...
+@overload
+def workflow(
+    name: str | None = None,
+    /,
+    *,
+    version: int = 1,
+    timeout: Duration | None = None,
+    input: Any = None,
+    output: Any = None,
+) -> Callable[[WorkflowFn], Workflow[Any]]: ...
+
+
+def workflow(
+    name_or_fn: str | WorkflowFn | None = None,
+    /,
+    *,
+    version: int = 1,
+    timeout: Duration | None = None,
+    input: Any = None,
+    output: Any = None,
+) -> Workflow[Any] | Callable[[WorkflowFn], Workflow[Any]]:
+    """Define a workflow type: `@fusee.workflow`, or `@fusee.workflow("name", version=2)`."""
+    if callable(name_or_fn):
+        return Workflow(name_or_fn)
+
+    def define(fn: WorkflowFn) -> Workflow[Any]:
+        return Workflow(fn, name_or_fn, version, timeout, input, output)
+
+    return define
+
+
+@dataclass(frozen=True, slots=True)
+class Signal(Generic[In]):
+    """A signal's name and payload type."""
+
+    name: str
+    type: Any = Any
+
+
+@dataclass(frozen=True, slots=True)
+class Query(Generic[In, Out]):
+    """A query's name, argument and result types."""
+
+    name: str
+    arg: Any = Any
+    result: Any = Any
+
+
+@dataclass(frozen=True, slots=True)
+class Update(Generic[In, Out]):
+    """An update's name, argument and result types."""
+
+    name: str
+    arg: Any = Any
+    result: Any = Any
+
+
+def signal(name: str, type: Any = Any) -> Signal[Any]:  # noqa: A002 - the API's word
+    return Signal(name, type)
+
+
+def query(name: str, arg: Any = Any, result: Any = Any) -> Query[Any, Any]:
+    return Query(name, arg, result)
+
+
+def update(name: str, arg: Any = Any, result: Any = Any) -> Update[Any, Any]:
+    return Update(name, arg, result)
+
+
+def signal_of(sig: Signal[Any] | str) -> Signal[Any]:
+    """A plain string works wherever a definition does."""
+    return Signal(sig) if isinstance(sig, str) else sig
+
+
+def query_of(q: Query[Any, Any] | str) -> Query[Any, Any]:
+    return Query(q) if isinstance(q, str) else q
+
+
+def update_of(u: Update[Any, Any] | str) -> Update[Any, Any]:
+    return Update(u) if isinstance(u, str) else u
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """A step's retry policy. The default: 3 attempts, ~100 ms then ~200 ms apart, each
+    delay drawn between half of it and all of it so runs that fail together do not retry
+    together. A failure is final when it is a `fusee.Fatal`, has `retryable = False`, its
+    type (or a cause's) is in `non_retryable`, or `retry_if(failure, attempt)` says no."""
+
+    attempts: int = 3
+    initial: Duration = 100
+    factor: float = 2.0
+    max: Duration = "10s"
+    jitter: bool = True
+    max_elapsed: Duration | None = None
+    non_retryable: Sequence[type[BaseException] | str] = field(default=())
+    retry_if: Callable[[Any, int], bool] | None = None
+
+    def delay_ms(self, attempt: int, draw: float) -> int:
+        """The wait after failed attempt `attempt` (1-based); `draw` is in [0, 1)."""
+        base = min(to_ms(self.initial) * self.factor ** (attempt - 1), to_ms(self.max))
+        return int(base * (0.5 + 0.5 * draw)) if self.jitter else int(base)
+
+
+DEFAULT_RETRY = Retry()

@@ -1,0 +1,483 @@
+"""The engine and run handles: start, signal, query, update and read runs."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import difflib
+import hashlib
+import inspect
+import uuid
+import zlib
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import msgspec
+
+from fusee import _codec as codec
+from fusee import _records as R
+from fusee._clock import Clock, SystemClock
+from fusee._definitions import (
+    DEFAULT_RETRY, Query, Retry, Signal, Update, Workflow, query_of, signal_of, update_of,
+)
+from fusee._durations import Duration, to_ms
+from fusee._errors import (
+    ClosedError, Failure, NotFoundError, RejectedError, UnknownWorkflowError, error_from,
+)
+from fusee._messages import Ack, Msg
+from fusee._recovery import recover
+from fusee._run import RunState
+from fusee._shard import Shard
+from fusee._storage import MemoryStorage, Storage
+
+Out = TypeVar("Out")
+FINISHED = ("ok", "failed", "cancelled", "timed_out", "terminated")
+
+
+@dataclass(slots=True)
+class RunSummary:
+    id: str
+    run: int
+    type: str
+    status: str  # running, waiting_for_code, stuck, ok, failed, cancelled, timed_out, terminated
+    shard: int
+
+
+@dataclass(slots=True)
+class RunDescription:
+    summary: RunSummary
+    journal: list[R.Rec] = field(default_factory=list)
+
+
+class Engine:
+    """Runs workflows on shards over one storage backend."""
+
+    def __init__(self, storage: Storage, workflows: Sequence[Workflow[Any]], clock: Clock,
+                 park_after_ms: int, profile: str | None, record_stacks: bool,
+                 default_retry: Retry) -> None:
+        self.storage = storage
+        self.clock = clock
+        self.workflows: dict[str, Workflow[Any]] = {}
+        self.park_after_ms = park_after_ms
+        self.tick_ms = max(10, min(park_after_ms // 2, 500))
+        self.checkpoint_records = 50_000
+        self.profile = profile
+        self.record_stacks = record_stacks
+        self.default_retry = default_retry
+        self.step_mocks: dict[tuple[str, str], Callable[[int], Any]] = {}
+        self.shards: list[Shard] = []
+        self.closed = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.register(*workflows)
+
+    @classmethod
+    async def open(
+        cls,
+        dir: str | None = None,
+        *,
+        workflows: Sequence[Workflow[Any]] = (),
+        shards: int = 4,
+        durability: str = "memory",
+        park_after: Duration = "1s",
+        profile: str | None = None,
+        record_stacks: bool = True,
+        retry: Retry = DEFAULT_RETRY,
+        clock: Clock | None = None,
+        storage: Storage | None = None,
+    ) -> Engine:
+        """Open an engine. `durability="memory"` keeps nothing; a directory (local mode)
+        needs the `fusee-server` distribution's disk path."""
+        if storage is None:
+            if dir is not None or durability != "memory":
+                raise RejectedError(
+                    f"durability={durability!r}: this build runs on memory storage only; open "
+                    "with durability='memory' (local mode arrives with fusee-server)"
+                )
+            if shards < 1:
+                raise RejectedError(f"shards={shards}: need at least 1")
+            storage = MemoryStorage(shards)
+        engine = cls(storage, workflows, clock or SystemClock(), to_ms(park_after, "park_after"),
+                     profile, record_stacks, retry)
+        await engine._open_shards()
+        return engine
+
+    async def _open_shards(self) -> None:
+        for index in range(self.storage.shards):
+            shard = Shard(self, index, await self.storage.open_shard(index))
+            self.shards.append(shard)
+        for shard in self.shards:
+            await recover(shard)
+            shard.start_ticks()
+
+    def register(self, *workflows: Workflow[Any]) -> None:
+        for wf in workflows:
+            if not isinstance(wf, Workflow):
+                raise TypeError(f"register takes workflows made with @fusee.workflow, not {wf!r}")
+            known = self.workflows.get(wf.name)
+            if known is not None and known.fn is not wf.fn:
+                raise RejectedError(
+                    f"workflow type '{wf.name}' is registered twice: {_where(known.fn)} and {_where(wf.fn)}"
+                )
+            self.workflows[wf.name] = wf
+
+    async def __aenter__(self) -> Engine:
+        return self
+
+    async def __aexit__(self, *_: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Flush and checkpoint every shard, then release the storage."""
+        if self.closed:
+            return
+        self.closed = True
+        for shard in self.shards:
+            await shard.close()
+        await self.storage.close()
+
+    def abandon(self) -> None:
+        """Drop the engine's memory without flushing (a crash, for the test kit)."""
+        self.closed = True
+        for shard in self.shards:
+            shard.abandon()
+        for task in self._tasks:
+            task.cancel()
+
+    # -- routing ------------------------------------------------------------------------
+
+    def shard_of(self, wid: str) -> Shard:
+        return self.shards[zlib.crc32(wid.encode()) % len(self.shards)]
+
+    def route(self, msg: Msg) -> None:
+        """Deliver a message to its target's shard, on a later turn of the loop."""
+        self._spawn(self.shard_of(msg.target).receive(msg))
+
+    def route_ack(self, src: int, ack: Ack) -> None:
+        self._spawn(self.shards[src].acked(ack))
+
+    def _spawn(self, coro: Any) -> None:
+        if self.closed:
+            coro.close()
+            return
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ClosedError("the engine is closed; open a new one")
+
+    def workflow_of(self, wf: Workflow[Any] | str) -> Workflow[Any]:
+        name = wf if isinstance(wf, str) else wf.name
+        known = self.workflows.get(name)
+        if known is None:
+            registered = sorted(self.workflows)
+            near = difflib.get_close_matches(name, registered, n=1)
+            hint = f"; did you mean '{near[0]}'?" if near else ""
+            raise UnknownWorkflowError(
+                f"no code is registered for workflow type '{name}' (registered: "
+                f"{', '.join(registered) or 'none'}){hint}",
+                workflow_type=name,
+            )
+        return known
+
+    # -- starting -------------------------------------------------------------------------
+
+    async def start(
+        self, wf: Workflow[Out] | str, id: str, input: Any = None, *,
+        id_policy: dict[str, str] | None = None, timeout: Duration | None = None,
+        version: int | None = None,
+    ) -> Run[Out]:
+        """Start a run; returns once its start is durable. A wrong input type, an unknown
+        workflow or a taken ID is refused before anything is recorded."""
+        run, _ = await self._start(wf, id, input, id_policy, timeout, version)
+        return run
+
+    async def _start(
+        self, wf: Workflow[Any] | str, id: str, input: Any, id_policy: dict[str, str] | None,
+        timeout: Duration | None, version: int | None, update: tuple[str, str, bytes] | None = None,
+    ) -> tuple[Run[Any], RunState | Any]:
+        self._check_open()
+        definition = self.workflow_of(wf)
+        data, _ = codec.convert(input, definition.input_type, "the workflow's input")
+        _check_policy(id_policy)
+        shard = self.shard_of(id)
+        state, _ = shard.start(
+            definition.name, id, data, policy=id_policy,
+            timeout_ms=to_ms(timeout, "timeout") if timeout is not None else None,
+            update=update, version=version,
+        )
+        await shard.durable_at(shard.appended)
+        return Run(self, id, definition), state
+
+    def run(self, id: str, wf: Workflow[Out] | None = None) -> Run[Out]:
+        """A handle; makes no call."""
+        return Run(self, id, wf)
+
+    async def signal_with_start(
+        self, wf: Workflow[Out] | str, id: str, input: Any, signal: Signal[Any] | str, value: Any = None,
+        *, id_policy: dict[str, str] | None = None, timeout: Duration | None = None,
+    ) -> Run[Out]:
+        """Signal `id`, starting it with `input` first if it is not running; the signal is
+        recorded before a new run's code first runs."""
+        sig = signal_of(signal)
+        payload = codec.encode(value, f"signal '{sig.name}'")
+        policy = {"running": "use-existing", **(id_policy or {})}
+        run, state = await self._start(wf, id, input, policy, timeout, None)
+        await run._signal_bytes(sig.name, payload)
+        return run
+
+    async def update_with_start(
+        self, wf: Workflow[Out] | str, id: str, input: Any, update: Update[Any, Any] | str, arg: Any = None,
+        *, id_policy: dict[str, str] | None = None, timeout: Duration | None = None,
+        update_id: str | None = None,
+    ) -> tuple[Run[Out], Any]:
+        """Start `id` with the update in its start record (so the two never come apart),
+        or send the update to the running run."""
+        u = update_of(update)
+        data = codec.convert(arg, u.arg, f"update '{u.name}' argument")[0]
+        update_id = update_id or str(uuid.uuid4())
+        policy = {"running": "use-existing", **(id_policy or {})}
+        run, state = await self._start(wf, id, input, policy, timeout, None, (update_id, u.name, data))
+        if isinstance(state, RunState) and state.started.update_id == update_id:
+            return run, await run._await_update(u, update_id)
+        return run, await run.update(u, arg, id=update_id)
+
+    # -- completions -----------------------------------------------------------------------
+
+    async def complete(self, token: str, value: Any = None) -> None:
+        await self._complete(token, codec.encode(value, "completion value"), None)
+
+    async def fail(self, token: str, failure: BaseException | str | Failure) -> None:
+        if isinstance(failure, str):
+            envelope = Failure(failure)
+        elif isinstance(failure, Failure):
+            envelope = failure
+        else:
+            from fusee._errors import failure_from
+
+            envelope = failure_from(failure, self.record_stacks)
+        await self._complete(token, None, envelope)
+
+    async def _complete(self, token: str, value: bytes | None, failure: Failure | None) -> None:
+        self._check_open()
+        wid, run_no, seq, attempt, nonce = parse_token(token)
+        shard = self.shard_of(wid)
+        state = await shard.load(wid)
+        op = state.ops.get(seq) if state is not None and state.run_no == run_no else None
+        if (
+            state is None or op is None or op.done or not getattr(op, "sent", False)
+            or getattr(op, "attempt", 0) != attempt
+            or make_token(wid, run_no, seq, attempt, state.started.seed) != token
+        ):
+            raise RejectedError("the completion token is stale: its step finished, or a newer attempt holds it")
+        state.event(R.Completed(seq, value, failure))
+        await shard.durable_at(state.last_lsn)
+
+    # -- listing ---------------------------------------------------------------------------
+
+    async def list(self, type: str | None = None, status: str | None = None) -> AsyncIterator[RunSummary]:  # noqa: A002
+        for shard in self.shards:
+            rows = [RunSummary(r.wid, r.run_no, r.type, _status(r), shard.index) for r in shard.runs.values()]
+            rows += [
+                RunSummary(e.wid, e.run, e.type, "running" if e.status == "parked" else e.status, shard.index)
+                for e in shard.index_entries.values()
+            ]
+            for row in rows:
+                if (type is None or row.type == type) and (status is None or row.status == status):
+                    yield row
+
+
+class Run(Generic[Out]):
+    """A handle on the runs of one workflow ID; makes no call until used."""
+
+    def __init__(self, engine: Engine, id: str, wf: Workflow[Any] | None) -> None:
+        self.engine = engine
+        self.id = id
+        self.workflow = wf
+
+    def __repr__(self) -> str:
+        return f"<fusee.Run {self.id!r}>"
+
+    @property
+    def _shard(self) -> Shard:
+        self.engine._check_open()
+        return self.engine.shard_of(self.id)
+
+    async def _running(self) -> RunState:
+        state = await self._shard.load(self.id)
+        if state is None or state.final:
+            raise NotFoundError(f"no running workflow '{self.id}'", workflow_id=self.id)
+        return state
+
+    async def signal(self, signal: Signal[Any] | str, value: Any = None) -> None:
+        """Record a signal; returns once it is durable."""
+        sig = signal_of(signal)
+        await self._signal_bytes(sig.name, codec.encode(value, f"signal '{sig.name}'"))
+
+    async def _signal_bytes(self, name: str, payload: bytes) -> None:
+        state = await self._running()
+        state.event(R.SignalReceived(name, payload))
+        await self._shard.durable_at(state.last_lsn)
+
+    async def query(self, query: Query[Any, Any] | str, arg: Any = None) -> Any:
+        """Answer from the run's state; released once the state it read is durable."""
+        q = query_of(query)
+        shard = self._shard
+        state = await shard.load(self.id)
+        if state is None:
+            state = await shard.finished_run(self.id)
+            if state is None:
+                raise NotFoundError(f"no workflow '{self.id}'", workflow_id=self.id)
+            raise RejectedError(f"workflow '{self.id}' has ended ({state.status}); queries need a running run")
+        handler = state.query_handlers.get(q.name)
+        if handler is None:
+            raise RejectedError(
+                f"workflow '{self.id}' has no handler for query '{q.name}' "
+                f"(handlers: {', '.join(sorted(state.query_handlers)) or 'none'})"
+            )
+        data = codec.encode(handler[1](codec.convert(arg, q.arg, "query argument")[1]), f"query '{q.name}' answer")
+        await shard.durable_at(state.last_lsn)
+        return codec.decode(data, q.result, f"query '{q.name}' answer")
+
+    async def update(self, update: Update[Any, Any] | str, arg: Any = None, *, id: str | None = None) -> Any:
+        """Run an update's handler in the workflow. The validator runs first (a refusal
+        records nothing); the same update ID gets the recorded result."""
+        u = update_of(update)
+        update_id = id or str(uuid.uuid4())
+        shard = self._shard
+        state = await shard.load(self.id)
+        if state is None:
+            finished = await shard.finished_run(self.id)
+            done = finished and next((r for r in finished.journal if isinstance(r, R.UpdateDone) and r.id == update_id), None)
+            if done:
+                return _update_result(u, done)
+            raise NotFoundError(f"no running workflow '{self.id}'", workflow_id=self.id)
+        if update_id in state.update_results:
+            return _update_result(u, state.update_results[update_id])
+        if state.final:
+            raise NotFoundError(f"no running workflow '{self.id}'", workflow_id=self.id)
+        if update_id not in state.updates_running:
+            data, value = codec.convert(arg, u.arg, f"update '{u.name}' argument")
+            handler = state.update_handlers.get(u.name)
+            if handler is None:
+                raise RejectedError(f"workflow '{self.id}' has no handler for update '{u.name}'")
+            validate = handler[2]
+            if validate is not None:
+                try:
+                    verdict = validate(value)
+                except Exception as exc:  # noqa: BLE001 - a refusal, whatever its type
+                    raise RejectedError(f"update '{u.name}' refused: {exc}") from None
+                if isinstance(verdict, str) or verdict is False:
+                    raise RejectedError(f"update '{u.name}' refused: {verdict or 'validator said no'}")
+            fut = self._update_waiter(update_id)
+            state.event(R.UpdateAccepted(update_id, u.name, data))
+            return _update_result(u, await fut)
+        return await self._await_update(u, update_id)
+
+    def _update_waiter(self, update_id: str) -> asyncio.Future[R.UpdateDone]:
+        fut: asyncio.Future[R.UpdateDone] = asyncio.get_running_loop().create_future()
+        self._shard.update_waiters.setdefault((self.id, update_id), []).append(fut)
+        return fut
+
+    async def _await_update(self, u: Update[Any, Any], update_id: str) -> Any:
+        state = self._shard.runs.get(self.id)
+        if state is not None and update_id in state.update_results:
+            await self._shard.durable_at(state.last_lsn)
+            return _update_result(u, state.update_results[update_id])
+        return _update_result(u, await self._update_waiter(update_id))
+
+    async def result(self) -> Out:
+        """The run's result (following continue-as-new); raises its failure."""
+        shard = self._shard
+        while True:
+            state: Any = shard.runs.get(self.id)
+            if state is None:
+                state = await shard.finished_run(self.id)
+                if state is None:
+                    state = await shard.load(self.id)
+                if state is None:
+                    raise NotFoundError(f"no workflow '{self.id}'", workflow_id=self.id)
+            if state.status in FINISHED:
+                return self._outcome(state)
+            if state.status == "stuck" and self.engine.profile == "dev" and state.stuck_error:
+                raise state.stuck_error
+            fut: asyncio.Future[RunState] = asyncio.get_running_loop().create_future()
+            shard.result_waiters.setdefault(self.id, []).append(fut)
+            await fut
+
+    def _outcome(self, state: RunState) -> Out:
+        rec = state.outcome
+        assert isinstance(rec, R.Finished)
+        if rec.status == "ok":
+            wf = self.workflow or self.engine.workflows.get(state.type)
+            result: Out = codec.decode(rec.value or b"null", wf.output_type if wf else Any, "the workflow's result")
+            return result
+        raise error_from(rec.failure or Failure(rec.status))
+
+    async def status(self) -> RunSummary:
+        return (await self.describe()).summary
+
+    async def describe(self) -> RunDescription:
+        """The summary and the journal, as records."""
+        shard = self._shard
+        state = await shard.load(self.id) or await shard.finished_run(self.id)
+        if state is None:
+            raise NotFoundError(f"no workflow '{self.id}'", workflow_id=self.id)
+        return RunDescription(RunSummary(self.id, state.run_no, state.type, _status(state), shard.index), list(state.journal))
+
+    async def cancel(self, reason: str | None = None) -> None:
+        """Ask the run to stop: its code gets CancelledError at the operations it waits
+        on, and its compensations run."""
+        state = await self._running()
+        state.event(R.CancelRequested(reason))
+        await self._shard.durable_at(state.last_lsn)
+
+    async def terminate(self, reason: str | None = None) -> None:
+        """End the run at once: nothing of its code runs after this, not even compensation."""
+        state = await self._running()
+        state.end(R.Finished("terminated", failure=Failure(reason or "terminated", type="Terminated")))
+        await self._shard.durable_at(state.last_lsn)
+
+
+def _update_result(u: Update[Any, Any], rec: R.UpdateDone) -> Any:
+    if rec.failure is not None:
+        raise error_from(rec.failure)
+    return codec.decode(rec.value or b"null", u.result, f"update '{u.name}' result")
+
+
+def _status(state: RunState) -> str:
+    return "running" if state.status == "running" else state.status
+
+
+def _check_policy(policy: dict[str, str] | None) -> None:
+    allowed = {"running": ("fail", "use-existing", "terminate-existing"),
+               "finished": ("allow", "allow-if-failed", "refuse", "use-existing")}
+    for key, value in (policy or {}).items():
+        if key not in allowed or value not in allowed[key]:
+            raise RejectedError(f"id_policy {key}={value!r}: allowed are {allowed}")
+
+
+def _where(fn: Callable[..., Any]) -> str:
+    try:
+        return f"{inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]}"
+    except (OSError, TypeError):
+        return getattr(fn, "__qualname__", repr(fn))
+
+
+def make_token(wid: str, run: int, seq: int, attempt: int, seed: int) -> str:
+    """A completion token names the run, the step and the attempt; its MAC over the
+    run's recorded seed makes it unguessable and lets a stale one be refused."""
+    body = msgspec.json.encode([wid, run, seq, attempt])
+    mac = hashlib.blake2b(body, key=seed.to_bytes(8, "big"), digest_size=12).digest()
+    return base64.urlsafe_b64encode(body).decode().rstrip("=") + "." + base64.urlsafe_b64encode(mac).decode()
+
+
+def parse_token(token: str) -> tuple[str, int, int, int, str]:
+    try:
+        body, mac = token.split(".", 1)
+        wid, run, seq, attempt = msgspec.json.decode(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+        return str(wid), int(run), int(seq), int(attempt), mac
+    except (ValueError, TypeError, msgspec.DecodeError):
+        raise RejectedError("not a completion token") from None

@@ -1,0 +1,196 @@
+"""Fusee's errors and the failure envelope.
+
+Every error carries the spec's `code` and `docs` (a link to its section of the error
+reference). A failure raised by application code travels as a `Failure` envelope so its
+type, code, details and cause survive the journal and any number of nesting levels.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+import msgspec
+
+DOCS = "https://fusee.dev/docs/errors#"
+STACK_BYTES_MAX = 4096
+
+
+class Failure(msgspec.Struct, omit_defaults=True):
+    """A recorded failure: what a failed step, update or workflow leaves in the journal."""
+
+    message: str
+    type: str | None = None
+    code: str | None = None
+    details: Any = None
+    retryable: bool | None = None
+    stack: str | None = None
+    cause: Failure | None = None
+
+
+class FuseeError(Exception):
+    """Base of every error Fusee raises; `code` is the same in every SDK."""
+
+    code = "Fusee"
+
+    def __init__(self, message: str, **ids: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        for key, value in ids.items():
+            setattr(self, key, value)
+
+    @property
+    def docs(self) -> str:
+        return DOCS + self.code.lower()
+
+
+class NotFoundError(FuseeError):
+    code = "NotFound"
+
+
+class AlreadyExistsError(FuseeError):
+    code = "AlreadyExists"
+
+
+class UnknownWorkflowError(FuseeError):
+    code = "UnknownWorkflow"
+
+
+class RejectedError(FuseeError):
+    code = "Rejected"
+
+
+class CodecError(FuseeError):
+    code = "Codec"
+    retryable = False
+
+
+class DeterminismError(FuseeError):
+    code = "Determinism"
+
+
+class ClosedError(FuseeError):
+    code = "Closed"
+
+
+class BusyError(FuseeError):
+    code = "Busy"
+
+
+class IoError(FuseeError):
+    code = "Io"
+
+
+class ConnectionError(FuseeError):  # noqa: A001 - the spec's name, scoped to fusee
+    code = "Connection"
+
+
+class _FailureError(FuseeError):
+    """An error that wraps a recorded failure as its `cause`."""
+
+    def __init__(self, message: str, cause: Failure | None = None, **ids: Any) -> None:
+        super().__init__(message, **ids)
+        self.cause = cause
+
+
+class StepError(_FailureError):
+    code = "StepFailed"
+
+    def __init__(self, step: str, cause: Failure) -> None:
+        super().__init__(f"step '{step}' failed: {cause.message}", cause, step=step)
+
+
+class WorkflowError(_FailureError):
+    code = "WorkflowFailed"
+
+    def __init__(self, cause: Failure) -> None:
+        super().__init__(f"workflow failed: {cause.message}", cause)
+
+
+class ChildError(_FailureError):
+    code = "ChildFailed"
+
+    def __init__(self, child_id: str, cause: Failure) -> None:
+        super().__init__(f"child '{child_id}' failed: {cause.message}", cause, child_id=child_id)
+
+
+class CancelledError(_FailureError):
+    code = "Cancelled"
+
+
+class TimeoutError(_FailureError):  # noqa: A001 - the spec's name, scoped to fusee
+    code = "TimedOut"
+
+
+class TerminatedError(_FailureError):
+    code = "Terminated"
+
+
+class Fatal(Exception):
+    """An application failure that no retry policy retries."""
+
+    retryable = False
+    code: str | None = None
+
+    def __init__(self, message: str = "", *, code: str | None = None, details: Any = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+        self.details = details
+
+
+def failure_from(exc: BaseException, record_stacks: bool = True) -> Failure:
+    """Turn an exception into its envelope. Fusee's own errors use their code as type so
+    that every SDK reads them back as the same error."""
+    if isinstance(exc, _FailureError):
+        return Failure(
+            message=exc.message,
+            type=exc.code,
+            cause=exc.cause,
+            details=_ids_of(exc),
+        )
+    if isinstance(exc, FuseeError):
+        return Failure(message=exc.message, type=exc.code, retryable=False)
+    name = type(exc).__name__
+    code = getattr(exc, "code", None)
+    retryable = getattr(exc, "retryable", None)
+    stack = None
+    if record_stacks and exc.__traceback__ is not None:
+        stack = "".join(traceback.format_exception(exc))[-STACK_BYTES_MAX:]
+    cause = exc.__cause__
+    return Failure(
+        message=str(exc),
+        type=None if type(exc) is Exception else name,
+        code=code if isinstance(code, str) else None,
+        details=getattr(exc, "details", None),
+        retryable=retryable if isinstance(retryable, bool) else None,
+        stack=stack,
+        cause=failure_from(cause, record_stacks) if cause is not None else None,
+    )
+
+
+def _ids_of(exc: FuseeError) -> dict[str, Any] | None:
+    ids = {k: v for k, v in vars(exc).items() if k in ("step", "child_id")}
+    return ids or None
+
+
+def error_from(failure: Failure) -> FuseeError:
+    """The error a caller sees for a recorded failure: a workflow that ended on an
+    uncaught StepError raises StepError, so `e.cause.code` is the step's code."""
+    details = failure.details if isinstance(failure.details, dict) else {}
+    cause = failure.cause or failure
+    if failure.type == "StepFailed":
+        return StepError(str(details.get("step", "?")), cause)
+    if failure.type == "ChildFailed":
+        return ChildError(str(details.get("child_id", "?")), cause)
+    if failure.type == "Cancelled":
+        return CancelledError(failure.message, failure.cause)
+    if failure.type == "TimedOut":
+        return TimeoutError(failure.message, failure.cause)
+    if failure.type == "Terminated":
+        return TerminatedError(failure.message, failure.cause)
+    if failure.type == "Determinism":
+        return DeterminismError(failure.message)
+    if failure.type == "Codec":
+        return CodecError(failure.message)
+    return WorkflowError(failure)

@@ -1,0 +1,151 @@
+"""Messages between shards and the durable outbox that carries them.
+
+A message is never stored on its own: it is implied by the record that sends it (a
+ChildRequested, SignalSent, CancelSent, or a child's Finished), so the outbox is rebuilt
+from the checkpoint and the log after it. A message leaves only once that record is
+durable, is resent every second until the receiver acknowledges it, and the receiver
+absorbs duplicates by remembering (in a Received record) what it answered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+
+from fusee import _records as R
+from fusee._errors import Failure
+
+RESEND_MS = 1000
+
+
+class Msg(msgspec.Struct, array_like=True, omit_defaults=True):
+    kind: str  # start, signal, cancel, terminate, result
+    src: int  # sending shard
+    seq: int  # the sender's message number
+    target: str  # the workflow ID it is for
+    run: int = 0  # result: the parent's run
+    name: str | None = None  # start: workflow type; signal: its name
+    value: bytes | None = None
+    failure: Failure | None = None
+    parent: R.Parent | None = None
+    reason: str | None = None
+    timeout: int = 0
+    op: int = -1  # the sender's operation waiting for the answer (start, signal, cancel)
+
+
+class Ack(msgspec.Struct, array_like=True, omit_defaults=True):
+    """The receiver's answer: it applied message `seq` of shard `src` (durably)."""
+
+    src: int
+    seq: int
+    failure: Failure | None = None
+
+
+@dataclass(slots=True)
+class Pending:
+    msg: Msg
+    wid: str  # the sending run (for answers that resolve one of its operations)
+    run: int
+    sent_at: int = 0
+
+
+class Outbox:
+    """A shard's unacknowledged messages and the messages it already applied."""
+
+    def __init__(self, shard: int) -> None:
+        self.shard = shard
+        self.pending: dict[int, Pending] = {}
+        self.by_op: dict[tuple[str, int, int], int] = {}
+        self.received: dict[tuple[int, int], Failure | None] = {}
+        self.next_msg = 1
+
+    def take_number(self) -> int:
+        number = self.next_msg
+        self.next_msg += 1
+        return number
+
+    def note(self, wid: str, run: int, rec: R.Rec, parent: R.Parent | None) -> Msg | list[Msg] | None:
+        """Keep the outbox in step with a record (live on append, and in recovery for the
+        records after the checkpoint). Returns the messages the record sends."""
+        kind = type(rec)
+        if kind is R.ChildRequested:
+            assert isinstance(rec, R.ChildRequested)
+            msg = Msg(
+                "start", self.shard, rec.msg, rec.id, name=rec.type, value=rec.input,
+                parent=R.Parent(self.shard, wid, run, rec.seq, rec.close), timeout=rec.timeout,
+                op=rec.seq,
+            )
+            return self._add(msg, wid, run)
+        if kind is R.SignalSent:
+            assert isinstance(rec, R.SignalSent)
+            msg = Msg("signal", self.shard, rec.msg, rec.target, name=rec.name, value=rec.value, op=rec.seq)
+            return self._add(msg, wid, run)
+        if kind is R.CancelSent:
+            assert isinstance(rec, R.CancelSent)
+            msg = Msg("cancel", self.shard, rec.msg, rec.target, reason=rec.reason, op=rec.seq)
+            return self._add(msg, wid, run)
+        if kind is R.ChildStarted or kind is R.Delivered:
+            number = self.by_op.pop((wid, run, rec.seq), None)  # type: ignore[attr-defined]
+            if number is not None:
+                self.pending.pop(number, None)
+            return None
+        if kind is R.Finished:
+            assert isinstance(rec, R.Finished)
+            out: list[Msg] = []
+            if rec.msg and parent is not None:
+                out.append(self._add(Msg(
+                    "result", self.shard, rec.msg, parent.wid, run=parent.run, value=rec.value,
+                    failure=rec.failure, op=parent.seq,
+                ), wid, run))
+            for child, number, close in rec.closes:
+                kind_name = "terminate" if close == "terminate" else "cancel"
+                out.append(self._add(Msg(kind_name, self.shard, number, child, reason="parent closed"), wid, run))
+            return out
+        if kind is R.Acked:
+            assert isinstance(rec, R.Acked)
+            self.pending.pop(rec.msg, None)
+            return None
+        if kind is R.Received:
+            assert isinstance(rec, R.Received)
+            self.received[(rec.src, rec.msg)] = rec.failure
+            return None
+        return None
+
+    def _add(self, msg: Msg, wid: str, run: int) -> Msg:
+        self.pending[msg.seq] = Pending(msg, wid, run)
+        if msg.op >= 0 and msg.kind in ("start", "signal", "cancel"):
+            self.by_op[(wid, run, msg.op)] = msg.seq
+        if msg.seq >= self.next_msg:
+            self.next_msg = msg.seq + 1
+        return msg
+
+    def answered(self, seq: int) -> Pending | None:
+        pending = self.pending.pop(seq, None)
+        if pending is not None and pending.msg.op >= 0:
+            self.by_op.pop((pending.wid, pending.run, pending.msg.op), None)
+        return pending
+
+
+class IndexEntry(msgspec.Struct, array_like=True):
+    """A run the shard does not hold in memory (or, in a checkpoint, any run)."""
+
+    wid: str
+    run: int
+    type: str
+    status: str  # active (load at recovery), parked, waiting_for_code, or a final status
+    ref: int  # run-store offset of its frame
+    due: int = 0  # its next timer (parked runs), unix ms
+
+
+class Checkpoint(msgspec.Struct, array_like=True):
+    position: int
+    next_msg: int
+    runs: list[IndexEntry]
+    outbox: list[tuple[Msg, str, int]]
+    received: list[tuple[int, int, Failure | None]]
+
+
+encode_checkpoint = msgspec.msgpack.Encoder().encode
+decode_checkpoint = msgspec.msgpack.Decoder(Checkpoint).decode
+encode_msg = msgspec.msgpack.Encoder().encode

@@ -1,0 +1,187 @@
+"""Operations: the awaitables `ctx` hands to workflow code.
+
+Awaiting an unresolved operation yields it to the run's driver, which resumes the code
+once the operation resolves (from the journal on replay, from execution live). Nothing
+here touches asyncio: workflow code runs under the run's own deterministic scheduler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine, Generator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fusee._definitions import Retry
+    from fusee._run import Fiber
+
+
+class Op:
+    """An operation the code called. `seq` is its journal position (-1: takes none)."""
+
+    __slots__ = ("seq", "name", "done", "value", "exc", "waiters", "recorded")
+    kind = "op"
+
+    def __init__(self, seq: int, name: str) -> None:
+        self.seq = seq
+        self.name = name
+        self.done = False
+        self.value: Any = None
+        self.exc: BaseException | None = None
+        self.waiters: list[Fiber | Op] = []
+        self.recorded = False  # its issued record is in the journal (live, or replayed)
+
+    def __await__(self) -> Generator[Op, None, Any]:
+        if not self.done:
+            yield self
+        if self.exc is not None:
+            raise self.exc
+        return self.value
+
+    def describe(self) -> str:
+        return f"{self.kind} '{self.name}'"
+
+    def child_done(self, child: Op) -> None:
+        """Called when an operation this one combines resolves."""
+
+
+class StepOp(Op):
+    __slots__ = (
+        "fn", "retry", "timeout_ms", "read_only", "thread", "attempt", "first_failure_at",
+        "retry_at", "task", "started", "completion", "sent", "output",
+    )
+    kind = "step"
+
+    def __init__(
+        self, seq: int, name: str, fn: Callable[..., Any], retry: Retry, timeout_ms: int | None,
+        read_only: bool, thread: bool, completion: bool = False,
+    ) -> None:
+        super().__init__(seq, name)
+        self.fn = fn
+        self.retry = retry
+        self.timeout_ms = timeout_ms
+        self.read_only = read_only
+        self.thread = thread
+        self.attempt = 1
+        self.first_failure_at = 0
+        self.retry_at = 0
+        self.task: Any = None
+        self.started = False
+        # An async completion: the step's function sends the token, then the op waits
+        # for `complete`/`fail` (it is `sent` once CompletionSent is recorded).
+        self.completion = completion
+        self.sent = False
+        self.output: Any = None
+
+    def describe(self) -> str:
+        return f"{'await_completion' if self.completion else 'step'} '{self.name}'"
+
+
+class TimerOp(Op):
+    __slots__ = ("due", "duration_ms")
+    kind = "sleep"
+
+    def __init__(self, name: str, duration_ms: int | None, due: int = 0) -> None:
+        super().__init__(-1, name)
+        self.duration_ms = duration_ms  # None: sleep_until, `due` given
+        self.due = due
+
+
+class WaitOp(Op):
+    """`wait_for`: resolved by a signal of its name, or by its timeout (to None)."""
+
+    __slots__ = ("type", "due", "timeout_ms")
+    kind = "wait_for"
+
+    def __init__(self, name: str, type_: Any, timeout_ms: int | None) -> None:
+        super().__init__(-1, name)
+        self.type = type_
+        self.due = 0
+        self.timeout_ms = timeout_ms
+
+
+class ChildOp(Op):
+    """`start_child`: resolves once the child's shard started (or refused) the child."""
+
+    __slots__ = ("wid", "result_type", "workflow", "input", "close", "timeout_ms")
+    kind = "child"
+
+    def __init__(
+        self, wid: str, workflow: str, result_type: Any, input: bytes, close: str, timeout_ms: int
+    ) -> None:
+        super().__init__(-1, wid)
+        self.wid = wid
+        self.workflow = workflow
+        self.result_type = result_type
+        self.input = input
+        self.close = close
+        self.timeout_ms = timeout_ms
+
+
+class SendOp(Op):
+    """`signal_workflow` / `cancel_workflow`: resolves once the target answered."""
+
+    __slots__ = ("target", "payload")
+    kind = "signal_workflow"
+
+    def __init__(self, target: str, name: str, payload: Any) -> None:
+        super().__init__(-1, name)
+        self.target = target
+        self.payload = payload
+
+
+class CancelOp(SendOp):
+    __slots__ = ()
+    kind = "cancel_workflow"
+
+
+class WatchOp(Op):
+    """Waits for a state of the run (a child's result); takes no journal position."""
+
+    __slots__ = ()
+    kind = "watch"
+
+
+class AllOp(Op):
+    __slots__ = ("ops", "left")
+    kind = "all"
+
+    def __init__(self, ops: list[Op]) -> None:
+        super().__init__(-1, "all")
+        self.ops = ops
+        self.left = sum(1 for op in ops if not op.done)
+
+    def child_done(self, child: Op) -> None:
+        if self.done:
+            return
+        if child.exc is not None:
+            self.exc = child.exc
+            self.done = True
+            return
+        self.left -= 1
+        if self.left == 0:
+            self.value = [op.value for op in self.ops]
+            self.done = True
+
+
+class RaceOp(Op):
+    __slots__ = ("ops",)
+    kind = "race"
+
+    def __init__(self, ops: list[Op]) -> None:
+        super().__init__(-1, "race")
+        self.ops = ops
+
+    def child_done(self, child: Op) -> None:
+        if not self.done:
+            self.value, self.exc, self.done = child.value, child.exc, True
+
+
+class FiberOp(Op):
+    """A coroutine passed to `all`/`race`, run as a fiber of its own."""
+
+    __slots__ = ("coro",)
+    kind = "fiber"
+
+    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
+        super().__init__(-1, getattr(coro, "__qualname__", "coroutine"))
+        self.coro = coro

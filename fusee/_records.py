@@ -1,0 +1,266 @@
+"""Journal records: what the log, the run store and `describe()` hold.
+
+Records are msgspec Structs encoded as msgpack arrays with an integer tag, so one record
+costs a few bytes besides its payloads. Payloads (`bytes` fields) are the JSON or raw
+bytes of `fusee._codec`, recorded once and never re-encoded.
+
+Two families, told apart by how replay uses them:
+- *issued* records are written when the code calls an operation (a timer's due time, a
+  wait, a value drawn by `now`, a message to another workflow). Replay looks them up by
+  the operation's position (`seq`) when the code calls it again.
+- *event* records are outcomes handed to the code (a step's result, a timer firing, a
+  signal). Replay applies them in journal order, running the code until it waits after
+  each one, exactly as it ran live.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from fusee._errors import Failure
+
+
+class Rec(msgspec.Struct, array_like=True, omit_defaults=True, tag_field="k"):
+    """Base of every record."""
+
+
+class Parent(msgspec.Struct, array_like=True, frozen=True):
+    """Where a child's outcome goes: the parent's shard, workflow ID, run and position."""
+
+    shard: int
+    wid: str
+    run: int
+    seq: int
+    close: str = "terminate"
+
+
+# -- the run's life -------------------------------------------------------------------
+
+
+class Started(Rec, tag=1):
+    type: str
+    version: int
+    input: bytes
+    now: int
+    seed: int
+    deadline: int = 0
+    parent: Parent | None = None
+    update_id: str | None = None  # update-with-start: the update rides in the start
+    update_name: str | None = None
+    update_arg: bytes | None = None
+
+
+class Finished(Rec, tag=2):
+    """The run ended. `msg` numbers the outbox message carrying the outcome to a parent;
+    `closes` the messages that apply the parent close policy to unfinished children."""
+
+    status: str  # ok, failed, cancelled, timed_out, terminated
+    value: bytes | None = None
+    failure: Failure | None = None
+    msg: int = 0
+    closes: list[tuple[str, int, str]] = []
+
+
+class ContinuedAsNew(Rec, tag=3):
+    """Ends the run and starts the next run of the same ID in one record."""
+
+    input: bytes
+    version: int
+    seed: int
+    now: int
+
+
+# -- steps --------------------------------------------------------------------------
+
+
+class StepDone(Rec, tag=10):
+    seq: int
+    name: str
+    value: bytes
+
+
+class Attempt(Rec, tag=11):
+    """A failed attempt that will be retried at `retry_at` (unix ms)."""
+
+    seq: int
+    name: str
+    attempt: int
+    failure: Failure
+    retry_at: int
+
+
+class StepFailed(Rec, tag=12):
+    seq: int
+    name: str
+    failure: Failure
+
+
+# -- time, signals, values ------------------------------------------------------------
+
+
+class TimerStarted(Rec, tag=20):  # issued
+    seq: int
+    name: str
+    due: int
+
+
+class TimerFired(Rec, tag=21):
+    seq: int
+
+
+class WaitStarted(Rec, tag=22):  # issued
+    seq: int
+    signal: str
+    due: int = 0  # 0: no timeout
+
+
+class SignalReceived(Rec, tag=23):
+    name: str
+    value: bytes
+    by: str | None = None
+
+
+class Drawn(Rec, tag=24):  # issued: now, random, uuid
+    seq: int
+    op: str
+    value: Any
+
+
+class CancelRequested(Rec, tag=25):
+    reason: str | None = None
+    by: str | None = None
+
+
+# -- updates ------------------------------------------------------------------------
+
+
+class UpdateAccepted(Rec, tag=30):
+    id: str
+    name: str
+    arg: bytes
+
+
+class UpdateDone(Rec, tag=31):
+    id: str
+    value: bytes | None = None
+    failure: Failure | None = None
+
+
+# -- other workflows ----------------------------------------------------------------
+
+
+class ChildRequested(Rec, tag=40):  # issued; its message starts the child
+    seq: int
+    type: str
+    id: str
+    input: bytes
+    msg: int
+    close: str = "terminate"
+    timeout: int = 0
+
+
+class ChildStarted(Rec, tag=41):
+    """The child's shard answered the start (failure: it refused, e.g. AlreadyExists)."""
+
+    seq: int
+    failure: Failure | None = None
+
+
+class ChildResult(Rec, tag=42):
+    seq: int
+    value: bytes | None = None
+    failure: Failure | None = None
+
+
+class SignalSent(Rec, tag=43):  # issued
+    seq: int
+    target: str
+    name: str
+    value: bytes
+    msg: int
+
+
+class CancelSent(Rec, tag=44):  # issued
+    seq: int
+    target: str
+    reason: str | None
+    msg: int
+
+
+class Delivered(Rec, tag=45):
+    """The target of a signal or cancel answered (failure: e.g. NotFound)."""
+
+    seq: int
+    failure: Failure | None = None
+
+
+# -- async completions --------------------------------------------------------------
+
+
+class CompletionSent(Rec, tag=50):
+    """The send function of attempt `attempt` returned; the token is out."""
+
+    seq: int
+    name: str
+    attempt: int
+
+
+class Completed(Rec, tag=51):
+    seq: int
+    value: bytes | None = None
+    failure: Failure | None = None
+
+
+# -- the shard's own bookkeeping (workflow ID "") --------------------------------------
+
+
+class Acked(Rec, tag=60):
+    """The receiver took outbox message `msg` (a child's outcome or a close)."""
+
+    msg: int
+
+
+class Received(Rec, tag=61):
+    """This shard applied message `msg` of shard `src`; a resend gets the same answer."""
+
+    src: int
+    msg: int
+    failure: Failure | None = None
+
+
+Record = (
+    Started | Finished | ContinuedAsNew | StepDone | Attempt | StepFailed | TimerStarted
+    | TimerFired | WaitStarted | SignalReceived | Drawn | CancelRequested | UpdateAccepted
+    | UpdateDone | ChildRequested | ChildStarted | ChildResult | SignalSent | CancelSent
+    | Delivered | CompletionSent | Completed | Acked | Received
+)
+
+ISSUED = (TimerStarted, WaitStarted, Drawn, ChildRequested, SignalSent, CancelSent)
+
+
+class Entry(msgspec.Struct, array_like=True):
+    """One log record: a run's record, or a shard record (`wid` "")."""
+
+    wid: str
+    run: int
+    rec: Record
+
+
+class Frame(msgspec.Struct, array_like=True):
+    """A run as the run store keeps it: its whole journal."""
+
+    wid: str
+    run: int
+    records: list[Record]
+
+
+encode_entry = msgspec.msgpack.Encoder().encode
+decode_entry = msgspec.msgpack.Decoder(Entry).decode
+encode_frame = msgspec.msgpack.Encoder().encode
+decode_frame = msgspec.msgpack.Decoder(Frame).decode
+
+
+def kind_of(rec: Rec) -> str:
+    return type(rec).__name__

@@ -1,0 +1,110 @@
+"""Checkpoints and recovery of one shard.
+
+A checkpoint names a log position and holds the shard's run index (a run-store offset per
+run), its unacknowledged outbox and the messages it applied. Recovery loads the newest
+checkpoint, then the log records after it: runs with records there, and runs that were
+active (a step in flight, a replay to finish), are loaded and replayed; parked and
+finished runs stay index entries.
+"""
+
+from __future__ import annotations
+
+from fusee import _records as R
+from fusee._messages import Checkpoint, IndexEntry, decode_checkpoint, encode_checkpoint
+from fusee._run import RunState
+from fusee._shard import PARKED, Shard
+
+
+def snapshot(shard: Shard) -> tuple[int, bytes]:
+    """Frames for the loaded runs and the index, all as of the current position."""
+    position = shard.appended
+    entries = list(shard.index_entries.values())
+    for run in shard.runs.values():
+        ref = _frame_of(shard, run)
+        status = "active" if run.status in ("running", "stuck") else run.status
+        entries.append(IndexEntry(run.wid, run.run_no, run.type, status, ref, run.next_due()))
+    outbox = [(p.msg, p.wid, p.run) for p in shard.outbox.pending.values()]
+    received = [(src, msg, failure) for (src, msg), failure in shard.outbox.received.items()]
+    data = encode_checkpoint(Checkpoint(position, shard.outbox.next_msg, entries, outbox, received))
+    return position, data
+
+
+def _frame_of(shard: Shard, run: RunState) -> int:
+    """An unchanged journal reuses the frame it already has in the run store."""
+    cached = getattr(run, "frame", None)
+    if cached is not None and cached[0] == len(run.journal):
+        return int(cached[1])
+    ref = shard.store.put_run(R.encode_frame(R.Frame(run.wid, run.run_no, run.journal)))
+    run.frame = (len(run.journal), ref)  # type: ignore[attr-defined]
+    return ref
+
+
+async def recover(shard: Shard) -> None:
+    recovered = await shard.store.recover()
+    active: list[str] = []
+    if recovered.checkpoint is not None:
+        checkpoint = decode_checkpoint(recovered.checkpoint)
+        shard.appended = shard.durable = shard.checkpoint_position = checkpoint.position
+        shard.outbox.next_msg = checkpoint.next_msg
+        for msg, wid, run_no in checkpoint.outbox:
+            shard.outbox._add(msg, wid, run_no)
+        for src, number, failure in checkpoint.received:
+            shard.outbox.received[(src, number)] = failure
+        for entry in checkpoint.runs:
+            shard.index_entries[entry.wid] = entry
+            if entry.status == "active":
+                entry.status = "parked"
+                active.append(entry.wid)
+            elif entry.status == "waiting_for_code":
+                shard.types_without_code.add(entry.type)
+
+    # The log after the checkpoint, grouped by workflow ID in order of first appearance.
+    tails: dict[str, list[tuple[int, R.Rec]]] = {}
+    position = shard.appended
+    for data in recovered.records:
+        position += 1
+        entry = R.decode_entry(data)
+        if entry.wid == "":
+            shard.outbox.note("", 0, entry.rec, None)
+        else:
+            tails.setdefault(entry.wid, []).append((entry.run, entry.rec))
+    shard.appended = shard.durable = position
+
+    for wid in list(tails) + [w for w in active if w not in tails]:
+        await _recover_run(shard, wid, tails.get(wid, []))
+
+    # Messages recovered from durable records go out again; duplicates are absorbed.
+    for pending in list(shard.outbox.pending.values()):
+        shard._deliver(pending.msg)
+    for entry in shard.index_entries.values():
+        if entry.status == "parked" and entry.due:
+            shard.add_timer(entry.due, None, PARKED, entry.wid, entry.run)
+
+
+async def _recover_run(shard: Shard, wid: str, tail: list[tuple[int, R.Rec]]) -> None:
+    base = shard.index_entries.pop(wid, None)
+    run_no = base.run if base is not None else 0
+    records: list[R.Rec] = []
+    if base is not None:
+        records = list(R.decode_frame(await shard.store.get_run(base.ref)).records)
+    started: R.Started | None = records[0] if records and isinstance(records[0], R.Started) else None
+    for number, rec in tail:
+        if number != run_no:
+            run_no, records = number, []
+        if isinstance(rec, R.Started):
+            started = rec
+        records.append(rec)
+        shard.outbox.note(wid, number, rec, started.parent if started else None)
+    if not records:
+        if base is not None:
+            shard.index_entries[wid] = base
+        return
+    if isinstance(records[-1], R.Finished):
+        ref = shard.store.put_run(R.encode_frame(R.Frame(wid, run_no, records)))
+        shard.index_entries[wid] = IndexEntry(wid, run_no, started.type if started else "?", records[-1].status, ref)
+        return
+    run = shard.revive(wid, run_no, records)
+    if run.final:
+        shard.runs.pop(wid, None)
+        ref = shard.store.put_run(R.encode_frame(R.Frame(wid, run_no, run.journal)))
+        shard.index_entries[wid] = IndexEntry(wid, run_no, run.type, run.status, ref)

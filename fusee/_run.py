@@ -1,0 +1,604 @@
+"""A run: its journal, its code's fibers, and the deterministic scheduler between them.
+
+The run applies records one at a time and, after each, runs its fibers until every one
+waits ("quiescence"). Live, an outcome (a step's result, a timer, a signal) is recorded
+and applied the same way, at quiescence and never in the middle of code, so replaying
+the journal hands the code the same results at the same points and positions come out
+the same however many fibers the run has.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+from fusee import _codec as codec
+from fusee import _records as R
+from fusee._definitions import Workflow
+from fusee._errors import (
+    CancelledError, DeterminismError, Failure, FuseeError, StepError, error_from, failure_from,
+)
+from fusee._ops import ChildOp, FiberOp, Op, SendOp, StepOp, TimerOp, WaitOp, WatchOp
+
+if TYPE_CHECKING:
+    from fusee._shard import Shard
+
+log = logging.getLogger("fusee")
+FINAL = ("ok", "failed", "cancelled", "timed_out", "terminated", "continued")
+
+
+class Stuck(BaseException):
+    """Unwinds workflow code whose run stopped on a determinism error."""
+
+
+class ContinueAsNew(BaseException):
+    """Unwinds workflow code that called `ctx.continue_as_new`."""
+
+    def __init__(self, input: bytes, version: int) -> None:
+        self.input = input
+        self.version = version
+
+
+class Fiber:
+    """One coroutine of the run: the workflow's main code, an update handler, or a
+    coroutine given to `all`/`race`."""
+
+    __slots__ = ("coro", "on_done")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], on_done: Callable[[Any, BaseException | None], None]) -> None:
+        self.coro = coro
+        self.on_done = on_done
+
+
+class RunState:
+    """A loaded run. Owned by its shard; every method runs on the shard's thread."""
+
+    def __init__(self, shard: Shard, wid: str, run_no: int, started: R.Started) -> None:
+        self.shard = shard
+        self.wid = wid
+        self.run_no = run_no
+        self.started = started
+        self.type = started.type
+        self.workflow: Workflow[Any] | None = shard.engine.workflows.get(started.type)
+        self.journal: list[R.Rec] = []
+        self.ops: dict[int, Op] = {}
+        self.next_seq = 0
+        self.ready: deque[tuple[Fiber, BaseException | None]] = deque()
+        self.pending_start: list[Op] = []
+        self.completions: deque[R.Rec] = deque()
+        self.driving = False
+        self.replaying = False
+        self.expected: dict[int, tuple[str, str]] = {}
+        self.issued: dict[int, R.Rec] = {}
+        self.status = "running"
+        self.outcome: R.Finished | R.ContinuedAsNew | None = None
+        self.code_outcome: tuple[Any, BaseException | None] | None = None
+        self.stuck_error: DeterminismError | None = None
+        self.signals: dict[str, deque[bytes]] = {}
+        self.waits: dict[str, deque[WaitOp]] = {}
+        self.update_handlers: dict[str, tuple[Any, Callable[..., Any], Callable[..., Any] | None]] = {}
+        self.query_handlers: dict[str, tuple[Any, Callable[..., Any]]] = {}
+        self.pending_updates: dict[str, list[R.UpdateAccepted]] = {}
+        self.update_results: dict[str, R.UpdateDone] = {}
+        self.updates_running: set[str] = set()
+        self.compensations: list[tuple[str, Callable[..., Any], dict[str, Any]]] = []
+        self.child_results: dict[int, R.ChildResult] = {}
+        self.child_watchers: dict[int, list[WatchOp]] = {}
+        self.children: dict[int, str] = {}
+        self.cancel_reason: str | None = None
+        self.last_lsn = 0
+        self.timers: dict[int, int] = {}  # seq -> due, for parking and next due
+        self.last_active_ms = 0
+        self.ctx: Any = None
+
+    # -- state ------------------------------------------------------------------------
+
+    @property
+    def final(self) -> bool:
+        return self.status in FINAL
+
+    def in_flight(self) -> bool:
+        """A step's function is running or waiting for its gate: the run cannot park."""
+        return any(
+            isinstance(op, StepOp) and op.started and not op.done and not op.sent
+            for op in self.ops.values()
+        )
+
+    def next_due(self) -> int:
+        return min(self.timers.values(), default=0)
+
+    # -- replay and recording ---------------------------------------------------------
+
+    def replay(self, records: list[R.Rec]) -> None:
+        """Run the code against its journal: issued records are looked up by position
+        when the code calls them, events are applied in order."""
+        self.replaying = True
+        for rec in records:
+            seq = getattr(rec, "seq", None)
+            if seq is not None:
+                self.expected.setdefault(seq, _op_of(rec))
+                if isinstance(rec, R.ISSUED):
+                    self.issued[seq] = rec
+        try:
+            for rec in records:
+                self.journal.append(rec)
+                self.apply(rec)
+                self._run_fibers()
+                if self.status == "stuck":
+                    return
+            if not self.final and self.code_outcome is not None:
+                self._stuck("the code finished but its journal records no end (a record is missing)")
+        finally:
+            self.replaying = False
+            self.expected.clear()
+            self.issued.clear()
+
+    def go_live(self) -> None:
+        """After replay: start what the journal left unfinished."""
+        if self.final or self.status == "stuck":
+            return
+        self.pending_start.extend(op for op in self.ops.values() if not op.done and op.seq >= 0)
+        self.pending_start.sort(key=lambda op: op.seq)
+        if self.code_outcome is not None:
+            self._finish_code(*self.code_outcome)
+        self.drive()
+
+    def event(self, rec: R.Rec) -> None:
+        """An outcome from outside the code (a step finished, a timer fired, a signal)."""
+        self.completions.append(rec)
+        self.drive()
+
+    def record(self, rec: R.Rec) -> None:
+        self.journal.append(rec)
+        self.last_lsn = self.shard.append(self, rec)
+
+    def drive(self) -> None:
+        """Run the fibers to quiescence, then start what they called and apply outcomes,
+        one at a time, until nothing is left to do now."""
+        if self.driving or self.replaying:
+            return
+        self.driving = True
+        try:
+            while True:
+                self._run_fibers()
+                if self.final or self.status == "stuck":
+                    return
+                if self.pending_start:
+                    ops, self.pending_start = self.pending_start, []
+                    for op in ops:
+                        if not op.done:
+                            self.shard.start_op(self, op)
+                    continue
+                if not self.completions:
+                    return
+                rec = self.completions.popleft()
+                self.record(rec)
+                self.apply(rec)
+        finally:
+            self.driving = False
+
+    def _run_fibers(self) -> None:
+        ready = self.ready
+        while ready:
+            fiber, exc = ready.popleft()
+            try:
+                yielded = fiber.coro.send(None) if exc is None else fiber.coro.throw(exc)
+            except StopIteration as stop:
+                fiber.on_done(stop.value, None)
+                continue
+            except Stuck:
+                ready.clear()
+                return
+            except BaseException as error:  # noqa: BLE001 - the code's failure is its outcome
+                if self.status == "stuck":
+                    ready.clear()
+                    return
+                fiber.on_done(None, error)
+                continue
+            if self.status == "stuck":
+                ready.clear()
+                return
+            if isinstance(yielded, Op):
+                if yielded.done:
+                    ready.append((fiber, None))
+                else:
+                    yielded.waiters.append(fiber)
+            else:
+                ready.append((fiber, TypeError(
+                    f"workflow code awaited {type(yielded).__name__}, which is not a ctx "
+                    "operation: workflow code may await only ctx operations; put other "
+                    "awaits in a step (ctx.step)"
+                )))
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], on_done: Callable[[Any, BaseException | None], None]) -> None:
+        self.ready.append((Fiber(coro, on_done), None))
+
+    # -- operations the code calls ----------------------------------------------------
+
+    def issue(self, op: Op) -> Op:
+        """Give an operation its position, check it against the journal, start it."""
+        if self.final:
+            raise Stuck()
+        op.seq = seq = self.next_seq
+        self.next_seq += 1
+        self.ops[seq] = op
+        if self.replaying:
+            want = self.expected.get(seq)
+            if want is not None and want != (op.kind, op.name):
+                self._stuck(
+                    f"the journal recorded {want[0]} '{want[1]}' here but the code called "
+                    f"{op.kind} '{op.name}' (position {seq})"
+                )
+                raise Stuck()
+        self.pending_start.append(op)
+        return op
+
+    def issued_record(self, seq: int) -> R.Rec | None:
+        """On replay, what the journal recorded when the code called operation `seq`."""
+        return self.issued.get(seq) if self.replaying else None
+
+    def resolve(self, op: Op, value: Any = None, exc: BaseException | None = None) -> None:
+        if op.done:
+            return
+        op.value, op.exc, op.done = value, exc, True
+        self.timers.pop(op.seq, None)
+        waiters, op.waiters = op.waiters, []
+        for waiter in waiters:
+            if isinstance(waiter, Op):
+                waiter.child_done(op)
+                if waiter.done:
+                    self.resolve_combined(waiter)
+            else:
+                self.ready.append((waiter, None))
+
+    def resolve_combined(self, op: Op) -> None:
+        waiters, op.waiters = op.waiters, []
+        for waiter in waiters:
+            if isinstance(waiter, Op):
+                waiter.child_done(op)
+                if waiter.done:
+                    self.resolve_combined(waiter)
+            else:
+                self.ready.append((waiter, None))
+
+    def combine(self, combined: Op, ops: list[Op]) -> Op:
+        for op in ops:
+            if isinstance(op, FiberOp):
+                self.spawn(op.coro, _fiber_done(self, op))
+            if not op.done:
+                op.waiters.append(combined)
+            else:
+                combined.child_done(op)
+        if not ops:
+            combined.child_done(combined)
+        return combined
+
+    def take_signal(self, op: WaitOp) -> None:
+        """A signal that arrived before the code waited is kept and taken here."""
+        buffered = self.signals.get(op.name)
+        if buffered:
+            data = buffered.popleft()
+            self.resolve(op, _decode(data, op.type, f"signal '{op.name}'"))
+        else:
+            self.waits.setdefault(op.name, deque()).append(op)
+
+    def _stuck(self, message: str) -> None:
+        self.status = "stuck"
+        self.stuck_error = DeterminismError(
+            f"run '{self.wid}' (run {self.run_no}) does not match its journal: {message}. "
+            "Deploy code that matches the journal, guard the change with patched(), or "
+            "reset the run to before the step that differs",
+            workflow_id=self.wid,
+        )
+        log.error("%s", self.stuck_error)
+        self.shard.run_stuck(self)
+
+    # -- applying records, one method per kind -----------------------------------------
+
+    def apply(self, rec: R.Rec) -> None:
+        getattr(self, _APPLY[type(rec)])(rec)
+
+    def _verify(self, rec: Any) -> Op | None:
+        op = self.ops.get(rec.seq)
+        if op is None:
+            kind, name = _op_of(rec)
+            self._stuck(f"the journal recorded {kind} '{name}' at position {rec.seq} but the code did not call it")
+        return op
+
+    def _apply_started(self, rec: R.Started) -> None:
+        from fusee._ctx import Ctx
+
+        wf = self.workflow
+        assert wf is not None
+        self.ctx = Ctx(self)
+        self.spawn(_main(self, wf, rec.input), self._main_done)
+        if rec.deadline:
+            self.timers[-1] = rec.deadline
+        if rec.update_id is not None and rec.update_name is not None:
+            self._apply_update_accepted(R.UpdateAccepted(rec.update_id, rec.update_name, rec.update_arg or b"null"))
+
+    def _apply_step_done(self, rec: R.StepDone) -> None:
+        op = self._verify(rec)
+        if isinstance(op, StepOp):
+            self.resolve(op, _decode(rec.value, op.output or codec.return_type(op.fn), f"step '{op.name}'"))
+
+    def _apply_attempt(self, rec: R.Attempt) -> None:
+        op = self._verify(rec)
+        if isinstance(op, StepOp):
+            if rec.attempt == 1 or not op.first_failure_at:
+                op.first_failure_at = rec.retry_at
+            op.attempt = rec.attempt + 1
+            op.retry_at = rec.retry_at
+            op.started = False
+            if not self.replaying:
+                self.timers[op.seq] = rec.retry_at
+                self.shard.add_timer(rec.retry_at, self, op.seq)
+
+    def _apply_step_failed(self, rec: R.StepFailed) -> None:
+        op = self._verify(rec)
+        if op is not None:
+            self.resolve(op, None, StepError(rec.name, rec.failure))
+
+    def _apply_timer_started(self, rec: R.TimerStarted) -> None:
+        self._verify(rec)
+
+    def _apply_wait_started(self, rec: R.WaitStarted) -> None:
+        self._verify(rec)
+
+    def _apply_drawn(self, rec: R.Drawn) -> None:
+        self._verify(rec)
+
+    def _apply_child_requested(self, rec: R.ChildRequested) -> None:
+        self._verify(rec)
+
+    def _apply_signal_sent(self, rec: R.SignalSent) -> None:
+        self._verify(rec)
+
+    def _apply_cancel_sent(self, rec: R.CancelSent) -> None:
+        self._verify(rec)
+
+    def _apply_timer_fired(self, rec: R.TimerFired) -> None:
+        op = self._verify(rec)
+        if isinstance(op, WaitOp):
+            queue = self.waits.get(op.name)
+            if queue and op in queue:
+                queue.remove(op)
+        if op is not None:
+            self.resolve(op, None)
+
+    def _apply_signal_received(self, rec: R.SignalReceived) -> None:
+        queue = self.waits.get(rec.name)
+        while queue:
+            op = queue.popleft()
+            if not op.done:
+                self.resolve(op, _decode(rec.value, op.type, f"signal '{rec.name}'"))
+                return
+        self.signals.setdefault(rec.name, deque()).append(rec.value)
+
+    def _apply_cancel_requested(self, rec: R.CancelRequested) -> None:
+        """Cancellation reaches the code as CancelledError at every operation it waits on;
+        what the code does then (compensate, finish) is its own."""
+        self.cancel_reason = rec.reason or "cancelled"
+        for op in list(self.ops.values()):
+            if not op.done:
+                self._cancel_op(op)
+        for watchers in self.child_watchers.values():
+            for watch in watchers:
+                self._cancel_op(watch)
+
+    def _cancel_op(self, op: Op) -> None:
+        task = getattr(op, "task", None)
+        if task is not None:
+            task.cancel()
+        self.resolve(op, None, CancelledError(f"cancelled: {self.cancel_reason}", None, workflow_id=self.wid))
+
+    def _apply_update_accepted(self, rec: R.UpdateAccepted) -> None:
+        handler = self.update_handlers.get(rec.name)
+        if handler is None:
+            self.pending_updates.setdefault(rec.name, []).append(rec)
+            return
+        self.start_update(rec)
+
+    def start_update(self, rec: R.UpdateAccepted) -> None:
+        definition, handler, _validate = self.update_handlers[rec.name]
+        self.updates_running.add(rec.id)
+
+        async def run_handler() -> Any:
+            arg = codec.decode(rec.arg, definition.arg, f"update '{rec.name}' argument")
+            return await _maybe_await(handler(arg))
+
+        def done(value: Any, exc: BaseException | None) -> None:
+            self.updates_running.discard(rec.id)
+            if self.replaying:
+                return  # its UpdateDone follows in the journal
+            if exc is not None:
+                result = R.UpdateDone(rec.id, None, failure_from(exc, self.shard.engine.record_stacks))
+            else:
+                try:
+                    result = R.UpdateDone(rec.id, codec.encode(value, f"update '{rec.name}' result"))
+                except FuseeError as error:
+                    result = R.UpdateDone(rec.id, None, failure_from(error))
+            self.record(result)
+            self._apply_update_done(result)
+
+        self.spawn(run_handler(), done)
+
+    def _apply_update_done(self, rec: R.UpdateDone) -> None:
+        self.update_results[rec.id] = rec
+        self.shard.update_finished(self, rec)
+
+    def _apply_child_started(self, rec: R.ChildStarted) -> None:
+        op = self._verify(rec)
+        if isinstance(op, ChildOp):
+            if rec.failure is not None:
+                self.resolve(op, None, error_from(rec.failure))
+            else:
+                from fusee._ctx import ChildHandle
+
+                self.children[op.seq] = op.wid
+                self.resolve(op, ChildHandle(self, op))
+
+    def _apply_child_result(self, rec: R.ChildResult) -> None:
+        self.child_results[rec.seq] = rec
+        self.children.pop(rec.seq, None)
+        for watch in self.child_watchers.pop(rec.seq, []):
+            self._resolve_child_watch(watch, rec)
+
+    def _resolve_child_watch(self, watch: WatchOp, rec: R.ChildResult) -> None:
+        op = self.ops.get(rec.seq)
+        if rec.failure is not None:
+            from fusee._errors import ChildError
+
+            wid = op.wid if isinstance(op, ChildOp) else "?"
+            self.resolve(watch, None, ChildError(wid, rec.failure))
+        else:
+            type_ = op.result_type if isinstance(op, ChildOp) else Any
+            self.resolve(watch, _decode(rec.value or b"null", type_, "child result"))
+
+    def _apply_delivered(self, rec: R.Delivered) -> None:
+        op = self._verify(rec)
+        if isinstance(op, SendOp):
+            self.resolve(op, None, error_from(rec.failure) if rec.failure else None)
+
+    def _apply_completion_sent(self, rec: R.CompletionSent) -> None:
+        op = self._verify(rec)
+        if isinstance(op, StepOp):
+            op.sent = True
+            op.retry_at = 0
+
+    def _apply_completed(self, rec: R.Completed) -> None:
+        op = self._verify(rec)
+        if op is not None:
+            if rec.failure is not None:
+                self.resolve(op, None, StepError(op.name, rec.failure))
+            else:
+                self.resolve(op, _decode(rec.value or b"null", getattr(op, "output", None), f"completion '{op.name}'"))
+
+    def _apply_finished(self, rec: R.Finished) -> None:
+        if self.replaying and rec.status not in ("terminated", "timed_out") and self.code_outcome is None:
+            self._stuck(f"the journal records the run ended ({rec.status}) but the code did not end there")
+            return
+        self._end(rec)
+
+    def _apply_continued_as_new(self, rec: R.ContinuedAsNew) -> None:
+        if self.replaying and self.code_outcome is None:
+            self._stuck("the journal records continue_as_new but the code did not call it there")
+            return
+        self._end(rec)
+
+    # -- the end ------------------------------------------------------------------------
+
+    def _main_done(self, value: Any, exc: BaseException | None) -> None:
+        self.code_outcome = (value, exc)
+        if not self.replaying:
+            self._finish_code(value, exc)
+
+    def _finish_code(self, value: Any, exc: BaseException | None) -> None:
+        """The main code returned or raised: record how the run ended."""
+        rec: R.Finished | R.ContinuedAsNew
+        if isinstance(exc, ContinueAsNew):
+            rec = R.ContinuedAsNew(exc.input, exc.version, self.shard.new_seed(), self.shard.now_ms())
+        elif exc is None:
+            try:
+                rec = R.Finished("ok", codec.encode(value, "the workflow's result"))
+            except FuseeError as error:
+                rec = R.Finished("failed", failure=failure_from(error))
+        else:
+            status = "cancelled" if isinstance(exc, CancelledError) else "failed"
+            rec = R.Finished(status, failure=failure_from(exc, self.shard.engine.record_stacks))
+        self.end(rec)
+
+    def end(self, rec: R.Finished | R.ContinuedAsNew) -> None:
+        """Record the end live (also terminate and deadline), then apply it."""
+        if self.final:
+            return
+        self.shard.prepare_end(self, rec)
+        self.record(rec)
+        self._end(rec)
+
+    def _end(self, rec: R.Finished | R.ContinuedAsNew) -> None:
+        self.outcome = rec
+        self.status = rec.status if isinstance(rec, R.Finished) else "continued"
+        self.timers.clear()
+        for op in self.ops.values():
+            task = getattr(op, "task", None)
+            if task is not None and not op.done:
+                task.cancel()
+        self.ready.clear()
+        if not self.replaying:
+            self.shard.run_finished(self)
+
+    def outcome_failure(self) -> Failure | None:
+        return self.outcome.failure if isinstance(self.outcome, R.Finished) else None
+
+
+_APPLY: dict[type, str] = {}
+for _cls in (
+    R.Started, R.StepDone, R.Attempt, R.StepFailed, R.TimerStarted, R.TimerFired, R.WaitStarted,
+    R.SignalReceived, R.Drawn, R.CancelRequested, R.UpdateAccepted, R.UpdateDone, R.ChildRequested,
+    R.ChildStarted, R.ChildResult, R.SignalSent, R.CancelSent, R.Delivered, R.CompletionSent,
+    R.Completed, R.Finished, R.ContinuedAsNew,
+):
+    _snake = "".join("_" + c.lower() if c.isupper() else c for c in _cls.__name__).lstrip("_")
+    _APPLY[_cls] = "_apply_" + _snake
+
+
+def _op_of(rec: Any) -> tuple[str, str]:
+    """The operation (kind, name) a record stands for, for determinism messages."""
+    if isinstance(rec, (R.StepDone, R.Attempt, R.StepFailed)):
+        return ("step", rec.name)
+    if isinstance(rec, R.TimerStarted):
+        return ("sleep", rec.name)
+    if isinstance(rec, R.WaitStarted):
+        return ("wait_for", rec.signal)
+    if isinstance(rec, R.Drawn):
+        return (rec.op, rec.op)
+    if isinstance(rec, (R.ChildRequested,)):
+        return ("child", rec.id)
+    if isinstance(rec, R.SignalSent):
+        return ("signal_workflow", rec.name)
+    if isinstance(rec, R.CancelSent):
+        return ("cancel_workflow", rec.target)
+    if isinstance(rec, (R.CompletionSent,)):
+        return ("await_completion", rec.name)
+    return (type(rec).__name__, str(getattr(rec, "seq", "")))
+
+
+def _decode(data: bytes, type_: Any, what: str) -> Any:
+    return codec.decode(data, type_ if type_ is not None else Any, what)
+
+
+async def _maybe_await(value: Any) -> Any:
+    if hasattr(value, "__await__"):
+        return await value
+    return value
+
+
+def _fiber_done(run: RunState, op: FiberOp) -> Callable[[Any, BaseException | None], None]:
+    def done(value: Any, exc: BaseException | None) -> None:
+        run.resolve(op, value, exc)
+
+    return done
+
+
+async def _main(run: RunState, wf: Workflow[Any], input: bytes) -> Any:
+    """The workflow's code, then its compensations, newest first, if it failed or was
+    cancelled (never after terminate: that closes the coroutine)."""
+    ctx = run.ctx
+    try:
+        if wf.takes_input:
+            arg = codec.decode(input, wf.input_type, "the workflow's input")
+            return await wf.fn(ctx, arg)
+        return await wf.fn(ctx)
+    except (ContinueAsNew, Stuck):
+        raise
+    except BaseException:
+        while run.compensations:
+            name, fn, options = run.compensations.pop()
+            try:
+                await ctx.step(name, fn, **options)
+            except FuseeError as error:
+                log.warning("compensation '%s' of run '%s' failed: %s", name, run.wid, error)
+        raise

@@ -1,0 +1,729 @@
+"""A shard: the runs whose workflow IDs hash to it, their timers, its outbox, and the
+records it runs ahead of the disk with.
+
+Single-threaded by construction: every method runs on the engine's event loop and none
+awaits in the middle of changing state, so one shard's state is only ever touched by one
+piece of code at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import inspect
+import logging
+import random
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from fusee import _codec as codec
+from fusee import _records as R
+from fusee._ctx import Completion, StepContext, current_step, takes_context
+from fusee._errors import (
+    AlreadyExistsError, CodecError, Failure, NotFoundError, RejectedError, failure_from,
+)
+from fusee._messages import RESEND_MS, Ack, IndexEntry, Msg, Outbox
+from fusee._ops import ChildOp, Op, SendOp, StepOp, TimerOp, WaitOp
+from fusee._run import RunState
+from fusee._storage import ShardStore
+
+if TYPE_CHECKING:
+    from fusee._engine import Engine
+
+log = logging.getLogger("fusee")
+PARKED = -3  # timer entry: wake a parked run
+TICK = -4  # timer entry: the shard's sweep (parking, resends, checkpoints)
+IDLE_DUE_MS = 250
+
+
+class Shard:
+    def __init__(self, engine: Engine, index: int, store: ShardStore) -> None:
+        self.engine = engine
+        self.index = index
+        self.store = store
+        self.clock = engine.clock
+        self.runs: dict[str, RunState] = {}
+        self.index_entries: dict[str, IndexEntry] = {}
+        self.outbox = Outbox(index)
+        self.appended = 0
+        self.durable = 0
+        self.gates: deque[tuple[int, Callable[[], None]]] = deque()
+        self.flushing = False
+        self.timers: list[tuple[int, int, str, int, int]] = []
+        self.timer_count = 0
+        self.armed_at = 0
+        self.timer_handle: Any = None
+        self.loading: dict[str, asyncio.Future[RunState | None]] = {}
+        self.result_waiters: dict[str, list[asyncio.Future[RunState]]] = {}
+        self.update_waiters: dict[tuple[str, str], list[asyncio.Future[R.UpdateDone]]] = {}
+        self.ready: set[RunState] = set()
+        self.pump_scheduled = False
+        self.steps_run = 0
+        self.calls = 0
+        self.checkpoint_position = 0
+        self.checkpointing = False
+        self.closed = False
+        self.types_without_code: set[str] = set()
+        self.stuck: set[str] = set()
+
+    # -- time -----------------------------------------------------------------------------
+
+    def now_ms(self) -> int:
+        return self.clock.now_ms()
+
+    def new_seed(self) -> int:
+        return random.getrandbits(63)
+
+    # -- records and durability -------------------------------------------------------------
+
+    def append(self, run: RunState, rec: R.Rec) -> int:
+        """Stage a run's record. Visible at once; durable with the next flush."""
+        lsn = self.store.append(R.encode_entry(R.Entry(run.wid, run.run_no, rec)))
+        self.appended = lsn
+        sent = self.outbox.note(run.wid, run.run_no, rec, run.started.parent)
+        if sent is not None:
+            self._send_when_durable(lsn, sent if isinstance(sent, list) else [sent])
+        self._made(lsn)
+        return lsn
+
+    def append_shard(self, rec: R.Rec) -> int:
+        lsn = self.store.append(R.encode_entry(R.Entry("", 0, rec)))
+        self.appended = lsn
+        self.outbox.note("", 0, rec, None)
+        self._made(lsn)
+        return lsn
+
+    def _made(self, lsn: int) -> None:
+        if self.store.instant:
+            self.durable = lsn
+            if self.gates:
+                self._release()
+        elif not self.flushing:
+            self.flushing = True
+            asyncio.get_running_loop().call_soon(self._start_flush)
+
+    def _start_flush(self) -> None:
+        asyncio.ensure_future(self._flush_loop())
+
+    async def _flush_loop(self) -> None:
+        """One flush in flight; the next starts when it completes, so batches grow with
+        load and an idle shard flushes a lone record at once."""
+        try:
+            while self.durable < self.appended and not self.closed:
+                self.durable = await self.store.flush()
+                self._release()
+        except Exception as exc:  # noqa: BLE001
+            # Never acknowledge after a failed flush: the kernel may have dropped the
+            # pages, so the shard stops and nothing waiting on durability is released.
+            log.error("shard %d: flush failed, the shard stops: %s", self.index, exc)
+            self.closed = True
+        finally:
+            self.flushing = False
+
+    def when_durable(self, lsn: int, fn: Callable[[], None]) -> None:
+        """Run `fn` once everything up to `lsn` is durable (at once if it is)."""
+        if self.durable >= lsn:
+            fn()
+        else:
+            self.gates.append((lsn, fn))
+
+    async def durable_at(self, lsn: int) -> None:
+        if self.durable >= lsn:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self.gates.append((lsn, lambda: fut.done() or fut.set_result(None)))
+        await fut
+
+    def _release(self) -> None:
+        gates = self.gates
+        while gates and gates[0][0] <= self.durable:
+            gates.popleft()[1]()
+
+    # -- scheduling runs -------------------------------------------------------------------
+
+    def schedule(self, run: RunState) -> None:
+        self.ready.add(run)
+        if not self.pump_scheduled:
+            self.pump_scheduled = True
+            asyncio.get_running_loop().call_soon(self._pump)
+
+    def _pump(self) -> None:
+        self.pump_scheduled = False
+        ready, self.ready = self.ready, set()
+        for run in ready:
+            if not self.closed:
+                run.drive()
+
+    # -- starting operations ----------------------------------------------------------------
+
+    def start_op(self, run: RunState, op: Op) -> None:
+        """Start an operation the code called (live), recording what it issued."""
+        if isinstance(op, StepOp):
+            if op.sent:
+                return  # a completion whose token is out: it waits for complete/fail
+            op.started = True
+            if op.retry_at:
+                run.timers[op.seq] = op.retry_at
+                self.add_timer(op.retry_at, run, op.seq)
+            elif op.read_only:
+                self._execute(run, op)
+            else:
+                # The step's function sees only state a crash cannot take back.
+                lsn = run.last_lsn
+                if self.durable >= lsn:
+                    self._execute(run, op)
+                else:
+                    self.gates.append((lsn, lambda: self._execute(run, op)))
+        elif isinstance(op, TimerOp):
+            if not op.recorded:
+                op.due = op.due or self.now_ms() + (op.duration_ms or 0)
+                run.record(R.TimerStarted(op.seq, op.name, op.due))
+                op.recorded = True
+            run.timers[op.seq] = op.due
+            self.add_timer(op.due, run, op.seq)
+        elif isinstance(op, WaitOp):
+            if not op.recorded:
+                op.due = self.now_ms() + op.timeout_ms if op.timeout_ms is not None else 0
+                run.record(R.WaitStarted(op.seq, op.name, op.due))
+                op.recorded = True
+            if op.due:
+                run.timers[op.seq] = op.due
+                self.add_timer(op.due, run, op.seq)
+        elif isinstance(op, ChildOp):
+            if not op.recorded:
+                run.record(R.ChildRequested(
+                    op.seq, op.workflow, op.wid, op.input, self.outbox.take_number(), op.close, op.timeout_ms,
+                ))
+                op.recorded = True
+        elif isinstance(op, SendOp):
+            if not op.recorded:
+                number = self.outbox.take_number()
+                if op.kind == "cancel_workflow":
+                    run.record(R.CancelSent(op.seq, op.target, op.payload, number))
+                else:
+                    run.record(R.SignalSent(op.seq, op.target, op.name, op.payload, number))
+                op.recorded = True
+
+    def _execute(self, run: RunState, op: StepOp) -> None:
+        """Run one attempt of a step's function."""
+        if op.done or run.final or self.closed:
+            return
+        fn = op.fn
+        step = StepContext(f"{run.wid}/{run.run_no}/{op.seq}", op.attempt, run.wid, op.name)
+        mock = self.engine.step_mocks.get((run.type, op.name)) if self.engine.step_mocks else None
+        if mock is not None:
+            args: tuple[Any, ...] = (op.attempt,)
+            fn = mock
+        elif op.completion:
+            args = (Completion(self.token(run, op)),)
+        elif takes_context(fn):
+            args = (step,)
+        else:
+            args = ()
+        token = current_step.set(step)
+        try:
+            if op.thread or (op.timeout_ms is not None and not inspect.iscoroutinefunction(fn)):
+                loop = asyncio.get_running_loop()
+                ctx = __import__("contextvars").copy_context()
+                pending: Any = loop.run_in_executor(None, lambda: ctx.run(fn, *args))
+            else:
+                pending = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - a step's failure is its outcome
+            current_step.reset(token)
+            self._step_outcome(run, op, None, exc)
+            return
+        if not inspect.isawaitable(pending):
+            current_step.reset(token)
+            self._step_outcome(run, op, pending, None)
+            return
+        task = asyncio.ensure_future(_attempt(pending, op.timeout_ms))
+        current_step.reset(token)
+        op.task = task
+        task.add_done_callback(lambda t: self._task_done(run, op, t))
+
+    def _task_done(self, run: RunState, op: StepOp, task: asyncio.Future[Any]) -> None:
+        if op.task is task:
+            op.task = None
+        if task.cancelled() or op.done or run.final:
+            return
+        exc = task.exception()
+        self._step_outcome(run, op, None if exc else task.result(), exc)
+
+    def _step_outcome(self, run: RunState, op: StepOp, value: Any, exc: BaseException | None) -> None:
+        if op.done or run.final:
+            return  # cancelled or terminated meanwhile: the result is discarded
+        self.steps_run += 1
+        rec: R.Rec
+        if exc is None:
+            if op.completion:
+                rec = R.CompletionSent(op.seq, op.name, op.attempt)
+            else:
+                try:
+                    rec = R.StepDone(op.seq, op.name, codec.encode(value, f"step '{op.name}' result"))
+                except CodecError as error:
+                    # Every attempt would fail the same way: fail at once, no retries.
+                    rec = R.StepFailed(op.seq, op.name, failure_from(error))
+        else:
+            failure = failure_from(exc, self.engine.record_stacks)
+            retry_at = self._retry_at(op, exc, failure)
+            if retry_at:
+                rec = R.Attempt(op.seq, op.name, op.attempt, failure, retry_at)
+            else:
+                rec = R.StepFailed(op.seq, op.name, failure)
+        op.started = False
+        run.event(rec)
+
+    def _retry_at(self, op: StepOp, exc: BaseException, failure: Failure) -> int:
+        """When to try again, or 0 when the failure is final."""
+        policy = op.retry
+        if failure.retryable is False or isinstance(exc, CodecError):
+            return 0
+        if op.attempt >= policy.attempts:
+            return 0
+        for kind in policy.non_retryable:
+            if isinstance(kind, type) and isinstance(exc, kind):
+                return 0
+            names = {f.type for f in _chain(failure)}
+            if isinstance(kind, str) and kind in names:
+                return 0
+        if policy.retry_if is not None and not policy.retry_if(failure, op.attempt):
+            return 0
+        now = self.now_ms()
+        retry_at = now + policy.delay_ms(op.attempt, random.random())
+        if policy.max_elapsed is not None:
+            from fusee._durations import to_ms
+
+            first = op.first_failure_at or now
+            if retry_at - first > to_ms(policy.max_elapsed):
+                return 0
+        return retry_at
+
+    def token(self, run: RunState, op: StepOp) -> str:
+        from fusee._engine import make_token
+
+        return make_token(run.wid, run.run_no, op.seq, op.attempt, run.started.seed)
+
+    # -- timers ---------------------------------------------------------------------------
+
+    def add_timer(self, due: int, run: RunState | None, seq: int, wid: str = "", run_no: int = 0) -> None:
+        self.timer_count += 1
+        if run is not None:
+            wid, run_no = run.wid, run.run_no
+        heapq.heappush(self.timers, (due, self.timer_count, wid, run_no, seq))
+        if self.timer_handle is None or due < self.armed_at:
+            self._arm(due)
+
+    def _arm(self, due: int) -> None:
+        if self.timer_handle is not None:
+            self.timer_handle.cancel()
+        self.armed_at = due
+        self.timer_handle = self.clock.call_at(due, self._fire)
+
+    def _fire(self) -> None:
+        self.timer_handle = None
+        if self.closed:
+            return
+        now = self.now_ms()
+        timers = self.timers
+        while timers and timers[0][0] <= now:
+            due, _, wid, run_no, seq = heapq.heappop(timers)
+            if seq == TICK:
+                self._tick(now)
+            elif seq == PARKED:
+                entry = self.index_entries.get(wid)
+                if entry is not None and entry.status == "parked" and entry.due == due:
+                    asyncio.ensure_future(self.load(wid))
+            else:
+                run = self.runs.get(wid)
+                if run is not None and run.run_no == run_no and run.timers.get(seq) == due:
+                    self._timer_due(run, seq)
+        if timers:
+            self._arm(timers[0][0])
+
+    def _timer_due(self, run: RunState, seq: int) -> None:
+        del run.timers[seq]
+        if seq == -1:
+            run.end(R.Finished("timed_out", failure=Failure("the workflow's deadline passed", type="TimedOut")))
+            return
+        op = run.ops.get(seq)
+        if isinstance(op, StepOp):
+            op.retry_at = 0
+            op.started = True
+            lsn = run.last_lsn
+            self.when_durable(lsn, lambda: self._execute(run, op))
+        elif op is not None and not op.done:
+            run.event(R.TimerFired(seq))
+
+    def next_due_ms(self) -> int:
+        """The earliest timer, retry or resend this shard has (0: none)."""
+        due = 0
+        for entry in self.timers:
+            if entry[4] == TICK:
+                continue
+            if self._timer_valid(entry) and (not due or entry[0] < due):
+                due = entry[0]
+        for pending in self.outbox.pending.values():
+            resend = pending.sent_at + RESEND_MS
+            if not due or resend < due:
+                due = resend
+        return due
+
+    def _timer_valid(self, entry: tuple[int, int, str, int, int]) -> bool:
+        due, _, wid, run_no, seq = entry
+        if seq == PARKED:
+            parked = self.index_entries.get(wid)
+            return parked is not None and parked.status == "parked" and parked.due == due
+        run = self.runs.get(wid)
+        return run is not None and run.run_no == run_no and run.timers.get(seq) == due
+
+    # -- the sweep: parking, resends, checkpoints -------------------------------------------
+
+    def start_ticks(self) -> None:
+        self.add_timer(self.now_ms() + self.engine.tick_ms, None, TICK)
+
+    def _tick(self, now: int) -> None:
+        park_after = self.engine.park_after_ms
+        for run in list(self.runs.values()):
+            if (
+                not run.final and run.status == "running" and not run.driving
+                and now - run.last_active_ms >= park_after and not run.completions
+                and not run.pending_start and not run.in_flight() and not run.updates_running
+            ):
+                self.park(run)
+        for pending in list(self.outbox.pending.values()):
+            if pending.sent_at and now - pending.sent_at >= RESEND_MS:
+                self._deliver(pending.msg)
+        if self.appended - self.checkpoint_position >= self.engine.checkpoint_records and not self.checkpointing:
+            asyncio.ensure_future(self.checkpoint())
+        self.add_timer(now + self.engine.tick_ms, None, TICK)
+
+    def park(self, run: RunState) -> None:
+        """Write the run to the run store and drop it from memory; its index entry keeps
+        its next due time, so the shard knows its timers without loading it."""
+        ref = self.store.put_run(R.encode_frame(R.Frame(run.wid, run.run_no, run.journal)))
+        due = run.next_due()
+        self.index_entries[run.wid] = IndexEntry(run.wid, run.run_no, run.type, "parked", ref, due)
+        del self.runs[run.wid]
+        if due:
+            self.add_timer(due, None, PARKED, run.wid, run.run_no)
+
+    def idle(self) -> bool:
+        """Nothing can make progress here (spec: Idle)."""
+        if self.appended > self.durable or self.calls or self.outbox.pending or self.ready:
+            return False
+        for run in self.runs.values():
+            if run.status == "running" and (run.in_flight() or run.completions or run.pending_start or run.replaying):
+                return False
+        due = self.next_due_ms()
+        return not due or due - self.now_ms() >= IDLE_DUE_MS
+
+    # -- messages ---------------------------------------------------------------------------
+
+    def _send_when_durable(self, lsn: int, msgs: list[Msg]) -> None:
+        def send() -> None:
+            for msg in msgs:
+                self._deliver(msg)
+
+        self.when_durable(lsn, send)
+
+    def _deliver(self, msg: Msg) -> None:
+        pending = self.outbox.pending.get(msg.seq)
+        if pending is None:
+            return
+        pending.sent_at = self.now_ms()
+        self.engine.route(msg)
+
+    async def receive(self, msg: Msg) -> None:
+        """Apply a message from another shard (or this one), once in effect."""
+        key = (msg.src, msg.seq)
+        if key in self.outbox.received:
+            failure = self.outbox.received[key]
+            await self.durable_at(self.appended)
+            self.engine.route_ack(msg.src, Ack(msg.src, msg.seq, failure))
+            return
+        failure = await self._apply_msg(msg)
+        if key in self.outbox.received:
+            return  # a duplicate that arrived while this one was loading the run
+        lsn = self.append_shard(R.Received(msg.src, msg.seq, failure))
+        await self.durable_at(lsn)
+        self.engine.route_ack(msg.src, Ack(msg.src, msg.seq, failure))
+
+    async def _apply_msg(self, msg: Msg) -> Failure | None:
+        if msg.kind == "start":
+            try:
+                self.start(
+                    msg.name or "", msg.target, msg.value or b"null", parent=msg.parent,
+                    timeout_ms=msg.timeout or None,
+                )
+            except AlreadyExistsError as error:
+                return failure_from(error)
+            return None
+        run = await self.load(msg.target)
+        if msg.kind == "result":
+            if run is not None and run.run_no == msg.run and not run.final:
+                run.event(R.ChildResult(msg.op, msg.value, msg.failure))
+            return None
+        if run is None or run.final:
+            return failure_from(NotFoundError(f"no running workflow '{msg.target}'", workflow_id=msg.target))
+        if msg.kind == "signal":
+            run.event(R.SignalReceived(msg.name or "", msg.value or b"null", f"workflow:{msg.src}"))
+        elif msg.kind == "cancel":
+            run.event(R.CancelRequested(msg.reason, f"workflow:{msg.src}"))
+        elif msg.kind == "terminate":
+            run.end(R.Finished("terminated", failure=Failure(msg.reason or "terminated", type="Terminated")))
+        return None
+
+    async def acked(self, ack: Ack) -> None:
+        pending = self.outbox.answered(ack.seq)
+        if pending is None:
+            return  # a duplicate answer
+        msg = pending.msg
+        run = await self.load(pending.wid) if msg.kind in ("start", "signal", "cancel") else None
+        if run is not None and run.run_no == pending.run and not run.final:
+            if msg.kind == "start":
+                run.event(R.ChildStarted(msg.op, ack.failure))
+            else:
+                run.event(R.Delivered(msg.op, ack.failure))
+        else:
+            self.append_shard(R.Acked(msg.seq))
+
+    # -- runs: start, load, end ----------------------------------------------------------------
+
+    def find(self, wid: str) -> RunState | IndexEntry | None:
+        return self.runs.get(wid) or self.index_entries.get(wid)
+
+    def start(
+        self, type_: str, wid: str, input: bytes, *, policy: dict[str, str] | None = None,
+        timeout_ms: int | None = None, parent: R.Parent | None = None,
+        update: tuple[str, str, bytes] | None = None, version: int | None = None,
+    ) -> tuple[RunState | IndexEntry, bool]:
+        """Record a new run (or apply the ID policy). Returns the run and whether it is new."""
+        existing = self.find(wid)
+        run_no = 1
+        if existing is not None:
+            running = existing.status not in ("ok", "failed", "cancelled", "timed_out", "terminated", "continued")
+            rule = (policy or {}).get("running" if running else "finished", "fail" if running else "allow")
+            if rule == "use-existing":
+                return existing, False
+            if running:
+                if rule != "terminate-existing":
+                    raise AlreadyExistsError(
+                        f"workflow '{wid}' is running (run {existing.run_no}); start with "
+                        "id_policy={'running': 'use-existing'} to attach to it",
+                        workflow_id=wid,
+                    )
+                if isinstance(existing, RunState):
+                    existing.end(R.Finished("terminated", failure=Failure("replaced by a new run", type="Terminated")))
+            elif rule == "refuse" or (rule == "allow-if-failed" and existing.status == "ok"):
+                raise AlreadyExistsError(
+                    f"workflow '{wid}' already ran (run {existing.run_no}, {existing.status}) and the "
+                    f"ID policy refuses another run ({rule})",
+                    workflow_id=wid,
+                )
+            run_no = existing.run_no + 1
+        wf = self.engine.workflows.get(type_)
+        now = self.now_ms()
+        deadline = now + timeout_ms if timeout_ms else (now + wf.timeout_ms if wf and wf.timeout_ms else 0)
+        started = R.Started(
+            type_, version or (wf.version if wf else 1), input, now, self.new_seed(), deadline, parent,
+            *(update or (None, None, None)),
+        )
+        return self._begin(wid, run_no, started), True
+
+    def _begin(self, wid: str, run_no: int, started: R.Started) -> RunState:
+        run = RunState(self, wid, run_no, started)
+        self.index_entries.pop(wid, None)
+        self.runs[wid] = run
+        run.record(started)
+        run.last_active_ms = self.now_ms()
+        if run.workflow is None:
+            # Another process may hold the code: the run waits, it does not fail.
+            run.status = "waiting_for_code"
+            self.types_without_code.add(started.type)
+            return run
+        run.apply(started)
+        if started.deadline:
+            self.add_timer(started.deadline, run, -1)
+        self.schedule(run)
+        return run
+
+    async def load(self, wid: str) -> RunState | None:
+        """The run of `wid` in memory, loading (replaying) a parked one first."""
+        run = self.runs.get(wid)
+        if run is not None:
+            return run
+        entry = self.index_entries.get(wid)
+        if entry is None or entry.status != "parked":
+            return None
+        waiting = self.loading.get(wid)
+        if waiting is not None:
+            return await waiting
+        fut: asyncio.Future[RunState | None] = asyncio.get_running_loop().create_future()
+        self.loading[wid] = fut
+        try:
+            frame = R.decode_frame(await self.store.get_run(entry.ref))
+            if self.index_entries.get(wid) is not entry:
+                run = self.runs.get(wid)
+            else:
+                run = self.revive(frame.wid, frame.run, frame.records)
+                self.index_entries.pop(wid, None)
+            fut.set_result(run)
+            return run
+        finally:
+            del self.loading[wid]
+
+    def revive(self, wid: str, run_no: int, records: list[R.Rec]) -> RunState:
+        """Rebuild a run from its journal: replay, then start what was left unfinished."""
+        started = records[0]
+        assert isinstance(started, R.Started)
+        run = RunState(self, wid, run_no, started)
+        run.last_lsn = self.appended
+        run.last_active_ms = self.now_ms()
+        self.runs[wid] = run
+        if run.workflow is None:
+            run.journal = list(records)
+            run.status = "waiting_for_code"
+            self.types_without_code.add(started.type)
+            return run
+        run.replay(records)
+        if run.final:
+            return run
+        if run.status == "stuck":
+            return run
+        if started.deadline:
+            self.add_timer(started.deadline, run, -1)
+        run.go_live()
+        return run
+
+    def prepare_end(self, run: RunState, rec: R.Finished | R.ContinuedAsNew) -> None:
+        """Number the messages the end sends: the outcome to a parent, closes to children."""
+        if not isinstance(rec, R.Finished):
+            return
+        if run.started.parent is not None:
+            rec.msg = self.outbox.take_number()
+        closes = []
+        for seq, child in run.children.items():
+            op = run.ops.get(seq)
+            close = op.close if isinstance(op, ChildOp) else "terminate"
+            if close != "abandon":
+                closes.append((child, self.outbox.take_number(), close))
+        rec.closes = closes
+
+    def run_finished(self, run: RunState) -> None:
+        """The run ended (live): answer its callers once the end is durable; a run that
+        continued as new is followed by its next run in the same batch."""
+        rec = run.outcome
+        for key in [k for k in self.update_waiters if k[0] == run.wid]:
+            if key[1] not in run.update_results:
+                for fut in self.update_waiters.pop(key):
+                    if not fut.done():
+                        fut.set_exception(RejectedError("the workflow ended before the update finished"))
+        if isinstance(rec, R.ContinuedAsNew):
+            started = R.Started(
+                run.type, rec.version, rec.input, rec.now, rec.seed, 0, run.started.parent,
+            )
+            self._begin(run.wid, run.run_no + 1, started)
+            return
+        waiters = self.result_waiters.pop(run.wid, [])
+
+        def release() -> None:
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(run)
+            if self.runs.get(run.wid) is run:
+                ref = self.store.put_run(R.encode_frame(R.Frame(run.wid, run.run_no, run.journal)))
+                self.index_entries[run.wid] = IndexEntry(run.wid, run.run_no, run.type, run.status, ref)
+                self.runs.pop(run.wid)
+
+        self.when_durable(run.last_lsn, release)
+
+    def update_finished(self, run: RunState, rec: R.UpdateDone) -> None:
+        waiters = self.update_waiters.pop((run.wid, rec.id), [])
+        if waiters:
+            def release() -> None:
+                for fut in waiters:
+                    if not fut.done():
+                        fut.set_result(rec)
+
+            self.when_durable(run.last_lsn, release)
+
+    def run_stuck(self, run: RunState) -> None:
+        self.stuck.add(run.wid)
+        for fut in self.result_waiters.get(run.wid, []) if self.engine.profile == "dev" else []:
+            if not fut.done():
+                fut.set_result(run)
+
+    async def finished_run(self, wid: str) -> RunState | None:
+        """A finished run's state, read back from the run store (journal only)."""
+        entry = self.index_entries.get(wid)
+        if entry is None:
+            return None
+        frame = R.decode_frame(await self.store.get_run(entry.ref))
+        run = RunState(self, wid, frame.run, frame.records[0])  # type: ignore[arg-type]
+        run.journal = list(frame.records)
+        run.status = entry.status
+        last = frame.records[-1]
+        if isinstance(last, (R.Finished, R.ContinuedAsNew)):
+            run.outcome = last
+        return run
+
+    # -- checkpoints and close --------------------------------------------------------------
+
+    async def checkpoint(self) -> None:
+        """Snapshot the shard at the current position, then record it once the log up to
+        there is durable. Frames are taken at the same instant, so a record is either in a
+        frame or in the log after the checkpoint, never both."""
+        if self.checkpointing:
+            return
+        from fusee._recovery import snapshot
+
+        self.checkpointing = True
+        try:
+            position, data = snapshot(self)
+            await self.durable_at(position)
+            await self.store.checkpoint(position, data)
+            self.checkpoint_position = position
+        finally:
+            self.checkpointing = False
+
+    async def close(self, checkpoint: bool = True) -> None:
+        """Stop the shard; a clean close flushes, then checkpoints."""
+        if checkpoint and not self.closed:
+            await self.durable_at(self.appended)
+            await self.checkpoint()
+        self.abandon()
+        await self.store.close()
+
+    def abandon(self) -> None:
+        """Drop everything in memory (a crash, or after a clean close)."""
+        self.closed = True
+        if self.timer_handle is not None:
+            self.timer_handle.cancel()
+            self.timer_handle = None
+        for run in self.runs.values():
+            for op in run.ops.values():
+                task = getattr(op, "task", None)
+                if task is not None:
+                    task.cancel()
+            for fiber, _ in run.ready:
+                fiber.coro.close()
+
+
+def _chain(failure: Failure | None) -> list[Failure]:
+    out = []
+    while failure is not None:
+        out.append(failure)
+        failure = failure.cause
+    return out
+
+
+async def _attempt(awaitable: Any, timeout_ms: int | None) -> Any:
+    if timeout_ms is None:
+        return await awaitable
+    try:
+        return await asyncio.wait_for(awaitable, timeout_ms / 1000)
+    except asyncio.TimeoutError:
+        from fusee._errors import TimeoutError as FuseeTimeout
+
+        raise FuseeTimeout(f"the attempt took longer than its timeout ({timeout_ms} ms)") from None

@@ -1,0 +1,149 @@
+"""The test kit: a memory engine on a virtual clock, with step mocks, crashes and strict
+replay. The virtual clock is the process's: one test engine at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from fusee import _records as R
+from fusee._clock import VirtualClock
+from fusee._definitions import Workflow
+from fusee._durations import Duration, to_ms
+from fusee._engine import Engine, Run
+from fusee._errors import DeterminismError, NotFoundError
+from fusee._replay import Replayer, journal_to_json
+from fusee._storage import MemoryStorage
+
+__all__ = ["TestEngine"]
+
+
+class TestEngine:
+    """`TestEngine.open(workflows=[...])`: a memory engine under the dev profile."""
+
+    __test__ = False  # not a pytest class
+
+    def __init__(self, workflows: Sequence[Workflow[Any]], shards: int, park_after: Duration) -> None:
+        self.workflows = list(workflows)
+        self.shards = shards
+        self.park_after = park_after
+        self.clock = VirtualClock()
+        self.storage = MemoryStorage(shards)
+        self.mocks: dict[tuple[str, str], Callable[[int], Any]] = {}
+        self.engine: Engine
+
+    @classmethod
+    async def open(
+        cls, workflows: Sequence[Workflow[Any]] = (), *, shards: int = 4, park_after: Duration = "1s",
+    ) -> TestEngine:
+        t = cls(workflows, shards, park_after)
+        await t._open()
+        return t
+
+    async def _open(self) -> None:
+        self.engine = await Engine.open(
+            workflows=self.workflows, shards=self.shards, park_after=self.park_after,
+            profile="dev", clock=self.clock, storage=self.storage,
+        )
+        self.engine.step_mocks = self.mocks
+
+    def mock_step(self, wf: Workflow[Any] | str, step: str, fn: Callable[[int], Any]) -> None:
+        """Replace a step's function: `fn(attempt)` returns its result or raises."""
+        self.mocks[(wf if isinstance(wf, str) else wf.name, step)] = fn
+
+    async def start(self, wf: Workflow[Any] | str, id: str, input: Any = None, **options: Any) -> Run[Any]:
+        return await self.engine.start(wf, id, input, **options)
+
+    def now_ms(self) -> int:
+        return self.clock.now_ms()
+
+    async def settle(self) -> None:
+        """Let every turn that is ready run (messages between shards take several)."""
+        for _ in range(64):
+            await asyncio.sleep(0)
+
+    async def advance(self, duration: Duration) -> None:
+        """Move the clock; timers that fall due fire, in order."""
+        await self.settle()
+        self.clock.set(self.clock.now_ms() + to_ms(duration))
+        await self.settle()
+
+    async def result(self, id: str, wait_real_s: float = 10.0) -> Any:
+        """The run's result. While every run waits on a timer, time skips to the next one;
+        while a step function awaits outside work, real time passes (up to `wait_real_s`)."""
+        task = asyncio.ensure_future(self.engine.run(id).result())
+        waited = 0.0
+        try:
+            while True:
+                await self.settle()
+                if task.done():
+                    return task.result()
+                if self._steps_running():
+                    await asyncio.sleep(0.002)
+                    waited += 0.002
+                    if waited > wait_real_s:
+                        raise TimeoutError(f"run '{id}': a step function still runs after {wait_real_s} s")
+                    continue
+                due = min((d for d in (s.next_due_ms() for s in self.engine.shards) if d), default=0)
+                if not due:
+                    raise TimeoutError(f"run '{id}' waits on something no timer brings (a signal, an update, a completion)")
+                self.clock.set(max(due, self.clock.now_ms()))
+        finally:
+            if not task.done():
+                task.cancel()
+
+    def _steps_running(self) -> bool:
+        return any(run.in_flight() for shard in self.engine.shards for run in shard.runs.values()) or any(
+            shard.ready or shard.loading for shard in self.engine.shards
+        )
+
+    async def journal(self, id: str) -> list[dict[str, Any]]:
+        return journal_to_json((await self.engine.run(id).describe()).journal)
+
+    async def steps(self, id: str) -> list[str]:
+        """The names of the steps the run recorded as done, in order."""
+        return [r.name for r in (await self.engine.run(id).describe()).journal if isinstance(r, R.StepDone)]
+
+    async def snapshot(self, id: str) -> str:
+        rows = await self.journal(id)
+        for row in rows:
+            for volatile in ("now", "seed", "due", "deadline", "retry_at", "stack"):
+                row.pop(volatile, None)
+        return json.dumps(rows, indent=1, sort_keys=True, default=str)
+
+    async def crash(self) -> None:
+        """Drop the engine's memory and recover every run from storage: the code replays,
+        recorded steps do not run again."""
+        await self.settle()
+        self.engine.abandon()
+        await self._open()
+        await self.settle()
+
+    async def check(self) -> None:
+        """Replay every run against the registered code; the error names each run and
+        the first difference of each."""
+        replayer = Replayer(self.workflows)
+        problems = []
+        for shard in self.engine.shards:
+            for wid in list(shard.runs) + list(shard.index_entries):
+                try:
+                    journal = (await self.engine.run(wid).describe()).journal
+                except NotFoundError:
+                    continue
+                try:
+                    replayer.replay(journal, wid)
+                except DeterminismError as error:
+                    problems.append(str(error))
+        if problems:
+            raise DeterminismError("; ".join(problems))
+
+    async def close(self) -> None:
+        await self.engine.close()
+
+    async def __aenter__(self) -> TestEngine:
+        return self
+
+    async def __aexit__(self, *_: Any) -> None:
+        await self.close()
