@@ -45,11 +45,12 @@ class Op:
 
 
 class StepOp(Op):
+    """A step, or an async completion (its send function runs as a step)."""
+
     __slots__ = (
         "fn", "retry", "timeout_ms", "read_only", "thread", "attempt", "first_failure_at",
         "retry_at", "task", "started", "completion", "sent", "output",
     )
-    kind = "step"
 
     def __init__(
         self, seq: int, name: str, fn: Callable[..., Any], retry: Retry, timeout_ms: int | None,
@@ -72,8 +73,9 @@ class StepOp(Op):
         self.sent = False
         self.output: Any = None
 
-    def describe(self) -> str:
-        return f"{'await_completion' if self.completion else 'step'} '{self.name}'"
+    @property
+    def kind(self) -> str:  # type: ignore[override]
+        return "await_completion" if self.completion else "step"
 
 
 class TimerOp(Op):
