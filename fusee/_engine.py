@@ -281,8 +281,8 @@ class Engine:
         for shard in self.shards:
             rows = [RunSummary(r.wid, r.run_no, r.type, _status(r), shard.index) for r in shard.runs.values()]
             rows += [
-                RunSummary(e.wid, e.run, e.type, "running" if e.status == "parked" else e.status, shard.index)
-                for e in shard.index_entries.values()
+                RunSummary(wid, e.run, e.type, "running" if e.status == "parked" else e.status, shard.index)
+                for wid, e in await shard.indexed()
             ]
             for row in rows:
                 if (type is None or row.type == type) and (status is None or row.status == status):

@@ -136,6 +136,7 @@ class IndexEntry(msgspec.Struct, array_like=True):
     status: str  # active (load at recovery), parked, waiting_for_code, or a final status
     ref: int  # run-store offset of its frame
     due: int = 0  # its next timer (parked runs), unix ms
+    key: int = 0  # the hash of `wid` the index keys it by (wid is "" when read from the index)
 
 
 class Checkpoint(msgspec.Struct, array_like=True):

@@ -10,19 +10,20 @@ finished runs stay index entries.
 from __future__ import annotations
 
 from fusee import _records as R
+from fusee._index import key_of
 from fusee._messages import Checkpoint, IndexEntry, decode_checkpoint, encode_checkpoint
 from fusee._run import RunState
-from fusee._shard import PARKED, Shard
+from fusee._shard import Shard
 
 
 def snapshot(shard: Shard) -> tuple[int, bytes]:
     """Frames for the loaded runs and the index, all as of the current position."""
     position = shard.appended
-    entries = list(shard.index_entries.values())
+    entries = list(shard.index_entries.entries())
     for run in shard.runs.values():
         ref = _frame_of(shard, run)
         status = "active" if run.status in ("running", "stuck") else run.status
-        entries.append(IndexEntry(run.wid, run.run_no, run.type, status, ref, run.next_due()))
+        entries.append(IndexEntry("", run.run_no, run.type, status, ref, run.next_due(), key_of(run.wid)))
     outbox = [(p.msg, p.wid, p.run) for p in shard.outbox.pending.values()]
     received = [(src, msg, failure) for (src, msg), failure in shard.outbox.received.items()]
     data = encode_checkpoint(Checkpoint(position, shard.outbox.next_msg, entries, outbox, received))
@@ -41,7 +42,7 @@ def _frame_of(shard: Shard, run: RunState) -> int:
 
 async def recover(shard: Shard) -> None:
     recovered = await shard.store.recover()
-    active: list[str] = []
+    active: list[IndexEntry] = []
     if recovered.checkpoint is not None:
         checkpoint = decode_checkpoint(recovered.checkpoint)
         shard.appended = shard.durable = shard.checkpoint_position = checkpoint.position
@@ -51,11 +52,11 @@ async def recover(shard: Shard) -> None:
         for src, number, failure in checkpoint.received:
             shard.outbox.received[(src, number)] = failure
         for entry in checkpoint.runs:
-            shard.index_entries[entry.wid] = entry
             if entry.status == "active":
-                entry.status = "parked"
-                active.append(entry.wid)
-            elif entry.status == "waiting_for_code":
+                active.append(entry)
+                continue
+            shard.index_entries.put_key(entry.key, entry)
+            if entry.status == "waiting_for_code":
                 shard.types_without_code.add(entry.type)
 
     # The log after the checkpoint, grouped by workflow ID in order of first appearance.
@@ -70,19 +71,31 @@ async def recover(shard: Shard) -> None:
             tails.setdefault(entry.wid, []).append((entry.run, entry.rec))
     shard.appended = shard.durable = position
 
-    for wid in list(tails) + [w for w in active if w not in tails]:
-        await _recover_run(shard, wid, tails.get(wid, []))
+    # Runs that were loaded at the checkpoint are loaded again (a step may have been in
+    # flight); their IDs are in their frames.
+    bases: dict[str, IndexEntry] = {}
+    for entry in active:
+        frame = R.decode_frame(await shard.store.get_run(entry.ref))
+        entry.wid, entry.status = frame.wid, "parked"
+        bases[frame.wid] = entry
+        tails.setdefault(frame.wid, [])
+
+    for wid in list(tails):
+        await _recover_run(shard, wid, tails[wid], bases.get(wid))
 
     # Messages recovered from durable records go out again; duplicates are absorbed.
     for pending in list(shard.outbox.pending.values()):
         shard._deliver(pending.msg)
-    for entry in shard.index_entries.values():
-        if entry.status == "parked" and entry.due:
-            shard.add_timer(entry.due, None, PARKED, entry.wid, entry.run)
+    due = shard.index_entries.next_due_ms()
+    if due:
+        shard._arm_for(due)
 
 
-async def _recover_run(shard: Shard, wid: str, tail: list[tuple[int, R.Rec]]) -> None:
-    base = shard.index_entries.pop(wid, None)
+async def _recover_run(
+    shard: Shard, wid: str, tail: list[tuple[int, R.Rec]], base: IndexEntry | None
+) -> None:
+    if base is None:
+        base = shard.index_entries.pop(wid)
     run_no = base.run if base is not None else 0
     records: list[R.Rec] = []
     if base is not None:
@@ -97,14 +110,14 @@ async def _recover_run(shard: Shard, wid: str, tail: list[tuple[int, R.Rec]]) ->
         shard.outbox.note(wid, number, rec, started.parent if started else None)
     if not records:
         if base is not None:
-            shard.index_entries[wid] = base
+            shard.index_entries.put(wid, base)
         return
     if isinstance(records[-1], R.Finished):
         ref = shard.store.put_run(R.encode_frame(R.Frame(wid, run_no, records)))
-        shard.index_entries[wid] = IndexEntry(wid, run_no, started.type if started else "?", records[-1].status, ref)
+        shard.index_entries.put(wid, IndexEntry(wid, run_no, started.type if started else "?", records[-1].status, ref))
         return
     run = shard.revive(wid, run_no, records)
     if run.final:
         shard.runs.pop(wid, None)
         ref = shard.store.put_run(R.encode_frame(R.Frame(wid, run_no, run.journal)))
-        shard.index_entries[wid] = IndexEntry(wid, run_no, run.type, run.status, ref)
+        shard.index_entries.put(wid, IndexEntry(wid, run_no, run.type, run.status, ref))

@@ -23,6 +23,7 @@ from fusee._ctx import Completion, StepContext, current_step, takes_context
 from fusee._errors import (
     AlreadyExistsError, CodecError, Failure, NotFoundError, RejectedError, failure_from,
 )
+from fusee._index import RunIndex
 from fusee._messages import RESEND_MS, Ack, IndexEntry, Msg, Outbox
 from fusee._ops import ChildOp, Op, SendOp, StepOp, TimerOp, WaitOp
 from fusee._run import RunState
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
     from fusee._engine import Engine
 
 log = logging.getLogger("fusee")
-PARKED = -3  # timer entry: wake a parked run
 TICK = -4  # timer entry: the shard's sweep (parking, resends, checkpoints)
 IDLE_DUE_MS = 250
 
@@ -44,7 +44,8 @@ class Shard:
         self.store = store
         self.clock = engine.clock
         self.runs: dict[str, RunState] = {}
-        self.index_entries: dict[str, IndexEntry] = {}
+        self.runs_peak = 0
+        self.index_entries = RunIndex()
         self.outbox = Outbox(index)
         self.appended = 0
         self.durable = 0
@@ -52,6 +53,7 @@ class Shard:
         self.flushing = False
         self.timers: list[tuple[int, int, str, int, int]] = []
         self.timer_count = 0
+        self.stale_timers = 0
         self.armed_at = 0
         self.timer_handle: Any = None
         self.loading: dict[str, asyncio.Future[RunState | None]] = {}
@@ -311,6 +313,9 @@ class Shard:
         if run is not None:
             wid, run_no = run.wid, run.run_no
         heapq.heappush(self.timers, (due, self.timer_count, wid, run_no, seq))
+        self._arm_for(due)
+
+    def _arm_for(self, due: int) -> None:
         if self.timer_handle is None or due < self.armed_at:
             self._arm(due)
 
@@ -330,16 +335,15 @@ class Shard:
             due, _, wid, run_no, seq = heapq.heappop(timers)
             if seq == TICK:
                 self._tick(now)
-            elif seq == PARKED:
-                entry = self.index_entries.get(wid)
-                if entry is not None and entry.status == "parked" and entry.due == due:
-                    asyncio.ensure_future(self.load(wid))
             else:
                 run = self.runs.get(wid)
                 if run is not None and run.run_no == run_no and run.timers.get(seq) == due:
                     self._timer_due(run, seq)
-        if timers:
-            self._arm(timers[0][0])
+        for key in self.index_entries.take_due(now):
+            self.engine._spawn(self.load_key(key))
+        nexts = [d for d in (timers[0][0] if timers else 0, self.index_entries.next_due_ms()) if d]
+        if nexts:
+            self._arm(min(nexts))
 
     def _timer_due(self, run: RunState, seq: int) -> None:
         del run.timers[seq]
@@ -357,7 +361,7 @@ class Shard:
 
     def next_due_ms(self) -> int:
         """The earliest timer, retry or resend this shard has (0: none)."""
-        due = 0
+        due = self.index_entries.next_due_ms()
         for entry in self.timers:
             if entry[4] == TICK:
                 continue
@@ -371,9 +375,6 @@ class Shard:
 
     def _timer_valid(self, entry: tuple[int, int, str, int, int]) -> bool:
         due, _, wid, run_no, seq = entry
-        if seq == PARKED:
-            parked = self.index_entries.get(wid)
-            return parked is not None and parked.status == "parked" and parked.due == due
         run = self.runs.get(wid)
         return run is not None and run.run_no == run_no and run.timers.get(seq) == due
 
@@ -384,6 +385,8 @@ class Shard:
 
     def _tick(self, now: int) -> None:
         park_after = self.engine.park_after_ms
+        parked = False
+        self.runs_peak = max(self.runs_peak, len(self.runs))
         for run in list(self.runs.values()):
             if (
                 not run.final and run.status == "running" and not run.driving
@@ -391,6 +394,12 @@ class Shard:
                 and not run.pending_start and not run.in_flight() and not run.updates_running
             ):
                 self.park(run)
+                parked = True
+        if parked and len(self.runs) * 4 < self.runs_peak:
+            # Dicts keep their peak capacity; a shard whose runs parked copies its dict so
+            # the memory of runs that left goes with them.
+            self.runs = dict(self.runs)
+            self.runs_peak = len(self.runs)
         for pending in list(self.outbox.pending.values()):
             if pending.sent_at and now - pending.sent_at >= RESEND_MS:
                 self._deliver(pending.msg)
@@ -401,12 +410,25 @@ class Shard:
     def park(self, run: RunState) -> None:
         """Write the run to the run store and drop it from memory; its index entry keeps
         its next due time, so the shard knows its timers without loading it."""
+        if self.index_entries.collides(run.wid):
+            return  # another ID shares its hash: this one stays loaded
         ref = self.store.put_run(R.encode_frame(R.Frame(run.wid, run.run_no, run.journal)))
         due = run.next_due()
-        self.index_entries[run.wid] = IndexEntry(run.wid, run.run_no, run.type, "parked", ref, due)
+        self.index_entries.put(run.wid, IndexEntry(run.wid, run.run_no, run.type, "parked", ref, due))
         del self.runs[run.wid]
+        self._forget_timers(run)
         if due:
-            self.add_timer(due, None, PARKED, run.wid, run.run_no)
+            self._arm_for(due)
+
+    def _forget_timers(self, run: RunState) -> None:
+        """A run that leaves memory leaves its heap entries stale; rebuild the heap once
+        they are the majority, so a parked run keeps nothing here."""
+        self.stale_timers += len(run.timers) + 1
+        if self.stale_timers > 256 and self.stale_timers * 2 > len(self.timers):
+            # In place: `_fire` may be iterating this very list.
+            self.timers[:] = [t for t in self.timers if t[4] == TICK or self._timer_valid(t)]
+            heapq.heapify(self.timers)
+            self.stale_timers = 0
 
     def idle(self) -> bool:
         """Nothing can make progress here (spec: Idle)."""
@@ -533,7 +555,7 @@ class Shard:
 
     def _begin(self, wid: str, run_no: int, started: R.Started) -> RunState:
         run = RunState(self, wid, run_no, started)
-        self.index_entries.pop(wid, None)
+        self.index_entries.pop(wid)
         self.runs[wid] = run
         run.record(started)
         run.last_active_ms = self.now_ms()
@@ -556,22 +578,39 @@ class Shard:
         entry = self.index_entries.get(wid)
         if entry is None or entry.status != "parked":
             return None
-        waiting = self.loading.get(wid)
+        return await self._load_entry(entry, wid)
+
+    async def load_key(self, key: int) -> RunState | None:
+        """Load a parked run known by its index key (its timer came due)."""
+        entry = self.index_entries.get_key(key)
+        if entry is None or entry.status != "parked":
+            return None
+        return await self._load_entry(entry, "")
+
+    async def _load_entry(self, entry: IndexEntry, wid: str) -> RunState | None:
+        waiting = self.loading.get(wid or str(entry.key))
         if waiting is not None:
             return await waiting
         fut: asyncio.Future[RunState | None] = asyncio.get_running_loop().create_future()
-        self.loading[wid] = fut
+        name = wid or str(entry.key)
+        self.loading[name] = fut
         try:
             frame = R.decode_frame(await self.store.get_run(entry.ref))
-            if self.index_entries.get(wid) is not entry:
-                run = self.runs.get(wid)
+            if wid and frame.wid != wid:
+                run = None  # the hash belongs to another ID: this one has no parked run
+            elif frame.wid in self.runs:
+                run = self.runs[frame.wid]
             else:
-                run = self.revive(frame.wid, frame.run, frame.records)
-                self.index_entries.pop(wid, None)
+                current = self.index_entries.get(frame.wid)
+                if current is None or current.ref != entry.ref:
+                    run = self.runs.get(frame.wid)  # loaded, finished or re-parked meanwhile
+                else:
+                    self.index_entries.pop(frame.wid)
+                    run = self.revive(frame.wid, frame.run, frame.records)
             fut.set_result(run)
             return run
         finally:
-            del self.loading[wid]
+            del self.loading[name]
 
     def revive(self, wid: str, run_no: int, records: list[R.Rec]) -> RunState:
         """Rebuild a run from its journal: replay, then start what was left unfinished."""
@@ -631,10 +670,11 @@ class Shard:
             for fut in waiters:
                 if not fut.done():
                     fut.set_result(run)
-            if self.runs.get(run.wid) is run:
+            if self.runs.get(run.wid) is run and not self.index_entries.collides(run.wid):
                 ref = self.store.put_run(R.encode_frame(R.Frame(run.wid, run.run_no, run.journal)))
-                self.index_entries[run.wid] = IndexEntry(run.wid, run.run_no, run.type, run.status, ref)
+                self.index_entries.put(run.wid, IndexEntry(run.wid, run.run_no, run.type, run.status, ref))
                 self.runs.pop(run.wid)
+                self._forget_timers(run)
 
         self.when_durable(run.last_lsn, release)
 
@@ -660,6 +700,8 @@ class Shard:
         if entry is None:
             return None
         frame = R.decode_frame(await self.store.get_run(entry.ref))
+        if frame.wid != wid:
+            return None
         run = RunState(self, wid, frame.run, frame.records[0])  # type: ignore[arg-type]
         run.journal = list(frame.records)
         run.status = entry.status
@@ -667,6 +709,15 @@ class Shard:
         if isinstance(last, (R.Finished, R.ContinuedAsNew)):
             run.outcome = last
         return run
+
+    async def indexed(self) -> list[tuple[str, IndexEntry]]:
+        """Every index entry with its workflow ID, read from its frame (for listings)."""
+        out = []
+        for entry in list(self.index_entries.entries()):
+            frame = R.decode_frame(await self.store.get_run(entry.ref))
+            entry.wid = frame.wid
+            out.append((frame.wid, entry))
+        return out
 
     # -- checkpoints and close --------------------------------------------------------------
 

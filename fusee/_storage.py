@@ -83,6 +83,7 @@ class MemoryShardStore:
 
     instant: bool = True
     log: list[bytes] = field(default_factory=list)
+    log_start: int = 0  # position of log[0]: a checkpoint drops what it covers
     runs: list[bytes] = field(default_factory=list)
     checkpoint_data: bytes | None = None
     checkpoint_position: int = 0
@@ -90,10 +91,10 @@ class MemoryShardStore:
 
     def append(self, entry: bytes) -> int:
         self.log.append(entry)
-        return len(self.log)
+        return self.log_start + len(self.log)
 
     async def flush(self) -> int:
-        return len(self.log)
+        return self.log_start + len(self.log)
 
     def put_run(self, frame: bytes) -> int:
         self.runs.append(frame)
@@ -103,11 +104,13 @@ class MemoryShardStore:
         return self.runs[offset]
 
     async def recover(self) -> Recovered:
-        return Recovered(self.checkpoint_data, self.log[self.checkpoint_position:])
+        return Recovered(self.checkpoint_data, self.log[self.checkpoint_position - self.log_start:])
 
     async def checkpoint(self, position: int, data: bytes) -> None:
         self.checkpoint_data = data
         self.checkpoint_position = position
+        del self.log[: position - self.log_start]
+        self.log_start = position
 
     async def close(self) -> None:
         self.opened = False

@@ -127,7 +127,7 @@ class TestEngine:
         replayer = Replayer(self.workflows)
         problems = []
         for shard in self.engine.shards:
-            for wid in list(shard.runs) + list(shard.index_entries):
+            for wid in list(shard.runs) + [wid for wid, _ in await shard.indexed()]:
                 try:
                     journal = (await self.engine.run(wid).describe()).journal
                 except NotFoundError:
