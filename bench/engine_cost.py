@@ -109,13 +109,19 @@ async def main() -> None:
     parser.add_argument("--parked", type=int, default=10_000)
     args = parser.parse_args()
     step_ms = await sequential_step_ms(args.steps, rounds=5)
-    print(f"sequential step, memory ({args.steps} steps, best of 5): {step_ms:.4f} ms/step "
-          f"({step_ms * 1000:.1f} us; goal < 30 us)")
+    print(
+        f"sequential step, memory ({args.steps} steps, best of 5): {step_ms:.4f} ms/step "
+        f"({step_ms * 1000:.1f} us; goal < 30 us)"
+    )
     rate, wall = await many_runs(args.runs, shards=4)
-    print(f"{args.runs} runs of 4 steps over 4 shards: {rate:,.0f} starts/s, all done in {wall:.2f} s (goal < 2 s)")
+    print(
+        f"{args.runs} runs of 4 steps over 4 shards: {rate:,.0f} starts/s, all done in {wall:.2f} s (goal < 2 s)"
+    )
     index, total = await parked_bytes(args.parked)
-    print(f"parked run ({args.parked} runs): {index:.0f} bytes in the engine's index (goal < 150), "
-          f"{total:.0f} bytes with the memory backend's copy of its journal")
+    print(
+        f"parked run ({args.parked} runs): {index:.0f} bytes in the engine's index (goal < 150), "
+        f"{total:.0f} bytes with the memory backend's copy of its journal"
+    )
 
 
 if __name__ == "__main__":

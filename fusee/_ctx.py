@@ -9,27 +9,43 @@ import random as _random_module
 import uuid as _uuid_module
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from fusee import _codec as codec
 from fusee import _records as R
 from fusee._definitions import (
-    DEFAULT_RETRY, Query, Retry, Signal, Update, Workflow, query_of, signal_of, update_of,
+    DEFAULT_RETRY,
+    Query,
+    Retry,
+    Signal,
+    Update,
+    Workflow,
+    query_of,
+    signal_of,
+    update_of,
 )
 from fusee._durations import Duration, at_ms, to_ms
 from fusee._errors import RejectedError
 from fusee._ops import (
-    AllOp, CancelOp, ChildOp, FiberOp, Op, RaceOp, SendOp, StepOp, TimerOp, WaitOp, WatchOp,
+    AllOp,
+    CancelOp,
+    ChildOp,
+    FiberOp,
+    Op,
+    RaceOp,
+    SendOp,
+    StepOp,
+    TimerOp,
+    WaitOp,
+    WatchOp,
 )
 from fusee._run import ContinueAsNew
 
 if TYPE_CHECKING:
     from fusee._run import RunState
 
-current_step: contextvars.ContextVar[StepContext | None] = contextvars.ContextVar(
-    "fusee_step", default=None
-)
+current_step: contextvars.ContextVar[StepContext | None] = contextvars.ContextVar("fusee_step", default=None)
 
 
 @dataclass(slots=True)
@@ -54,7 +70,7 @@ class Completion:
 class ChildHandle:
     """A started child: its ID, and its result as an operation."""
 
-    __slots__ = ("_run", "_op", "id")
+    __slots__ = ("_op", "_run", "id")
 
     def __init__(self, run: RunState, op: ChildOp) -> None:
         self._run = run
@@ -105,8 +121,13 @@ class Ctx:
         """Run `fn` once the records before it are durable, record its result, return it.
         On replay the recorded result comes back and `fn` does not run."""
         op = StepOp(
-            -1, name, fn, retry or self._run.shard.engine.default_retry,
-            to_ms(timeout, "timeout") if timeout is not None else None, read_only, thread,
+            -1,
+            name,
+            fn,
+            retry or self._run.shard.engine.default_retry,
+            to_ms(timeout, "timeout") if timeout is not None else None,
+            read_only,
+            thread,
         )
         op.output = output
         self._run.issue(op)
@@ -124,15 +145,25 @@ class Ctx:
         """Run `send(cb)` as a step (gated, retried), then wait until someone calls
         `engine.complete(cb.token, value)` or `engine.fail(cb.token, failure)`."""
         op = StepOp(
-            -1, name, send, retry or DEFAULT_RETRY,
-            to_ms(timeout, "timeout") if timeout is not None else None, False, False, completion=True,
+            -1,
+            name,
+            send,
+            retry or DEFAULT_RETRY,
+            to_ms(timeout, "timeout") if timeout is not None else None,
+            False,
+            False,
+            completion=True,
         )
         op.output = output
         self._run.issue(op)
         return op
 
     def compensate(
-        self, name: str, fn: Callable[..., Any], *, retry: Retry | None = None,
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *,
+        retry: Retry | None = None,
         timeout: Duration | None = None,
     ) -> None:
         """Register a step that runs, newest first, if the workflow fails or is cancelled."""
@@ -180,7 +211,7 @@ class Ctx:
     def now(self) -> datetime:
         """The time, recorded: the same on every replay."""
         ms = self._draw("now", lambda: self._run.shard.now_ms())
-        return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+        return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
     def random(self) -> float:
         return float(self._draw("random", _random_module.random))
@@ -230,8 +261,13 @@ class Ctx:
     # -- other workflows --------------------------------------------------------------
 
     def start_child(
-        self, workflow: Workflow[Any] | str, id: str, input: Any = None, *,
-        parent_close: str = "terminate", timeout: Duration | None = None,
+        self,
+        workflow: Workflow[Any] | str,
+        id: str,
+        input: Any = None,
+        *,
+        parent_close: str = "terminate",
+        timeout: Duration | None = None,
     ) -> ChildOp:
         """Start a child workflow (on whatever shard its ID hashes to); resolves to a
         `ChildHandle` once the child's shard started it."""
@@ -247,8 +283,13 @@ class Ctx:
         return op
 
     async def child(
-        self, workflow: Workflow[Any] | str, id: str, input: Any = None, *,
-        parent_close: str = "terminate", timeout: Duration | None = None,
+        self,
+        workflow: Workflow[Any] | str,
+        id: str,
+        input: Any = None,
+        *,
+        parent_close: str = "terminate",
+        timeout: Duration | None = None,
     ) -> Any:
         """Start a child and wait for its result."""
         handle = await self.start_child(workflow, id, input, parent_close=parent_close, timeout=timeout)
@@ -276,7 +317,9 @@ class Ctx:
         self._run.query_handlers[q.name] = (q, handler)
 
     def on_update(
-        self, update: Update[Any, Any] | str, handler: Callable[[Any], Any],
+        self,
+        update: Update[Any, Any] | str,
+        handler: Callable[[Any], Any],
         validate: Callable[[Any], Any] | None = None,
     ) -> None:
         """Register an update's handler (sync or async; async ones may call ctx) and its
@@ -323,9 +366,9 @@ def takes_context(fn: Callable[..., Any], _cache: dict[Any, bool] = {}) -> bool:
         pass
     try:
         params = [
-            p for p in inspect.signature(fn).parameters.values()
-            if p.default is inspect.Parameter.empty
-            and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+            p
+            for p in inspect.signature(fn).parameters.values()
+            if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
         ]
         takes = len(params) >= 1
     except (TypeError, ValueError):

@@ -20,7 +20,7 @@ class Workflow(Generic[Out]):
     """A workflow type: its name, version, code and the input and result types read once
     from the function's annotations."""
 
-    __slots__ = ("name", "fn", "version", "timeout_ms", "input_type", "output_type", "takes_input")
+    __slots__ = ("fn", "input_type", "name", "output_type", "takes_input", "timeout_ms", "version")
 
     def __init__(
         self,
@@ -45,8 +45,8 @@ class Workflow(Generic[Out]):
         self.version = version
         self.timeout_ms = to_ms(timeout, "timeout") if timeout is not None else None
         self.takes_input = len(params) == 2
-        self.input_type = input if input is not None else (
-            hints.get(params[1].name, Any) if self.takes_input else Any
+        self.input_type = (
+            input if input is not None else (hints.get(params[1].name, Any) if self.takes_input else Any)
         )
         self.output_type = output if output is not None else hints.get("return", Any)
 
@@ -125,7 +125,7 @@ class Update(Generic[In, Out]):
     result: Any = Any
 
 
-def signal(name: str, type: Any = Any) -> Signal[Any]:  # noqa: A002 - the API's word
+def signal(name: str, type: Any = Any) -> Signal[Any]:
     return Signal(name, type)
 
 

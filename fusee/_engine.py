@@ -19,11 +19,24 @@ from fusee import _codec as codec
 from fusee import _records as R
 from fusee._clock import Clock, SystemClock
 from fusee._definitions import (
-    DEFAULT_RETRY, Query, Retry, Signal, Update, Workflow, query_of, signal_of, update_of,
+    DEFAULT_RETRY,
+    Query,
+    Retry,
+    Signal,
+    Update,
+    Workflow,
+    query_of,
+    signal_of,
+    update_of,
 )
 from fusee._durations import Duration, to_ms
 from fusee._errors import (
-    ClosedError, Failure, NotFoundError, RejectedError, UnknownWorkflowError, error_from,
+    ClosedError,
+    Failure,
+    NotFoundError,
+    RejectedError,
+    UnknownWorkflowError,
+    error_from,
 )
 from fusee._messages import Ack, Msg
 from fusee._recovery import recover
@@ -53,9 +66,16 @@ class RunDescription:
 class Engine:
     """Runs workflows on shards over one storage backend."""
 
-    def __init__(self, storage: Storage, workflows: Sequence[Workflow[Any]], clock: Clock,
-                 park_after_ms: int, profile: str | None, record_stacks: bool,
-                 default_retry: Retry) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        workflows: Sequence[Workflow[Any]],
+        clock: Clock,
+        park_after_ms: int,
+        profile: str | None,
+        record_stacks: bool,
+        default_retry: Retry,
+    ) -> None:
         self.storage = storage
         self.clock = clock
         self.workflows: dict[str, Workflow[Any]] = {}
@@ -97,8 +117,15 @@ class Engine:
             if shards < 1:
                 raise RejectedError(f"shards={shards}: need at least 1")
             storage = MemoryStorage(shards)
-        engine = cls(storage, workflows, clock or SystemClock(), to_ms(park_after, "park_after"),
-                     profile, record_stacks, retry)
+        engine = cls(
+            storage,
+            workflows,
+            clock or SystemClock(),
+            to_ms(park_after, "park_after"),
+            profile,
+            record_stacks,
+            retry,
+        )
         await engine._open_shards()
         return engine
 
@@ -185,8 +212,13 @@ class Engine:
     # -- starting -------------------------------------------------------------------------
 
     async def start(
-        self, wf: Workflow[Out] | str, id: str, input: Any = None, *,
-        id_policy: dict[str, str] | None = None, timeout: Duration | None = None,
+        self,
+        wf: Workflow[Out] | str,
+        id: str,
+        input: Any = None,
+        *,
+        id_policy: dict[str, str] | None = None,
+        timeout: Duration | None = None,
         version: int | None = None,
     ) -> Run[Out]:
         """Start a run; returns once its start is durable. A wrong input type, an unknown
@@ -195,8 +227,14 @@ class Engine:
         return run
 
     async def _start(
-        self, wf: Workflow[Any] | str, id: str, input: Any, id_policy: dict[str, str] | None,
-        timeout: Duration | None, version: int | None, update: tuple[str, str, bytes] | None = None,
+        self,
+        wf: Workflow[Any] | str,
+        id: str,
+        input: Any,
+        id_policy: dict[str, str] | None,
+        timeout: Duration | None,
+        version: int | None,
+        update: tuple[str, str, bytes] | None = None,
     ) -> tuple[Run[Any], RunState | Any]:
         self._check_open()
         definition = self.workflow_of(wf)
@@ -204,9 +242,13 @@ class Engine:
         _check_policy(id_policy)
         shard = self.shard_of(id)
         state, _ = shard.start(
-            definition.name, id, data, policy=id_policy,
+            definition.name,
+            id,
+            data,
+            policy=id_policy,
             timeout_ms=to_ms(timeout, "timeout") if timeout is not None else None,
-            update=update, version=version,
+            update=update,
+            version=version,
         )
         await shard.durable_at(shard.appended)
         return Run(self, id, definition), state
@@ -216,21 +258,35 @@ class Engine:
         return Run(self, id, wf)
 
     async def signal_with_start(
-        self, wf: Workflow[Out] | str, id: str, input: Any, signal: Signal[Any] | str, value: Any = None,
-        *, id_policy: dict[str, str] | None = None, timeout: Duration | None = None,
+        self,
+        wf: Workflow[Out] | str,
+        id: str,
+        input: Any,
+        signal: Signal[Any] | str,
+        value: Any = None,
+        *,
+        id_policy: dict[str, str] | None = None,
+        timeout: Duration | None = None,
     ) -> Run[Out]:
         """Signal `id`, starting it with `input` first if it is not running; the signal is
         recorded before a new run's code first runs."""
         sig = signal_of(signal)
         payload = codec.encode(value, f"signal '{sig.name}'")
         policy = {"running": "use-existing", **(id_policy or {})}
-        run, state = await self._start(wf, id, input, policy, timeout, None)
+        run, _ = await self._start(wf, id, input, policy, timeout, None)
         await run._signal_bytes(sig.name, payload)
         return run
 
     async def update_with_start(
-        self, wf: Workflow[Out] | str, id: str, input: Any, update: Update[Any, Any] | str, arg: Any = None,
-        *, id_policy: dict[str, str] | None = None, timeout: Duration | None = None,
+        self,
+        wf: Workflow[Out] | str,
+        id: str,
+        input: Any,
+        update: Update[Any, Any] | str,
+        arg: Any = None,
+        *,
+        id_policy: dict[str, str] | None = None,
+        timeout: Duration | None = None,
         update_id: str | None = None,
     ) -> tuple[Run[Out], Any]:
         """Start `id` with the update in its start record (so the two never come apart),
@@ -262,26 +318,33 @@ class Engine:
 
     async def _complete(self, token: str, value: bytes | None, failure: Failure | None) -> None:
         self._check_open()
-        wid, run_no, seq, attempt, nonce = parse_token(token)
+        wid, run_no, seq, attempt, _mac = parse_token(token)
         shard = self.shard_of(wid)
         state = await shard.load(wid)
         op = state.ops.get(seq) if state is not None and state.run_no == run_no else None
         if (
-            state is None or op is None or op.done or not getattr(op, "sent", False)
+            state is None
+            or op is None
+            or op.done
+            or not getattr(op, "sent", False)
             or getattr(op, "attempt", 0) != attempt
             or make_token(wid, run_no, seq, attempt, state.started.seed) != token
         ):
-            raise RejectedError("the completion token is stale: its step finished, or a newer attempt holds it")
+            raise RejectedError(
+                "the completion token is stale: its step finished, or a newer attempt holds it"
+            )
         state.event(R.Completed(seq, value, failure))
         await shard.durable_at(state.last_lsn)
 
     # -- listing ---------------------------------------------------------------------------
 
-    async def list(self, type: str | None = None, status: str | None = None) -> AsyncIterator[RunSummary]:  # noqa: A002
+    async def list(self, type: str | None = None, status: str | None = None) -> AsyncIterator[RunSummary]:
         for shard in self.shards:
             rows = [RunSummary(r.wid, r.run_no, r.type, _status(r), shard.index) for r in shard.runs.values()]
             rows += [
-                RunSummary(wid, e.run, e.type, "running" if e.status == "parked" else e.status, shard.index)
+                RunSummary(
+                    wid, e.run_no, e.type, "running" if e.status == "parked" else e.status, shard.index
+                )
                 for wid, e in await shard.indexed()
             ]
             for row in rows:
@@ -330,14 +393,18 @@ class Run(Generic[Out]):
             state = await shard.finished_run(self.id)
             if state is None:
                 raise NotFoundError(f"no workflow '{self.id}'", workflow_id=self.id)
-            raise RejectedError(f"workflow '{self.id}' has ended ({state.status}); queries need a running run")
+            raise RejectedError(
+                f"workflow '{self.id}' has ended ({state.status}); queries need a running run"
+            )
         handler = state.query_handlers.get(q.name)
         if handler is None:
             raise RejectedError(
                 f"workflow '{self.id}' has no handler for query '{q.name}' "
                 f"(handlers: {', '.join(sorted(state.query_handlers)) or 'none'})"
             )
-        data = codec.encode(handler[1](codec.convert(arg, q.arg, "query argument")[1]), f"query '{q.name}' answer")
+        data = codec.encode(
+            handler[1](codec.convert(arg, q.arg, "query argument")[1]), f"query '{q.name}' answer"
+        )
         await shard.durable_at(state.last_lsn)
         return codec.decode(data, q.result, f"query '{q.name}' answer")
 
@@ -350,7 +417,9 @@ class Run(Generic[Out]):
         state = await shard.load(self.id)
         if state is None:
             finished = await shard.finished_run(self.id)
-            done = finished and next((r for r in finished.journal if isinstance(r, R.UpdateDone) and r.id == update_id), None)
+            done = finished and next(
+                (r for r in finished.journal if isinstance(r, R.UpdateDone) and r.id == update_id), None
+            )
             if done:
                 return _update_result(u, done)
             raise NotFoundError(f"no running workflow '{self.id}'", workflow_id=self.id)
@@ -412,7 +481,9 @@ class Run(Generic[Out]):
         assert isinstance(rec, R.Finished)
         if rec.status == "ok":
             wf = self.workflow or self.engine.workflows.get(state.type)
-            result: Out = codec.decode(rec.value or b"null", wf.output_type if wf else Any, "the workflow's result")
+            result: Out = codec.decode(
+                rec.value or b"null", wf.output_type if wf else Any, "the workflow's result"
+            )
             return result
         raise error_from(rec.failure or Failure(rec.status))
 
@@ -425,7 +496,9 @@ class Run(Generic[Out]):
         state = await shard.load(self.id) or await shard.finished_run(self.id)
         if state is None:
             raise NotFoundError(f"no workflow '{self.id}'", workflow_id=self.id)
-        return RunDescription(RunSummary(self.id, state.run_no, state.type, _status(state), shard.index), list(state.journal))
+        return RunDescription(
+            RunSummary(self.id, state.run_no, state.type, _status(state), shard.index), list(state.journal)
+        )
 
     async def cancel(self, reason: str | None = None) -> None:
         """Ask the run to stop: its code gets CancelledError at the operations it waits
@@ -452,8 +525,10 @@ def _status(state: RunState) -> str:
 
 
 def _check_policy(policy: dict[str, str] | None) -> None:
-    allowed = {"running": ("fail", "use-existing", "terminate-existing"),
-               "finished": ("allow", "allow-if-failed", "refuse", "use-existing")}
+    allowed = {
+        "running": ("fail", "use-existing", "terminate-existing"),
+        "finished": ("allow", "allow-if-failed", "refuse", "use-existing"),
+    }
     for key, value in (policy or {}).items():
         if key not in allowed or value not in allowed[key]:
             raise RejectedError(f"id_policy {key}={value!r}: allowed are {allowed}")

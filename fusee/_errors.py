@@ -81,7 +81,7 @@ class IoError(FuseeError):
     code = "Io"
 
 
-class ConnectionError(FuseeError):  # noqa: A001 - the spec's name, scoped to fusee
+class ConnectionError(FuseeError):
     code = "Connection"
 
 
@@ -118,7 +118,7 @@ class CancelledError(_FailureError):
     code = "Cancelled"
 
 
-class TimeoutError(_FailureError):  # noqa: A001 - the spec's name, scoped to fusee
+class TimeoutError(_FailureError):
     code = "TimedOut"
 
 

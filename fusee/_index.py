@@ -46,7 +46,9 @@ class RunIndex:
         if type_id is None:
             type_id = self._type_ids[entry.type] = len(self._types)
             self._types.append(entry.type)
-        self._table[key] = (((entry.ref << 16 | type_id) << 32 | entry.run) << 4) | _STATUS_CODE[entry.status]
+        self._table[key] = (((entry.ref << 16 | type_id) << 32 | entry.run_no) << 4) | _STATUS_CODE[
+            entry.status
+        ]
         if entry.due and entry.status == "parked":
             bucket = entry.due // BUCKET_MS
             keys = self._buckets.get(bucket)

@@ -72,8 +72,14 @@ class Outbox:
         if kind is R.ChildRequested:
             assert isinstance(rec, R.ChildRequested)
             msg = Msg(
-                "start", self.shard, rec.msg, rec.id, name=rec.type, value=rec.input,
-                parent=R.Parent(self.shard, wid, run, rec.seq, rec.close), timeout=rec.timeout,
+                "start",
+                self.shard,
+                rec.msg,
+                rec.id,
+                name=rec.type,
+                value=rec.input,
+                parent=R.Parent(self.shard, wid, run, rec.seq, rec.close),
+                timeout=rec.timeout,
                 op=rec.seq,
             )
             return self._add(msg, wid, run)
@@ -94,13 +100,27 @@ class Outbox:
             assert isinstance(rec, R.Finished)
             out: list[Msg] = []
             if rec.msg and parent is not None:
-                out.append(self._add(Msg(
-                    "result", self.shard, rec.msg, parent.wid, run=parent.run, value=rec.value,
-                    failure=rec.failure, op=parent.seq,
-                ), wid, run))
+                out.append(
+                    self._add(
+                        Msg(
+                            "result",
+                            self.shard,
+                            rec.msg,
+                            parent.wid,
+                            run=parent.run,
+                            value=rec.value,
+                            failure=rec.failure,
+                            op=parent.seq,
+                        ),
+                        wid,
+                        run,
+                    )
+                )
             for child, number, close in rec.closes:
                 kind_name = "terminate" if close == "terminate" else "cancel"
-                out.append(self._add(Msg(kind_name, self.shard, number, child, reason="parent closed"), wid, run))
+                out.append(
+                    self._add(Msg(kind_name, self.shard, number, child, reason="parent closed"), wid, run)
+                )
             return out
         if kind is R.Acked:
             assert isinstance(rec, R.Acked)
@@ -131,7 +151,7 @@ class IndexEntry(msgspec.Struct, array_like=True):
     """A run the shard does not hold in memory (or, in a checkpoint, any run)."""
 
     wid: str
-    run: int
+    run_no: int
     type: str
     status: str  # active (load at recovery), parked, waiting_for_code, or a final status
     ref: int  # run-store offset of its frame

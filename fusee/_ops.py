@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 class Op:
     """An operation the code called. `seq` is its journal position (-1: takes none)."""
 
-    __slots__ = ("seq", "name", "done", "value", "exc", "waiters", "recorded")
+    __slots__ = ("done", "exc", "name", "recorded", "seq", "value", "waiters")
     kind = "op"
 
     def __init__(self, seq: int, name: str) -> None:
@@ -48,13 +48,31 @@ class StepOp(Op):
     """A step, or an async completion (its send function runs as a step)."""
 
     __slots__ = (
-        "fn", "retry", "timeout_ms", "read_only", "thread", "attempt", "first_failure_at",
-        "retry_at", "task", "started", "completion", "sent", "output",
+        "attempt",
+        "completion",
+        "first_failure_at",
+        "fn",
+        "output",
+        "read_only",
+        "retry",
+        "retry_at",
+        "sent",
+        "started",
+        "task",
+        "thread",
+        "timeout_ms",
     )
 
     def __init__(
-        self, seq: int, name: str, fn: Callable[..., Any], retry: Retry, timeout_ms: int | None,
-        read_only: bool, thread: bool, completion: bool = False,
+        self,
+        seq: int,
+        name: str,
+        fn: Callable[..., Any],
+        retry: Retry,
+        timeout_ms: int | None,
+        read_only: bool,
+        thread: bool,
+        completion: bool = False,
     ) -> None:
         super().__init__(seq, name)
         self.fn = fn
@@ -91,7 +109,7 @@ class TimerOp(Op):
 class WaitOp(Op):
     """`wait_for`: resolved by a signal of its name, or by its timeout (to None)."""
 
-    __slots__ = ("type", "due", "timeout_ms")
+    __slots__ = ("due", "timeout_ms", "type")
     kind = "wait_for"
 
     def __init__(self, name: str, type_: Any, timeout_ms: int | None) -> None:
@@ -104,7 +122,7 @@ class WaitOp(Op):
 class ChildOp(Op):
     """`start_child`: resolves once the child's shard started (or refused) the child."""
 
-    __slots__ = ("wid", "result_type", "workflow", "input", "close", "timeout_ms")
+    __slots__ = ("close", "input", "result_type", "timeout_ms", "wid", "workflow")
     kind = "child"
 
     def __init__(
@@ -122,7 +140,7 @@ class ChildOp(Op):
 class SendOp(Op):
     """`signal_workflow` / `cancel_workflow`: resolves once the target answered."""
 
-    __slots__ = ("target", "payload")
+    __slots__ = ("payload", "target")
     kind = "signal_workflow"
 
     def __init__(self, target: str, name: str, payload: Any) -> None:
@@ -144,7 +162,7 @@ class WatchOp(Op):
 
 
 class AllOp(Op):
-    __slots__ = ("ops", "left")
+    __slots__ = ("left", "ops")
     kind = "all"
 
     def __init__(self, ops: list[Op]) -> None:

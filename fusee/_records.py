@@ -15,7 +15,7 @@ Two families, told apart by how replay uses them:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -231,11 +231,36 @@ class Received(Rec, tag=61):
 
 
 Record = (
-    Started | Finished | ContinuedAsNew | StepDone | Attempt | StepFailed | TimerStarted
-    | TimerFired | WaitStarted | SignalReceived | Drawn | CancelRequested | UpdateAccepted
-    | UpdateDone | ChildRequested | ChildStarted | ChildResult | SignalSent | CancelSent
-    | Delivered | CompletionSent | Completed | Acked | Received
+    Started
+    | Finished
+    | ContinuedAsNew
+    | StepDone
+    | Attempt
+    | StepFailed
+    | TimerStarted
+    | TimerFired
+    | WaitStarted
+    | SignalReceived
+    | Drawn
+    | CancelRequested
+    | UpdateAccepted
+    | UpdateDone
+    | ChildRequested
+    | ChildStarted
+    | ChildResult
+    | SignalSent
+    | CancelSent
+    | Delivered
+    | CompletionSent
+    | Completed
+    | Acked
+    | Received
 )
+
+if TYPE_CHECKING:
+    AnyRecord = Rec  # what code hands around; msgspec decodes the tagged union below
+else:
+    AnyRecord = Record
 
 ISSUED = (TimerStarted, WaitStarted, Drawn, ChildRequested, SignalSent, CancelSent)
 
@@ -245,7 +270,7 @@ class Entry(msgspec.Struct, array_like=True):
 
     wid: str
     run: int
-    rec: Record
+    rec: AnyRecord
 
 
 class Frame(msgspec.Struct, array_like=True):
@@ -253,7 +278,7 @@ class Frame(msgspec.Struct, array_like=True):
 
     wid: str
     run: int
-    records: list[Record]
+    records: list[AnyRecord]
 
 
 encode_entry = msgspec.msgpack.Encoder().encode

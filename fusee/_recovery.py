@@ -64,11 +64,11 @@ async def recover(shard: Shard) -> None:
     position = shard.appended
     for data in recovered.records:
         position += 1
-        entry = R.decode_entry(data)
-        if entry.wid == "":
-            shard.outbox.note("", 0, entry.rec, None)
+        logged = R.decode_entry(data)
+        if logged.wid == "":
+            shard.outbox.note("", 0, logged.rec, None)
         else:
-            tails.setdefault(entry.wid, []).append((entry.run, entry.rec))
+            tails.setdefault(logged.wid, []).append((logged.run, logged.rec))
     shard.appended = shard.durable = position
 
     # Runs that were loaded at the checkpoint are loaded again (a step may have been in
@@ -96,7 +96,7 @@ async def _recover_run(
 ) -> None:
     if base is None:
         base = shard.index_entries.pop(wid)
-    run_no = base.run if base is not None else 0
+    run_no = base.run_no if base is not None else 0
     records: list[R.Rec] = []
     if base is not None:
         records = list(R.decode_frame(await shard.store.get_run(base.ref)).records)
@@ -114,7 +114,9 @@ async def _recover_run(
         return
     if isinstance(records[-1], R.Finished):
         ref = shard.store.put_run(R.encode_frame(R.Frame(wid, run_no, records)))
-        shard.index_entries.put(wid, IndexEntry(wid, run_no, started.type if started else "?", records[-1].status, ref))
+        shard.index_entries.put(
+            wid, IndexEntry(wid, run_no, started.type if started else "?", records[-1].status, ref)
+        )
         return
     run = shard.revive(wid, run_no, records)
     if run.final:

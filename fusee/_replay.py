@@ -50,7 +50,9 @@ class Replayer:
         """Raise DeterminismError naming the first difference between code and journal."""
         started = records[0]
         if not isinstance(started, R.Started):
-            raise DeterminismError(f"run '{wid}': a journal starts with Started, not {type(started).__name__}")
+            raise DeterminismError(
+                f"run '{wid}': a journal starts with Started, not {type(started).__name__}"
+            )
         if started.type not in self.workflows:
             raise DeterminismError(f"run '{wid}': no code registered for workflow type '{started.type}'")
         sandbox = _Sandbox(self.workflows)
@@ -91,7 +93,7 @@ def journal_to_json(records: Sequence[R.Rec]) -> list[dict[str, Any]]:
     return out
 
 
-_KINDS = {cls.__name__: cls for cls in R.Record.__args__}  # type: ignore[attr-defined]
+_KINDS = {cls.__name__: cls for cls in R.Record.__args__}
 
 
 def journal_from_json(rows: Sequence[dict[str, Any]]) -> list[R.Rec]:
@@ -106,7 +108,8 @@ def journal_from_json(rows: Sequence[dict[str, Any]]) -> list[R.Rec]:
                 value = fields[name]
                 fields[name] = (
                     codec.encode(bytes.fromhex(value["$bytes"]))
-                    if isinstance(value, dict) and set(value) == {"$bytes"} else codec.encode(value)
+                    if isinstance(value, dict) and set(value) == {"$bytes"}
+                    else codec.encode(value)
                 )
         records.append(msgspec.convert(fields, cls))
     return records

@@ -18,9 +18,15 @@ from fusee import _codec as codec
 from fusee import _records as R
 from fusee._definitions import Workflow
 from fusee._errors import (
-    CancelledError, DeterminismError, Failure, FuseeError, StepError, error_from, failure_from,
+    CancelledError,
+    DeterminismError,
+    Failure,
+    FuseeError,
+    StepError,
+    error_from,
+    failure_from,
 )
-from fusee._ops import ChildOp, FiberOp, Op, SendOp, StepOp, TimerOp, WaitOp, WatchOp
+from fusee._ops import ChildOp, FiberOp, Op, SendOp, StepOp, WaitOp, WatchOp
 
 if TYPE_CHECKING:
     from fusee._shard import Shard
@@ -47,7 +53,9 @@ class Fiber:
 
     __slots__ = ("coro", "on_done")
 
-    def __init__(self, coro: Coroutine[Any, Any, Any], on_done: Callable[[Any, BaseException | None], None]) -> None:
+    def __init__(
+        self, coro: Coroutine[Any, Any, Any], on_done: Callable[[Any, BaseException | None], None]
+    ) -> None:
         self.coro = coro
         self.on_done = on_done
 
@@ -102,8 +110,7 @@ class RunState:
     def in_flight(self) -> bool:
         """A step's function is running or waiting for its gate: the run cannot park."""
         return any(
-            isinstance(op, StepOp) and op.started and not op.done and not op.sent
-            for op in self.ops.values()
+            isinstance(op, StepOp) and op.started and not op.done and not op.sent for op in self.ops.values()
         )
 
     def next_due(self) -> int:
@@ -206,13 +213,20 @@ class RunState:
                 else:
                     yielded.waiters.append(fiber)
             else:
-                ready.append((fiber, TypeError(
-                    f"workflow code awaited {type(yielded).__name__}, which is not a ctx "
-                    "operation: workflow code may await only ctx operations; put other "
-                    "awaits in a step (ctx.step)"
-                )))
+                ready.append(
+                    (
+                        fiber,
+                        TypeError(
+                            f"workflow code awaited {type(yielded).__name__}, which is not a ctx "
+                            "operation: workflow code may await only ctx operations; put other "
+                            "awaits in a step (ctx.step)"
+                        ),
+                    )
+                )
 
-    def spawn(self, coro: Coroutine[Any, Any, Any], on_done: Callable[[Any, BaseException | None], None]) -> None:
+    def spawn(
+        self, coro: Coroutine[Any, Any, Any], on_done: Callable[[Any, BaseException | None], None]
+    ) -> None:
         self.ready.append((Fiber(coro, on_done), None))
 
     # -- operations the code calls ----------------------------------------------------
@@ -304,7 +318,9 @@ class RunState:
         op = self.ops.get(rec.seq)
         if op is None:
             kind, name = _op_of(rec)
-            self._stuck(f"the journal recorded {kind} '{name}' at position {rec.seq} but the code did not call it")
+            self._stuck(
+                f"the journal recorded {kind} '{name}' at position {rec.seq} but the code did not call it"
+            )
         return op
 
     def _apply_started(self, rec: R.Started) -> None:
@@ -317,7 +333,9 @@ class RunState:
         if rec.deadline:
             self.timers[-1] = rec.deadline
         if rec.update_id is not None and rec.update_name is not None:
-            self._apply_update_accepted(R.UpdateAccepted(rec.update_id, rec.update_name, rec.update_arg or b"null"))
+            self._apply_update_accepted(
+                R.UpdateAccepted(rec.update_id, rec.update_name, rec.update_arg or b"null")
+            )
 
     def _apply_step_done(self, rec: R.StepDone) -> None:
         op = self._verify(rec)
@@ -475,7 +493,9 @@ class RunState:
             if rec.failure is not None:
                 self.resolve(op, None, StepError(op.name, rec.failure))
             else:
-                self.resolve(op, _decode(rec.value or b"null", getattr(op, "output", None), f"completion '{op.name}'"))
+                self.resolve(
+                    op, _decode(rec.value or b"null", getattr(op, "output", None), f"completion '{op.name}'")
+                )
 
     def _apply_finished(self, rec: R.Finished) -> None:
         if self.replaying and rec.status not in ("terminated", "timed_out") and self.code_outcome is None:
@@ -537,10 +557,28 @@ class RunState:
 
 _APPLY: dict[type, str] = {}
 for _cls in (
-    R.Started, R.StepDone, R.Attempt, R.StepFailed, R.TimerStarted, R.TimerFired, R.WaitStarted,
-    R.SignalReceived, R.Drawn, R.CancelRequested, R.UpdateAccepted, R.UpdateDone, R.ChildRequested,
-    R.ChildStarted, R.ChildResult, R.SignalSent, R.CancelSent, R.Delivered, R.CompletionSent,
-    R.Completed, R.Finished, R.ContinuedAsNew,
+    R.Started,
+    R.StepDone,
+    R.Attempt,
+    R.StepFailed,
+    R.TimerStarted,
+    R.TimerFired,
+    R.WaitStarted,
+    R.SignalReceived,
+    R.Drawn,
+    R.CancelRequested,
+    R.UpdateAccepted,
+    R.UpdateDone,
+    R.ChildRequested,
+    R.ChildStarted,
+    R.ChildResult,
+    R.SignalSent,
+    R.CancelSent,
+    R.Delivered,
+    R.CompletionSent,
+    R.Completed,
+    R.Finished,
+    R.ContinuedAsNew,
 ):
     _snake = "".join("_" + c.lower() if c.isupper() else c for c in _cls.__name__).lstrip("_")
     _APPLY[_cls] = "_apply_" + _snake

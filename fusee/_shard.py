@@ -21,7 +21,12 @@ from fusee import _codec as codec
 from fusee import _records as R
 from fusee._ctx import Completion, StepContext, current_step, takes_context
 from fusee._errors import (
-    AlreadyExistsError, CodecError, Failure, NotFoundError, RejectedError, failure_from,
+    AlreadyExistsError,
+    CodecError,
+    Failure,
+    NotFoundError,
+    RejectedError,
+    failure_from,
 )
 from fusee._index import RunIndex
 from fusee._messages import RESEND_MS, Ack, IndexEntry, Msg, Outbox
@@ -106,7 +111,7 @@ class Shard:
             asyncio.get_running_loop().call_soon(self._start_flush)
 
     def _start_flush(self) -> None:
-        asyncio.ensure_future(self._flush_loop())
+        self.engine._spawn(self._flush_loop())
 
     async def _flush_loop(self) -> None:
         """One flush in flight; the next starts when it completes, so batches grow with
@@ -133,8 +138,13 @@ class Shard:
     async def durable_at(self, lsn: int) -> None:
         if self.durable >= lsn:
             return
-        fut = asyncio.get_running_loop().create_future()
-        self.gates.append((lsn, lambda: fut.done() or fut.set_result(None)))
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def release() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        self.gates.append((lsn, release))
         await fut
 
     def _release(self) -> None:
@@ -194,9 +204,17 @@ class Shard:
                 self.add_timer(op.due, run, op.seq)
         elif isinstance(op, ChildOp):
             if not op.recorded:
-                run.record(R.ChildRequested(
-                    op.seq, op.workflow, op.wid, op.input, self.outbox.take_number(), op.close, op.timeout_ms,
-                ))
+                run.record(
+                    R.ChildRequested(
+                        op.seq,
+                        op.workflow,
+                        op.wid,
+                        op.input,
+                        self.outbox.take_number(),
+                        op.close,
+                        op.timeout_ms,
+                    )
+                )
                 op.recorded = True
         elif isinstance(op, SendOp):
             if not op.recorded:
@@ -348,7 +366,9 @@ class Shard:
     def _timer_due(self, run: RunState, seq: int) -> None:
         del run.timers[seq]
         if seq == -1:
-            run.end(R.Finished("timed_out", failure=Failure("the workflow's deadline passed", type="TimedOut")))
+            run.end(
+                R.Finished("timed_out", failure=Failure("the workflow's deadline passed", type="TimedOut"))
+            )
             return
         op = run.ops.get(seq)
         if isinstance(op, StepOp):
@@ -389,9 +409,14 @@ class Shard:
         self.runs_peak = max(self.runs_peak, len(self.runs))
         for run in list(self.runs.values()):
             if (
-                not run.final and run.status == "running" and not run.driving
-                and now - run.last_active_ms >= park_after and not run.completions
-                and not run.pending_start and not run.in_flight() and not run.updates_running
+                not run.final
+                and run.status == "running"
+                and not run.driving
+                and now - run.last_active_ms >= park_after
+                and not run.completions
+                and not run.pending_start
+                and not run.in_flight()
+                and not run.updates_running
             ):
                 self.park(run)
                 parked = True
@@ -403,8 +428,11 @@ class Shard:
         for pending in list(self.outbox.pending.values()):
             if pending.sent_at and now - pending.sent_at >= RESEND_MS:
                 self._deliver(pending.msg)
-        if self.appended - self.checkpoint_position >= self.engine.checkpoint_records and not self.checkpointing:
-            asyncio.ensure_future(self.checkpoint())
+        if (
+            self.appended - self.checkpoint_position >= self.engine.checkpoint_records
+            and not self.checkpointing
+        ):
+            self.engine._spawn(self.checkpoint())
         self.add_timer(now + self.engine.tick_ms, None, TICK)
 
     def park(self, run: RunState) -> None:
@@ -435,7 +463,9 @@ class Shard:
         if self.appended > self.durable or self.calls or self.outbox.pending or self.ready:
             return False
         for run in self.runs.values():
-            if run.status == "running" and (run.in_flight() or run.completions or run.pending_start or run.replaying):
+            if run.status == "running" and (
+                run.in_flight() or run.completions or run.pending_start or run.replaying
+            ):
                 return False
         due = self.next_due_ms()
         return not due or due - self.now_ms() >= IDLE_DUE_MS
@@ -475,7 +505,10 @@ class Shard:
         if msg.kind == "start":
             try:
                 self.start(
-                    msg.name or "", msg.target, msg.value or b"null", parent=msg.parent,
+                    msg.name or "",
+                    msg.target,
+                    msg.value or b"null",
+                    parent=msg.parent,
                     timeout_ms=msg.timeout or None,
                 )
             except AlreadyExistsError as error:
@@ -516,15 +549,29 @@ class Shard:
         return self.runs.get(wid) or self.index_entries.get(wid)
 
     def start(
-        self, type_: str, wid: str, input: bytes, *, policy: dict[str, str] | None = None,
-        timeout_ms: int | None = None, parent: R.Parent | None = None,
-        update: tuple[str, str, bytes] | None = None, version: int | None = None,
+        self,
+        type_: str,
+        wid: str,
+        input: bytes,
+        *,
+        policy: dict[str, str] | None = None,
+        timeout_ms: int | None = None,
+        parent: R.Parent | None = None,
+        update: tuple[str, str, bytes] | None = None,
+        version: int | None = None,
     ) -> tuple[RunState | IndexEntry, bool]:
         """Record a new run (or apply the ID policy). Returns the run and whether it is new."""
         existing = self.find(wid)
         run_no = 1
         if existing is not None:
-            running = existing.status not in ("ok", "failed", "cancelled", "timed_out", "terminated", "continued")
+            running = existing.status not in (
+                "ok",
+                "failed",
+                "cancelled",
+                "timed_out",
+                "terminated",
+                "continued",
+            )
             rule = (policy or {}).get("running" if running else "finished", "fail" if running else "allow")
             if rule == "use-existing":
                 return existing, False
@@ -536,7 +583,9 @@ class Shard:
                         workflow_id=wid,
                     )
                 if isinstance(existing, RunState):
-                    existing.end(R.Finished("terminated", failure=Failure("replaced by a new run", type="Terminated")))
+                    existing.end(
+                        R.Finished("terminated", failure=Failure("replaced by a new run", type="Terminated"))
+                    )
             elif rule == "refuse" or (rule == "allow-if-failed" and existing.status == "ok"):
                 raise AlreadyExistsError(
                     f"workflow '{wid}' already ran (run {existing.run_no}, {existing.status}) and the "
@@ -548,7 +597,13 @@ class Shard:
         now = self.now_ms()
         deadline = now + timeout_ms if timeout_ms else (now + wf.timeout_ms if wf and wf.timeout_ms else 0)
         started = R.Started(
-            type_, version or (wf.version if wf else 1), input, now, self.new_seed(), deadline, parent,
+            type_,
+            version or (wf.version if wf else 1),
+            input,
+            now,
+            self.new_seed(),
+            deadline,
+            parent,
             *(update or (None, None, None)),
         )
         return self._begin(wid, run_no, started), True
@@ -660,7 +715,13 @@ class Shard:
                         fut.set_exception(RejectedError("the workflow ended before the update finished"))
         if isinstance(rec, R.ContinuedAsNew):
             started = R.Started(
-                run.type, rec.version, rec.input, rec.now, rec.seed, 0, run.started.parent,
+                run.type,
+                rec.version,
+                rec.input,
+                rec.now,
+                rec.seed,
+                0,
+                run.started.parent,
             )
             self._begin(run.wid, run.run_no + 1, started)
             return
@@ -681,6 +742,7 @@ class Shard:
     def update_finished(self, run: RunState, rec: R.UpdateDone) -> None:
         waiters = self.update_waiters.pop((run.wid, rec.id), [])
         if waiters:
+
             def release() -> None:
                 for fut in waiters:
                     if not fut.done():
@@ -774,7 +836,7 @@ async def _attempt(awaitable: Any, timeout_ms: int | None) -> Any:
         return await awaitable
     try:
         return await asyncio.wait_for(awaitable, timeout_ms / 1000)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         from fusee._errors import TimeoutError as FuseeTimeout
 
         raise FuseeTimeout(f"the attempt took longer than its timeout ({timeout_ms} ms)") from None

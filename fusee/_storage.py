@@ -104,7 +104,7 @@ class MemoryShardStore:
         return self.runs[offset]
 
     async def recover(self) -> Recovered:
-        return Recovered(self.checkpoint_data, self.log[self.checkpoint_position - self.log_start:])
+        return Recovered(self.checkpoint_data, self.log[self.checkpoint_position - self.log_start :])
 
     async def checkpoint(self, position: int, data: bytes) -> None:
         self.checkpoint_data = data

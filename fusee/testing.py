@@ -36,7 +36,11 @@ class TestEngine:
 
     @classmethod
     async def open(
-        cls, workflows: Sequence[Workflow[Any]] = (), *, shards: int = 4, park_after: Duration = "1s",
+        cls,
+        workflows: Sequence[Workflow[Any]] = (),
+        *,
+        shards: int = 4,
+        park_after: Duration = "1s",
     ) -> TestEngine:
         t = cls(workflows, shards, park_after)
         await t._open()
@@ -44,8 +48,12 @@ class TestEngine:
 
     async def _open(self) -> None:
         self.engine = await Engine.open(
-            workflows=self.workflows, shards=self.shards, park_after=self.park_after,
-            profile="dev", clock=self.clock, storage=self.storage,
+            workflows=self.workflows,
+            shards=self.shards,
+            park_after=self.park_after,
+            profile="dev",
+            clock=self.clock,
+            storage=self.storage,
         )
         self.engine.step_mocks = self.mocks
 
@@ -73,7 +81,7 @@ class TestEngine:
     async def result(self, id: str, wait_real_s: float = 10.0) -> Any:
         """The run's result. While every run waits on a timer, time skips to the next one;
         while a step function awaits outside work, real time passes (up to `wait_real_s`)."""
-        task = asyncio.ensure_future(self.engine.run(id).result())
+        task: asyncio.Future[Any] = asyncio.ensure_future(self.engine.run(id).result())
         waited = 0.0
         try:
             while True:
@@ -88,7 +96,9 @@ class TestEngine:
                     continue
                 due = min((d for d in (s.next_due_ms() for s in self.engine.shards) if d), default=0)
                 if not due:
-                    raise TimeoutError(f"run '{id}' waits on something no timer brings (a signal, an update, a completion)")
+                    raise TimeoutError(
+                        f"run '{id}' waits on something no timer brings (a signal, an update, a completion)"
+                    )
                 self.clock.set(max(due, self.clock.now_ms()))
         finally:
             if not task.done():
