@@ -86,7 +86,13 @@ class Engine:
         self.record_stacks = record_stacks
         self.default_retry = default_retry
         self.step_mocks: dict[tuple[str, str], Callable[[int], Any]] = {}
-        self.shards: list[Shard] = []
+        self.shards: list[Shard] = []  # the shards this engine holds
+        self.by_index: dict[int, Shard] = {}
+        self.shard_count = storage.shards
+        # Messages for shards this engine does not hold go here: the remote backend relays
+        # them through the server; until one is attached they wait in `unrouted`.
+        self.relay: Callable[[int, Msg | Ack], None] | None = None
+        self.unrouted: list[tuple[int, Msg | Ack]] = []
         self.closed = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self.register(*workflows)
@@ -105,6 +111,7 @@ class Engine:
         retry: Retry = DEFAULT_RETRY,
         clock: Clock | None = None,
         storage: Storage | None = None,
+        shard_ids: Sequence[int] | None = None,
     ) -> Engine:
         """Open an engine. `durability="memory"` keeps nothing; a directory (local mode)
         needs the `fusee-server` distribution's disk path."""
@@ -126,13 +133,18 @@ class Engine:
             record_stacks,
             retry,
         )
-        await engine._open_shards()
+        await engine._open_shards(shard_ids)
         return engine
 
-    async def _open_shards(self) -> None:
-        for index in range(self.storage.shards):
+    async def _open_shards(self, shard_ids: Sequence[int] | None) -> None:
+        """Open and recover the shards this engine holds (all, unless `shard_ids` names
+        some: an invoked worker holds only the shards it was granted)."""
+        for index in shard_ids if shard_ids is not None else range(self.storage.shards):
+            if not 0 <= index < self.storage.shards:
+                raise RejectedError(f"shard_ids: {index} is not a shard (the storage has {self.storage.shards})")
             shard = Shard(self, index, await self.storage.open_shard(index))
             self.shards.append(shard)
+            self.by_index[index] = shard
         for shard in self.shards:
             await recover(shard)
             shard.start_ticks()
@@ -173,15 +185,40 @@ class Engine:
 
     # -- routing ------------------------------------------------------------------------
 
+    def shard_index(self, wid: str) -> int:
+        return zlib.crc32(wid.encode()) % self.shard_count
+
     def shard_of(self, wid: str) -> Shard:
-        return self.shards[zlib.crc32(wid.encode()) % len(self.shards)]
+        index = self.shard_index(wid)
+        shard = self.by_index.get(index)
+        if shard is None:
+            raise RejectedError(
+                f"workflow '{wid}' is on shard {index}, which this engine does not hold; "
+                "use a client for it"
+            )
+        return shard
 
     def route(self, msg: Msg) -> None:
         """Deliver a message to its target's shard, on a later turn of the loop."""
-        self._spawn(self.shard_of(msg.target).receive(msg))
+        index = self.shard_index(msg.target)
+        shard = self.by_index.get(index)
+        if shard is None:
+            self._relay(index, msg)
+        else:
+            self._spawn(shard.receive(msg))
 
     def route_ack(self, src: int, ack: Ack) -> None:
-        self._spawn(self.shards[src].acked(ack))
+        shard = self.by_index.get(src)
+        if shard is None:
+            self._relay(src, ack)
+        else:
+            self._spawn(shard.acked(ack))
+
+    def _relay(self, index: int, item: Msg | Ack) -> None:
+        if self.relay is not None:
+            self.relay(index, item)
+        else:
+            self.unrouted.append((index, item))
 
     def _spawn(self, coro: Any) -> None:
         if self.closed:

@@ -146,7 +146,9 @@ class RunState:
         """After replay: start what the journal left unfinished."""
         if self.final or self.status == "stuck":
             return
-        self.pending_start.extend(op for op in self.ops.values() if not op.done and op.seq >= 0)
+        # Every operation the replay left unresolved starts now, in position order (the
+        # replay queued them as the code called them; each is started once).
+        self.pending_start = [op for op in self.ops.values() if not op.done and op.seq >= 0]
         self.pending_start.sort(key=lambda op: op.seq)
         if self.code_outcome is not None:
             self._finish_code(*self.code_outcome)

@@ -172,8 +172,8 @@ class Shard:
     def start_op(self, run: RunState, op: Op) -> None:
         """Start an operation the code called (live), recording what it issued."""
         if isinstance(op, StepOp):
-            if op.sent:
-                return  # a completion whose token is out: it waits for complete/fail
+            if op.sent or op.started:
+                return  # running already, or a completion whose token is out
             op.started = True
             if op.retry_at:
                 run.timers[op.seq] = op.retry_at

@@ -1,0 +1,243 @@
+"""Recovery, checkpoints, parking, the outbox, and what invoked workers need from a
+shard: the idle predicate, the next due time, steps run, types without code."""
+
+from __future__ import annotations
+
+import asyncio
+
+import fusee
+from fusee import _records as R
+from fusee._messages import Msg
+from fusee._storage import MemoryStorage
+from tests.conftest import eventually
+
+effects: list[str] = []
+
+
+@fusee.workflow("sleepy")
+async def sleepy(ctx: fusee.Ctx, n: int) -> int:
+    await ctx.step("before", lambda: effects.append(f"before-{n}"))
+    await ctx.sleep("nap", "1h")
+    await ctx.step("after", lambda: effects.append(f"after-{n}"))
+    return n
+
+
+gates: list[asyncio.Event] = []
+
+
+def new_gate() -> asyncio.Event:
+    """An event of the test's own loop (each test has a loop of its own)."""
+    gates[:] = [asyncio.Event()]
+    return gates[0]
+
+
+async def wait_gate() -> str:
+    await gates[0].wait()
+    return "through"
+
+
+@fusee.workflow("gated")
+async def gated(ctx: fusee.Ctx) -> str:
+    return await ctx.step("wait", lambda s: (effects.append(s.key), wait_gate())[1])
+
+
+@fusee.workflow("kid")
+async def kid(ctx: fusee.Ctx, n: int) -> int:
+    await ctx.step("work", lambda: effects.append(f"kid-{n}"))
+    return n + 1
+
+
+@fusee.workflow("mother")
+async def mother(ctx: fusee.Ctx, kid_id: str) -> int:
+    result: int = await ctx.child(kid, kid_id, 41)
+    return result
+
+
+def ids_on_two_shards(t: fusee.testing.TestEngine) -> tuple[str, str]:
+    a = "mother-1"
+    b = next(f"kid-{i}" for i in range(100) if t.engine.shard_index(f"kid-{i}") != t.engine.shard_index(a))
+    return a, b
+
+
+async def test_idle_and_next_due_while_a_run_sleeps(kit):
+    effects.clear()
+    t = await kit(sleepy, shards=1)
+    await t.start(sleepy, "s-1", 1)
+    await t.settle()
+    shard = t.engine.shard_of("s-1")
+    assert shard.idle()
+    due = shard.next_due_ms()
+    assert due - t.now_ms() == 3_600_000
+    assert shard.steps_run == 1
+    # 100 ms before the timer the shard is not idle (due within 250 ms).
+    await t.advance(3_600_000 - 100)
+    assert not shard.idle()
+    assert await t.result("s-1") == 1
+    assert shard.steps_run == 2
+
+
+async def test_a_running_step_keeps_the_shard_busy(kit):
+    effects.clear()
+    gate = new_gate()
+    t = await kit(gated, shards=1)
+    await t.start(gated, "g-1")
+    await t.settle()
+    shard = t.engine.shard_of("g-1")
+    assert not shard.idle()
+    gate.set()
+    assert await t.result("g-1") == "through"
+    assert shard.idle()
+
+
+async def test_parked_runs_cost_an_index_entry_and_wake_on_their_timer(kit):
+    effects.clear()
+    t = await kit(sleepy, shards=2, park_after="100ms")
+    for n in range(20):
+        await t.start(sleepy, f"p-{n}", n)
+    await t.advance("1s")
+    assert sum(len(s.runs) for s in t.engine.shards) == 0
+    assert sum(len(s.index_entries) for s in t.engine.shards) == 20
+    # The next due time is known without loading a run.
+    assert min(s.next_due_ms() for s in t.engine.shards) <= t.now_ms() + 3_600_000
+    for n in range(20):
+        assert await t.result(f"p-{n}") == n
+    assert sorted(e for e in effects if e.startswith("after")) == sorted(f"after-{n}" for n in range(20))
+
+
+async def test_checkpoint_then_crash_recovers_parked_runs_without_loading_them(kit):
+    effects.clear()
+    t = await kit(sleepy, shards=1, park_after="100ms")
+    for n in range(10):
+        await t.start(sleepy, f"c-{n}", n)
+    await t.advance("1s")
+    shard = t.engine.shards[0]
+    await shard.checkpoint()
+    store = t.storage.stores[0]
+    assert store.checkpoint_position == shard.appended
+    assert (await store.recover()).records == []  # the checkpoint covers the whole log
+    await t.crash()
+    shard = t.engine.shards[0]
+    assert len(shard.runs) == 0 and len(shard.index_entries) == 10
+    for n in range(10):
+        assert await t.result(f"c-{n}") == n
+    assert effects.count("before-3") == 1 and effects.count("after-3") == 1
+
+
+async def test_clean_close_leaves_nothing_to_replay():
+    effects.clear()
+    storage = MemoryStorage(2)
+    engine = await fusee.Engine.open(workflows=[sleepy], storage=storage)
+    await engine.start(sleepy, "z-1", 5)
+    await asyncio.sleep(0)
+    await engine.close()
+    for store in storage.stores:
+        assert (await store.recover()).records == []
+    again = await fusee.Engine.open(workflows=[sleepy], storage=storage)
+    assert (await again.run("z-1").status()).status == "running"
+    await again.close()
+
+
+async def test_a_step_in_flight_at_a_crash_runs_again_with_the_same_key(kit):
+    effects.clear()
+    gate = new_gate()
+    t = await kit(gated, shards=1)
+    await t.start(gated, "k-1")
+    await t.settle()
+    assert len(effects) == 1
+    await t.crash()
+    await eventually(lambda: len(effects) == 2)
+    assert effects[0] == effects[1] == "k-1/1/0"
+    gate.set()
+    assert await t.result("k-1") == "through"
+    await t.check()
+
+
+async def test_child_start_survives_a_crash_before_delivery_exactly_once(kit):
+    effects.clear()
+    t = await kit(mother, kid, shards=4)
+    parent, child = ids_on_two_shards(t)
+    await t.start(mother, parent, child)
+    # Crash at once: the ChildRequested record is durable, its message not yet sent.
+    await t.crash()
+    assert await t.result(parent) == 42
+    assert effects.count("kid-41") == 1
+    await t.check()
+
+
+async def test_a_duplicate_message_is_absorbed(kit):
+    effects.clear()
+    wait = fusee.signal("go", int)
+
+    @fusee.workflow("listener")
+    async def listener(ctx: fusee.Ctx) -> int:
+        a = await ctx.wait_for(wait)
+        b = await ctx.wait_for(wait, timeout="1s")
+        return (a or 0) * 10 + (b or 0)
+
+    t = await kit(listener, shards=2)
+    await t.start(listener, "l-1")
+    await t.settle()
+    shard = t.engine.shard_of("l-1")
+    msg = Msg("signal", src=1 - shard.index, seq=7, target="l-1", name="go", value=b"3")
+    await shard.receive(msg)
+    await shard.receive(msg)  # a resend: same sender, same number
+    assert await t.result("l-1") == 30  # the second wait timed out: one signal only
+    received = [r for r in (await t.journal("l-1")) if r["kind"] == "SignalReceived"]
+    assert len(received) == 1
+
+
+async def test_runs_without_code_wait_instead_of_failing(kit):
+    effects.clear()
+    t = await kit(sleepy, shards=1)
+    await t.start(sleepy, "w-1", 1)
+    await t.settle()
+    t.workflows = []
+    await t.crash()
+    shard = t.engine.shards[0]
+    assert shard.types_without_code == {"sleepy"}
+    assert (await t.engine.run("w-1").status()).status == "waiting_for_code"
+    t.workflows = [sleepy]
+    await t.crash()
+    assert await t.result("w-1") == 1
+    assert effects.count("before-1") == 1
+
+
+async def test_an_engine_can_hold_some_shards_only():
+    storage = MemoryStorage(4)
+    engine = await fusee.Engine.open(workflows=[mother, kid], storage=storage, shard_ids=[0])
+    assert [s.index for s in engine.shards] == [0]
+    parent = next(f"m-{i}" for i in range(100) if engine.shard_index(f"m-{i}") == 0)
+    child = next(f"k-{i}" for i in range(100) if engine.shard_index(f"k-{i}") != 0)
+    await engine.start(mother, parent, child)
+    # The child's start is for a shard held elsewhere: it waits for a relay.
+    await eventually(lambda: engine.unrouted)
+    index, msg = engine.unrouted[0]
+    assert index == engine.shard_index(child) and isinstance(msg, Msg) and msg.kind == "start"
+    try:
+        engine.run(child)._shard  # noqa: B018 - the property is the check
+    except fusee.RejectedError as error:
+        assert "does not hold" in str(error)
+    else:
+        raise AssertionError("a run on a shard the engine does not hold was reachable")
+    await engine.close()
+
+
+async def test_park_after_is_a_setting(kit):
+    t = await kit(sleepy, shards=1, park_after="50ms")
+    await t.start(sleepy, "pa-1", 1)
+    await t.advance("40ms")
+    assert "pa-1" in t.engine.shards[0].runs
+    await t.advance("100ms")
+    assert "pa-1" not in t.engine.shards[0].runs
+    assert "pa-1" in t.engine.shards[0].index_entries
+
+
+async def test_recovered_journal_records_are_the_same(kit):
+    effects.clear()
+    t = await kit(sleepy, shards=1)
+    await t.start(sleepy, "j-1", 2)
+    await t.settle()
+    before = await t.journal("j-1")
+    await t.crash()
+    assert await t.journal("j-1") == before
+    assert isinstance((await t.engine.run("j-1").describe()).journal[0], R.Started)
