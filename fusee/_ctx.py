@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextvars
 import inspect
-import random as _random_module
+import random as _random_module  # tidy: recorded (drawn live once, then replayed)
 import uuid as _uuid_module
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -217,7 +217,7 @@ class Ctx:
         return float(self._draw("random", _random_module.random))
 
     def uuid(self) -> _uuid_module.UUID:
-        return _uuid_module.UUID(self._draw("uuid", lambda: str(_uuid_module.uuid4())))
+        return _uuid_module.UUID(self._draw("uuid", lambda: str(_uuid_module.uuid4())))  # tidy: recorded
 
     def _draw(self, op_name: str, draw: Callable[[], Any]) -> Any:
         run = self._run
