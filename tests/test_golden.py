@@ -1,0 +1,232 @@
+"""Golden journals: recorded runs kept in tests/golden/ and replayed against today's code on
+every test run, so a change that would strand running workflows fails here first.
+
+Each file is `{"id": ..., "workflow": <type>, "journal": [rows]}` with rows as
+`fusee._replay.journal_to_json` writes them. They were made by running the workflows below
+once on a TestEngine; to make them again (only when a change is meant to break old runs):
+
+    python -m tests.test_golden --write
+
+`nondeterministic.json` is recorded from an older `g_pay` that called step 'charge' where
+today's code calls 'refund': replaying it must fail and name both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fusee
+from fusee._replay import Replayer, journal_from_json, journal_to_json
+
+GOLDEN = Path(__file__).parent / "golden"
+NONDETERMINISTIC = "nondeterministic.json"
+
+approve = fusee.signal("approve", bool)
+add_item = fusee.update("add_item", str, int)
+
+
+def flaky_charge(s: fusee.StepContext) -> str:
+    """Fails twice (a retryable error), then succeeds: two Attempt records, one StepDone."""
+    if s.attempt < 3:
+        raise ConnectionResetError(f"card network down (attempt {s.attempt})")
+    return "ch_1"
+
+
+@fusee.workflow("g_retry")
+async def g_retry(ctx: fusee.Ctx, order: str) -> str:
+    charge = await ctx.step("charge", flaky_charge, retry=fusee.Retry(attempts=4, initial=100, jitter=False))
+    await ctx.sleep("cooldown", "1m")
+    receipt = await ctx.step("receipt", lambda: f"receipt:{order}")
+    return f"{charge}/{receipt}"
+
+
+@fusee.workflow("g_approval")
+async def g_approval(ctx: fusee.Ctx, requester: str) -> dict[str, Any]:
+    items: list[str] = []
+
+    async def on_add(item: str) -> int:
+        stored = await ctx.step("store", lambda: item.upper())
+        items.append(stored)
+        return len(items)
+
+    ctx.on_update(add_item, on_add, validate=lambda item: None if item else "an empty item")
+    approved = await ctx.wait_for(approve, timeout="1d")
+    return {"requester": requester, "approved": approved, "items": items}
+
+
+@fusee.workflow("g_child")
+async def g_child(ctx: fusee.Ctx, n: int) -> int:
+    return await ctx.step("square", lambda: n * n)
+
+
+@fusee.workflow("g_parent")
+async def g_parent(ctx: fusee.Ctx, n: int) -> int:
+    squared = await ctx.child(g_child, f"{ctx.workflow_id}/child", n)
+    return await ctx.step("add_one", lambda: squared + 1)
+
+
+@fusee.workflow("g_pay")
+async def g_pay(ctx: fusee.Ctx, amount: int) -> str:
+    return await ctx.step("refund", lambda: f"refunded {amount}")
+
+
+WORKFLOWS = [g_retry, g_approval, g_child, g_parent, g_pay]
+FILES = sorted(GOLDEN.glob("*.json"))
+DETERMINISTIC = [path for path in FILES if path.name != NONDETERMINISTIC]
+
+
+def _load(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def test_the_golden_set_is_there():
+    assert {path.name for path in FILES} == {
+        "retry_sleep.json",
+        "signal_update.json",
+        "child.json",
+        NONDETERMINISTIC,
+    }
+    for path in FILES:
+        document = _load(path)
+        assert set(document) == {"id", "workflow", "journal"}
+        assert document["journal"][0]["kind"] == "Started"
+        assert document["journal"][0]["type"] == document["workflow"]
+
+
+def test_the_goldens_cover_the_operations():
+    kinds = {row["kind"] for path in DETERMINISTIC for row in _load(path)["journal"]}
+    assert kinds >= {
+        "Started",
+        "StepDone",
+        "Attempt",
+        "TimerStarted",
+        "TimerFired",
+        "WaitStarted",
+        "SignalReceived",
+        "UpdateAccepted",
+        "UpdateDone",
+        "ChildRequested",
+        "ChildStarted",
+        "ChildResult",
+        "Finished",
+    }
+    attempts = [r for r in _load(GOLDEN / "retry_sleep.json")["journal"] if r["kind"] == "Attempt"]
+    assert [r["attempt"] for r in attempts] == [1, 2]
+    assert all("card network down" in r["failure"]["message"] for r in attempts)
+
+
+@pytest.mark.parametrize("path", DETERMINISTIC, ids=lambda p: p.name)
+def test_golden_replays_against_the_code(path):
+    Replayer(WORKFLOWS).replay_file(str(path))
+
+
+def test_nondeterministic_golden_names_both_steps():
+    with pytest.raises(fusee.DeterminismError) as caught:
+        Replayer(WORKFLOWS).replay_file(str(GOLDEN / NONDETERMINISTIC))
+    message = str(caught.value)
+    assert "recorded step 'charge' here but the code called step 'refund'" in message
+    assert _load(GOLDEN / NONDETERMINISTIC)["id"] in message
+
+
+def test_a_changed_workflow_fails_its_golden():
+    """The goldens guard the code: a renamed step in g_retry no longer replays."""
+
+    @fusee.workflow("g_retry")
+    async def renamed(ctx: fusee.Ctx, order: str) -> str:
+        charge = await ctx.step("charge_card", flaky_charge)
+        await ctx.sleep("cooldown", "1m")
+        return charge
+
+    others = [wf for wf in WORKFLOWS if wf.name != "g_retry"]
+    with pytest.raises(
+        fusee.DeterminismError, match="recorded step 'charge' here but the code called step 'charge_card'"
+    ):
+        Replayer([renamed, *others]).replay_file(str(GOLDEN / "retry_sleep.json"))
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_golden_journal_round_trips(path):
+    rows = _load(path)["journal"]
+    records = journal_from_json(rows)
+    assert [type(r).__name__ for r in records] == [row["kind"] for row in rows]
+    assert json.loads(json.dumps(journal_to_json(records))) == rows
+
+
+@fusee.workflow("g_plain")
+async def g_plain(ctx: fusee.Ctx) -> None:
+    stamp = ctx.now()
+    ident = ctx.uuid()
+    await ctx.step("notify", lambda: None)
+    await ctx.wait_for("poke")
+    await ctx.step("log", lambda: [stamp.isoformat(), str(ident)])
+
+
+async def test_null_payloads_and_drawn_values_round_trip(kit):
+    """No input, a step and a signal with no value, a None result, now() and uuid():
+    the JSON form of such a journal decodes back to the same records and replays."""
+    t = await kit(g_plain)
+    await t.start(g_plain, "plain-1")
+    await t.settle()
+    await t.engine.run("plain-1").signal("poke")
+    assert await t.result("plain-1") is None
+    records = (await t.engine.run("plain-1").describe()).journal
+    rows = await t.journal("plain-1")
+    assert journal_from_json(rows) == records
+    Replayer([g_plain]).replay(journal_from_json(rows))
+
+
+# -- the generator, run by hand -------------------------------------------------------------------
+
+
+def _strip_stacks(value: Any) -> Any:
+    """Stacks hold this machine's paths; the goldens keep the rest of each failure."""
+    if isinstance(value, dict):
+        return {k: _strip_stacks(v) for k, v in value.items() if k != "stack"}
+    if isinstance(value, list):
+        return [_strip_stacks(v) for v in value]
+    return value
+
+
+async def _write() -> None:
+    from fusee.testing import TestEngine
+
+    @fusee.workflow("g_pay")
+    async def g_pay_before(ctx: fusee.Ctx, amount: int) -> str:
+        return await ctx.step("charge", lambda: f"charged {amount}")
+
+    t = await TestEngine.open(workflows=[g_retry, g_approval, g_child, g_parent, g_pay_before])
+    await t.start(g_retry, "golden-retry", "order-7")
+    await t.result("golden-retry")
+    run = await t.start(g_approval, "golden-approval", "ann")
+    await t.settle()
+    assert await run.update(add_item, "pen") == 1
+    assert await run.update(add_item, "ink") == 2
+    await run.signal(approve, True)
+    await t.result("golden-approval")
+    await t.start(g_parent, "golden-parent", 6)
+    assert await t.result("golden-parent") == 37
+    await t.start(g_pay_before, "golden-pay", 12)
+    await t.result("golden-pay")
+    files = {
+        "retry_sleep.json": ("golden-retry", "g_retry"),
+        "signal_update.json": ("golden-approval", "g_approval"),
+        "child.json": ("golden-parent", "g_parent"),
+        NONDETERMINISTIC: ("golden-pay", "g_pay"),
+    }
+    GOLDEN.mkdir(exist_ok=True)
+    for name, (wid, workflow) in files.items():
+        journal = _strip_stacks(await t.journal(wid))
+        document = {"id": wid, "workflow": workflow, "journal": journal}
+        (GOLDEN / name).write_text(json.dumps(document, indent=1) + "\n")
+        print(f"wrote {GOLDEN / name} ({len(journal)} records)")
+    await t.close()
+
+
+if __name__ == "__main__" and "--write" in sys.argv:
+    asyncio.run(_write())
