@@ -35,6 +35,7 @@ from fusee._errors import (
     UnknownWorkflowError,
     WorkflowError,
 )
+from fusee._replay import Replayer
 from fusee._storage import Durability
 
 __version__ = "0.1.0"
@@ -60,6 +61,7 @@ __all__ = [
     "NotFoundError",
     "Query",
     "RejectedError",
+    "Replayer",
     "Retry",
     "Run",
     "RunDescription",

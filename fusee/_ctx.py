@@ -31,6 +31,7 @@ from fusee._ops import (
     AllOp,
     CancelOp,
     ChildOp,
+    DrawnOp,
     FiberOp,
     Op,
     RaceOp,
@@ -221,7 +222,7 @@ class Ctx:
 
     def _draw(self, op_name: str, draw: Callable[[], Any]) -> Any:
         run = self._run
-        op = run.issue(Op(-1, op_name))
+        op = run.issue(DrawnOp(-1, op_name))
         run.pending_start.remove(op)
         rec = run.issued_record(op.seq)
         if isinstance(rec, R.Drawn):

@@ -141,7 +141,9 @@ class Engine:
         some: an invoked worker holds only the shards it was granted)."""
         for index in shard_ids if shard_ids is not None else range(self.storage.shards):
             if not 0 <= index < self.storage.shards:
-                raise RejectedError(f"shard_ids: {index} is not a shard (the storage has {self.storage.shards})")
+                raise RejectedError(
+                    f"shard_ids: {index} is not a shard (the storage has {self.storage.shards})"
+                )
             shard = Shard(self, index, await self.storage.open_shard(index))
             self.shards.append(shard)
             self.by_index[index] = shard
@@ -193,8 +195,7 @@ class Engine:
         shard = self.by_index.get(index)
         if shard is None:
             raise RejectedError(
-                f"workflow '{wid}' is on shard {index}, which this engine does not hold; "
-                "use a client for it"
+                f"workflow '{wid}' is on shard {index}, which this engine does not hold; use a client for it"
             )
         return shard
 

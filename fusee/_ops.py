@@ -96,6 +96,16 @@ class StepOp(Op):
         return "await_completion" if self.completion else "step"
 
 
+class DrawnOp(Op):
+    """`now`, `random`, `uuid`: resolved at once, its value recorded."""
+
+    __slots__ = ()
+
+    @property
+    def kind(self) -> str:  # type: ignore[override]
+        return self.name
+
+
 class TimerOp(Op):
     __slots__ = ("due", "duration_ms")
     kind = "sleep"

@@ -14,8 +14,6 @@ from fusee._definitions import DEFAULT_RETRY, Workflow
 from fusee._errors import DeterminismError, FuseeError
 from fusee._run import RunState
 
-_PAYLOADS = ("input", "value", "arg", "update_arg")
-
 
 class _Sandbox:
     """Stands where a shard stands during replay; live calls mean the code went past
@@ -76,40 +74,72 @@ class Replayer:
 
 
 def journal_to_json(records: Sequence[R.Rec]) -> list[dict[str, Any]]:
-    """Records as plain JSON values, payloads decoded: stable for snapshots and goldens."""
+    """Records as plain JSON values, payloads decoded: stable for snapshots and goldens.
+    An absent payload is left out of its row; a JSON `null` payload is `null`."""
     out = []
     for rec in records:
         row: dict[str, Any] = {"kind": type(rec).__name__}
+        payloads = _payload_fields(type(rec))
         for name in rec.__struct_fields__:
             value = getattr(rec, name)
-            if name in _PAYLOADS and isinstance(value, bytes):
+            if name in payloads:
+                if value is None:
+                    continue
                 value = codec.decode(value)
                 if isinstance(value, bytes):
                     value = {"$bytes": value.hex()}
-            elif isinstance(value, msgspec.Struct):
+            else:
                 value = msgspec.to_builtins(value)
             row[name] = value
         out.append(row)
     return out
 
 
-_KINDS = {cls.__name__: cls for cls in R.Record.__args__}
+_KINDS: dict[str, type[R.Rec]] = {cls.__name__: cls for cls in R.Record.__args__}
+_NESTED: dict[str, Any] = {
+    "failure": R.Failure | None,
+    "parent": R.Parent | None,
+    "closes": list[tuple[str, int, str]],
+}
+
+
+def _payload_fields(cls: type[R.Rec]) -> frozenset[str]:
+    """The fields that hold payload bytes (JSON or raw), read from the annotations."""
+    cached = _PAYLOAD_CACHE.get(cls)
+    if cached is None:
+        cached = _PAYLOAD_CACHE[cls] = frozenset(
+            name for name, hint in cls.__annotations__.items() if "bytes" in str(hint)
+        )
+    return cached
+
+
+_PAYLOAD_CACHE: dict[type, frozenset[str]] = {}
 
 
 def journal_from_json(rows: Sequence[dict[str, Any]]) -> list[R.Rec]:
+    """The inverse of `journal_to_json`."""
     records = []
     for row in rows:
         cls = _KINDS.get(row.get("kind", ""))
         if cls is None:
             raise FuseeError(f"unknown record kind {row.get('kind')!r}")
-        fields = {k: v for k, v in row.items() if k != "kind"}
-        for name in _PAYLOADS:
-            if name in fields and fields[name] is not None:
-                value = fields[name]
-                fields[name] = (
-                    codec.encode(bytes.fromhex(value["$bytes"]))
-                    if isinstance(value, dict) and set(value) == {"$bytes"}
-                    else codec.encode(value)
-                )
-        records.append(msgspec.convert(fields, cls))
+        payloads = _payload_fields(cls)
+        fields: dict[str, Any] = {}
+        for name, value in row.items():
+            if name == "kind":
+                continue
+            if name in payloads:
+                is_raw = isinstance(value, dict) and set(value) == {"$bytes"}
+                value = codec.encode(bytes.fromhex(value["$bytes"]) if is_raw else value)
+            elif name in _NESTED:
+                value = _from_builtins(value, _NESTED[name])
+            fields[name] = value
+        records.append(cls(**fields))
     return records
+
+
+def _from_builtins(value: Any, type_: Any) -> Any:
+    """Nested structs: msgspec's array-like structs are arrays in builtins form."""
+    if isinstance(value, dict) and "message" in value:
+        return msgspec.convert(value, R.Failure)
+    return msgspec.convert(value, type_)

@@ -129,11 +129,14 @@ class RunState:
                 if isinstance(rec, R.ISSUED):
                     self.issued[seq] = rec
         try:
-            for rec in records:
+            for index, rec in enumerate(records):
                 self.journal.append(rec)
                 self.apply(rec)
                 self._run_fibers()
                 if self.status == "stuck":
+                    # A stuck run waits unchanged: it keeps every record it had, so a
+                    # checkpoint or a park writes its journal whole.
+                    self.journal.extend(records[index + 1 :])
                     return
             if not self.final and self.code_outcome is not None:
                 self._stuck("the code finished but its journal records no end (a record is missing)")

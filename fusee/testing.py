@@ -139,11 +139,11 @@ class TestEngine:
         for shard in self.engine.shards:
             for wid in list(shard.runs) + [wid for wid, _ in await shard.indexed()]:
                 try:
-                    journal = (await self.engine.run(wid).describe()).journal
+                    described = await self.engine.run(wid).describe()
                 except NotFoundError:
                     continue
                 try:
-                    replayer.replay(journal, wid)
+                    replayer.replay(described.journal, wid, described.summary.run)
                 except DeterminismError as error:
                     problems.append(str(error))
         if problems:

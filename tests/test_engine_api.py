@@ -589,7 +589,7 @@ def test_public_names_are_pinned():
     pinned = """
         AlreadyExistsError BusyError CancelledError ChildError ChildHandle ClosedError CodecError
         Completion ConnectionError Ctx DeterminismError Durability Engine Failure Fatal FuseeError
-        IoError NotFoundError Query RejectedError Retry Run RunDescription RunSummary Signal
+        IoError NotFoundError Query RejectedError Replayer Retry Run RunDescription RunSummary Signal
         StepContext StepError SystemClock TerminatedError TimeoutError UnknownWorkflowError Update
         VirtualClock Workflow WorkflowError query signal update workflow
     """.split()
