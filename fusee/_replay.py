@@ -11,7 +11,7 @@ import msgspec
 from fusee import _codec as codec
 from fusee import _records as R
 from fusee._definitions import DEFAULT_RETRY, Workflow
-from fusee._errors import DeterminismError, FuseeError
+from fusee._errors import DeterminismError, Failure, FuseeError
 from fusee._run import RunState
 
 
@@ -97,7 +97,7 @@ def journal_to_json(records: Sequence[R.Rec]) -> list[dict[str, Any]]:
 
 _KINDS: dict[str, type[R.Rec]] = {cls.__name__: cls for cls in R.Record.__args__}
 _NESTED: dict[str, Any] = {
-    "failure": R.Failure | None,
+    "failure": Failure | None,
     "parent": R.Parent | None,
     "closes": list[tuple[str, int, str]],
 }
@@ -141,5 +141,5 @@ def journal_from_json(rows: Sequence[dict[str, Any]]) -> list[R.Rec]:
 def _from_builtins(value: Any, type_: Any) -> Any:
     """Nested structs: msgspec's array-like structs are arrays in builtins form."""
     if isinstance(value, dict) and "message" in value:
-        return msgspec.convert(value, R.Failure)
+        return msgspec.convert(value, Failure)
     return msgspec.convert(value, type_)
