@@ -273,13 +273,14 @@ class Engine:
         timeout: Duration | None,
         version: int | None,
         update: tuple[str, str, bytes] | None = None,
+        signal: tuple[str, bytes] | None = None,
     ) -> tuple[Run[Any], RunState | Any]:
         self._check_open()
         definition = self.workflow_of(wf)
         data, _ = codec.convert(input, definition.input_type, "the workflow's input")
         _check_policy(id_policy)
         shard = self.shard_of(id)
-        state, _ = shard.start(
+        state, new = shard.start(
             definition.name,
             id,
             data,
@@ -287,8 +288,11 @@ class Engine:
             timeout_ms=to_ms(timeout, "timeout") if timeout is not None else None,
             update=update,
             version=version,
+            signal=signal,
         )
         await shard.durable_at(shard.appended)
+        if signal is not None and not new:
+            await Run(self, id, definition)._signal_bytes(*signal)
         return Run(self, id, definition), state
 
     def run(self, id: str, wf: Workflow[Out] | None = None) -> Run[Out]:
@@ -311,8 +315,7 @@ class Engine:
         sig = signal_of(signal)
         payload = codec.encode(value, f"signal '{sig.name}'")
         policy = {"running": "use-existing", **(id_policy or {})}
-        run, _ = await self._start(wf, id, input, policy, timeout, None)
-        await run._signal_bytes(sig.name, payload)
+        run, _ = await self._start(wf, id, input, policy, timeout, None, signal=(sig.name, payload))
         return run
 
     async def update_with_start(

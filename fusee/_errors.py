@@ -139,6 +139,21 @@ class Fatal(Exception):
         self.details = details
 
 
+_PLAIN: dict[str, type[FuseeError]] = {
+    cls.code: cls
+    for cls in (
+        NotFoundError,
+        AlreadyExistsError,
+        UnknownWorkflowError,
+        RejectedError,
+        ClosedError,
+        BusyError,
+        IoError,
+        ConnectionError,
+    )
+}
+
+
 def failure_from(exc: BaseException, record_stacks: bool = True) -> Failure:
     """Turn an exception into its envelope. Fusee's own errors use their code as type so
     that every SDK reads them back as the same error."""
@@ -176,9 +191,15 @@ def _ids_of(exc: FuseeError) -> dict[str, Any] | None:
 
 def error_from(failure: Failure) -> FuseeError:
     """The error a caller sees for a recorded failure: a workflow that ended on an
-    uncaught StepError raises StepError, so `e.cause.code` is the step's code."""
+    uncaught StepError raises StepError, so `e.cause.code` is the step's code; Fusee's own
+    errors come back as their own classes, whatever process or language recorded them."""
     details = failure.details if isinstance(failure.details, dict) else {}
     cause = failure.cause or failure
+    plain = _PLAIN.get(failure.type or "")
+    if plain is not None:
+        return plain(failure.message)
+    if failure.type == "WorkflowFailed":
+        return WorkflowError(cause)
     if failure.type == "StepFailed":
         return StepError(str(details.get("step", "?")), cause)
     if failure.type == "ChildFailed":

@@ -74,6 +74,7 @@ class RunState:
         self.ops: dict[int, Op] = {}
         self.next_seq = 0
         self.ready: deque[tuple[Fiber, BaseException | None]] = deque()
+        self.fibers: list[Fiber] = []
         self.pending_start: list[Op] = []
         self.completions: deque[R.Rec] = deque()
         self.driving = False
@@ -153,8 +154,6 @@ class RunState:
         # replay queued them as the code called them; each is started once).
         self.pending_start = [op for op in self.ops.values() if not op.done and op.seq >= 0]
         self.pending_start.sort(key=lambda op: op.seq)
-        if self.code_outcome is not None:
-            self._finish_code(*self.code_outcome)
         self.drive()
 
     def event(self, rec: R.Rec) -> None:
@@ -180,9 +179,16 @@ class RunState:
                 if self.pending_start:
                     ops, self.pending_start = self.pending_start, []
                     for op in ops:
-                        if not op.done:
+                        # A wait a kept signal satisfied at once still records its
+                        # WaitStarted, so a replay checks the wait's position too.
+                        if not op.done or (isinstance(op, WaitOp) and not op.recorded):
                             self.shard.start_op(self, op)
                     continue
+                if self.code_outcome is not None:
+                    # The code ended: record the end after what it called was started, so
+                    # every issued record precedes it, live as on replay.
+                    self._finish_code(*self.code_outcome)
+                    return
                 if not self.completions:
                     return
                 rec = self.completions.popleft()
@@ -232,7 +238,19 @@ class RunState:
     def spawn(
         self, coro: Coroutine[Any, Any, Any], on_done: Callable[[Any, BaseException | None], None]
     ) -> None:
-        self.ready.append((Fiber(coro, on_done), None))
+        fiber = Fiber(coro, on_done)
+        self.fibers.append(fiber)
+        self.ready.append((fiber, None))
+
+    def close_fibers(self) -> None:
+        """Close every coroutine of the run (it ended, or its shard let go of it), so none
+        is left for the garbage collector to close later, or never started."""
+        fibers, self.fibers = self.fibers, []
+        for fiber in fibers:
+            try:
+                fiber.coro.close()
+            except (RuntimeError, ValueError):  # running, or already closing
+                pass
 
     # -- operations the code calls ----------------------------------------------------
 
@@ -518,8 +536,6 @@ class RunState:
 
     def _main_done(self, value: Any, exc: BaseException | None) -> None:
         self.code_outcome = (value, exc)
-        if not self.replaying:
-            self._finish_code(value, exc)
 
     def _finish_code(self, value: Any, exc: BaseException | None) -> None:
         """The main code returned or raised: record how the run ended."""
@@ -553,6 +569,7 @@ class RunState:
             if task is not None and not op.done:
                 task.cancel()
         self.ready.clear()
+        self.close_fibers()
         if not self.replaying:
             self.shard.run_finished(self)
 
@@ -644,8 +661,8 @@ async def _main(run: RunState, wf: Workflow[Any], input: bytes) -> Any:
             arg = codec.decode(input, wf.input_type, "the workflow's input")
             return await wf.fn(ctx, arg)
         return await wf.fn(ctx)
-    except (ContinueAsNew, Stuck):
-        raise
+    except (ContinueAsNew, Stuck, GeneratorExit):
+        raise  # GeneratorExit: the run ended (terminate) and its coroutine is being closed
     except BaseException:
         while run.compensations:
             name, fn, options = run.compensations.pop()

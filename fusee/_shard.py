@@ -58,6 +58,7 @@ class Shard:
         self.flushing = False
         self.timers: list[tuple[int, int, str, int, int]] = []
         self.timer_count = 0
+        self.ticking = False
         self.stale_timers = 0
         self.armed_at = 0
         self.timer_handle: Any = None
@@ -199,7 +200,7 @@ class Shard:
                 op.due = self.now_ms() + op.timeout_ms if op.timeout_ms is not None else 0
                 run.record(R.WaitStarted(op.seq, op.name, op.due))
                 op.recorded = True
-            if op.due:
+            if op.due and not op.done:
                 run.timers[op.seq] = op.due
                 self.add_timer(op.due, run, op.seq)
         elif isinstance(op, ChildOp):
@@ -401,7 +402,11 @@ class Shard:
     # -- the sweep: parking, resends, checkpoints -------------------------------------------
 
     def start_ticks(self) -> None:
-        self.add_timer(self.now_ms() + self.engine.tick_ms, None, TICK)
+        """The sweep runs while the shard has loaded runs or unacknowledged messages, so an
+        idle shard (and a virtual clock moving over days) pays for no ticks."""
+        if not self.ticking and not self.closed:
+            self.ticking = True
+            self.add_timer(self.now_ms() + self.engine.tick_ms, None, TICK)
 
     def _tick(self, now: int) -> None:
         park_after = self.engine.park_after_ms
@@ -433,7 +438,10 @@ class Shard:
             and not self.checkpointing
         ):
             self.engine._spawn(self.checkpoint())
-        self.add_timer(now + self.engine.tick_ms, None, TICK)
+        if self.runs or self.outbox.pending:
+            self.add_timer(now + self.engine.tick_ms, None, TICK)
+        else:
+            self.ticking = False
 
     def park(self, run: RunState) -> None:
         """Write the run to the run store and drop it from memory; its index entry keeps
@@ -444,6 +452,7 @@ class Shard:
         due = run.next_due()
         self.index_entries.put(run.wid, IndexEntry(run.wid, run.run_no, run.type, "parked", ref, due))
         del self.runs[run.wid]
+        run.close_fibers()
         self._forget_timers(run)
         if due:
             self._arm_for(due)
@@ -484,6 +493,7 @@ class Shard:
         if pending is None:
             return
         pending.sent_at = self.now_ms()
+        self.start_ticks()  # resends
         self.engine.route(msg)
 
     async def receive(self, msg: Msg) -> None:
@@ -559,6 +569,7 @@ class Shard:
         parent: R.Parent | None = None,
         update: tuple[str, str, bytes] | None = None,
         version: int | None = None,
+        signal: tuple[str, bytes] | None = None,
     ) -> tuple[RunState | IndexEntry, bool]:
         """Record a new run (or apply the ID policy). Returns the run and whether it is new."""
         existing = self.find(wid)
@@ -606,20 +617,27 @@ class Shard:
             parent,
             *(update or (None, None, None)),
         )
-        return self._begin(wid, run_no, started), True
+        return self._begin(wid, run_no, started, signal), True
 
-    def _begin(self, wid: str, run_no: int, started: R.Started) -> RunState:
+    def _begin(
+        self, wid: str, run_no: int, started: R.Started, signal: tuple[str, bytes] | None = None
+    ) -> RunState:
         run = RunState(self, wid, run_no, started)
         self.index_entries.pop(wid)
         self.runs[wid] = run
+        self.start_ticks()
         run.record(started)
+        if signal is not None:
+            # signal-with-start: recorded before the code first runs
+            run.record(R.SignalReceived(*signal))
         run.last_active_ms = self.now_ms()
         if run.workflow is None:
             # Another process may hold the code: the run waits, it does not fail.
             run.status = "waiting_for_code"
             self.types_without_code.add(started.type)
             return run
-        run.apply(started)
+        for rec in run.journal:
+            run.apply(rec)
         if started.deadline:
             self.add_timer(started.deadline, run, -1)
         self.schedule(run)
@@ -675,6 +693,7 @@ class Shard:
         run.last_lsn = self.appended
         run.last_active_ms = self.now_ms()
         self.runs[wid] = run
+        self.start_ticks()
         if run.workflow is None:
             run.journal = list(records)
             run.status = "waiting_for_code"
@@ -819,8 +838,7 @@ class Shard:
                 task = getattr(op, "task", None)
                 if task is not None:
                     task.cancel()
-            for fiber, _ in run.ready:
-                fiber.coro.close()
+            run.close_fibers()
 
 
 def _chain(failure: Failure | None) -> list[Failure]:

@@ -74,8 +74,17 @@ class TestEngine:
 
     async def advance(self, duration: Duration) -> None:
         """Move the clock; timers that fall due fire, in order."""
+        target = self.clock.now_ms() + to_ms(duration)
         await self.settle()
-        self.clock.set(self.clock.now_ms() + to_ms(duration))
+        # Step from one due time to the next, letting the work each one starts finish
+        # before time moves on (a parked run woken by its timer loads asynchronously).
+        while True:
+            due = self.clock.next_due_ms()
+            if due is None or due > target:
+                break
+            self.clock.set(max(due, self.clock.now_ms()))
+            await self.settle()
+        self.clock.set(target)
         await self.settle()
 
     async def result(self, id: str, wait_real_s: float = 10.0) -> Any:

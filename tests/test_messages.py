@@ -475,6 +475,7 @@ async def test_signals_before_the_code_waits_are_kept_in_order(kit):
 async def test_signal_with_start_on_a_new_id(kit):
     t = await kit(greeter, shards=4)
     await t.engine.signal_with_start(greeter, "carol", "carol", go, "hi")
+    await t.settle()  # let the code run its first turn
     journal = await kinds(t, "carol")
     assert journal[0] == "Started"
     assert journal.index("SignalReceived") < journal.index("WaitStarted")  # before the code ran
