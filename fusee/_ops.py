@@ -119,7 +119,7 @@ class TimerOp(Op):
 class WaitOp(Op):
     """`wait_for`: resolved by a signal of its name, or by its timeout (to None)."""
 
-    __slots__ = ("due", "timeout_ms", "type")
+    __slots__ = ("due", "orphaned", "timeout_ms", "type")
     kind = "wait_for"
 
     def __init__(self, name: str, type_: Any, timeout_ms: int | None) -> None:
@@ -127,6 +127,7 @@ class WaitOp(Op):
         self.type = type_
         self.due = 0
         self.timeout_ms = timeout_ms
+        self.orphaned = False  # lost a race: takes no signal until awaited again
 
 
 class ChildOp(Op):

@@ -82,13 +82,15 @@ class StepDone(Rec, tag=10):
 
 
 class Attempt(Rec, tag=11):
-    """A failed attempt that will be retried at `retry_at` (unix ms)."""
+    """A failed attempt that will be retried at `retry_at` (unix ms); `failed_at` is when
+    it failed (a policy's `max_elapsed` counts from the first failure)."""
 
     seq: int
     name: str
     attempt: int
     failure: Failure
     retry_at: int
+    failed_at: int = 0
 
 
 class StepFailed(Rec, tag=12):

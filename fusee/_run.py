@@ -26,7 +26,7 @@ from fusee._errors import (
     error_from,
     failure_from,
 )
-from fusee._ops import ChildOp, FiberOp, Op, SendOp, StepOp, WaitOp, WatchOp
+from fusee._ops import ChildOp, FiberOp, Op, RaceOp, SendOp, StepOp, WaitOp, WatchOp
 
 if TYPE_CHECKING:
     from fusee._shard import Shard
@@ -219,6 +219,8 @@ class RunState:
                 ready.clear()
                 return
             if isinstance(yielded, Op):
+                if isinstance(yielded, WaitOp) and yielded.orphaned:
+                    self._rejoin(yielded)
                 if yielded.done:
                     ready.append((fiber, None))
                 else:
@@ -291,6 +293,8 @@ class RunState:
                 self.ready.append((waiter, None))
 
     def resolve_combined(self, op: Op) -> None:
+        if isinstance(op, RaceOp):
+            self._drop_losers(op)
         waiters, op.waiters = op.waiters, []
         for waiter in waiters:
             if isinstance(waiter, Op):
@@ -300,10 +304,28 @@ class RunState:
             else:
                 self.ready.append((waiter, None))
 
+    def _drop_losers(self, race: RaceOp) -> None:
+        """A race's losing waits stop taking signals, so a signal after the race goes to the
+        wait the code awaits next, not to one nobody awaits. A lost wait the code awaits
+        again (one wait raced against many reminders) takes signals again from then on.
+        Deterministic: both happen at points of the code, live and on replay alike."""
+        for op in race.ops:
+            if isinstance(op, WaitOp) and not op.done:
+                queue = self.waits.get(op.name)
+                if queue and op in queue:
+                    queue.remove(op)
+                op.orphaned = True
+
+    def _rejoin(self, op: WaitOp) -> None:
+        op.orphaned = False
+        self.take_signal(op)
+
     def combine(self, combined: Op, ops: list[Op]) -> Op:
         for op in ops:
             if isinstance(op, FiberOp):
                 self.spawn(op.coro, _fiber_done(self, op))
+            elif isinstance(op, WaitOp) and op.orphaned:
+                self._rejoin(op)
             if not op.done:
                 op.waiters.append(combined)
             else:
@@ -369,7 +391,7 @@ class RunState:
         op = self._verify(rec)
         if isinstance(op, StepOp):
             if rec.attempt == 1 or not op.first_failure_at:
-                op.first_failure_at = rec.retry_at
+                op.first_failure_at = rec.failed_at or rec.retry_at
             op.attempt = rec.attempt + 1
             op.retry_at = rec.retry_at
             op.started = False

@@ -175,11 +175,13 @@ class Shard:
         if isinstance(op, StepOp):
             if op.sent or op.started:
                 return  # running already, or a completion whose token is out
-            op.started = True
             if op.retry_at:
+                # Waiting for its retry is not running: the run may park meanwhile.
                 run.timers[op.seq] = op.retry_at
                 self.add_timer(op.retry_at, run, op.seq)
-            elif op.read_only:
+                return
+            op.started = True
+            if op.read_only:
                 self._execute(run, op)
             else:
                 # The step's function sees only state a crash cannot take back.
@@ -289,7 +291,7 @@ class Shard:
             failure = failure_from(exc, self.engine.record_stacks)
             retry_at = self._retry_at(op, exc, failure)
             if retry_at:
-                rec = R.Attempt(op.seq, op.name, op.attempt, failure, retry_at)
+                rec = R.Attempt(op.seq, op.name, op.attempt, failure, retry_at, self.now_ms())
             else:
                 rec = R.StepFailed(op.seq, op.name, failure)
         op.started = False
@@ -302,10 +304,11 @@ class Shard:
             return 0
         if op.attempt >= policy.attempts:
             return 0
+        causes = _causes(exc)
+        names = {f.type for f in _chain(failure)}
         for kind in policy.non_retryable:
-            if isinstance(kind, type) and isinstance(exc, kind):
+            if isinstance(kind, type) and any(isinstance(e, kind) for e in causes):
                 return 0
-            names = {f.type for f in _chain(failure)}
             if isinstance(kind, str) and kind in names:
                 return 0
         if policy.retry_if is not None and not policy.retry_if(failure, op.attempt):
@@ -839,6 +842,14 @@ class Shard:
                 if task is not None:
                     task.cancel()
             run.close_fibers()
+
+
+def _causes(exc: BaseException | None) -> list[BaseException]:
+    out: list[BaseException] = []
+    while exc is not None and len(out) < 32:
+        out.append(exc)
+        exc = exc.__cause__
+    return out
 
 
 def _chain(failure: Failure | None) -> list[Failure]:
