@@ -46,7 +46,17 @@ from fusee._run import ContinueAsNew
 if TYPE_CHECKING:
     from fusee._run import RunState
 
-current_step: contextvars.ContextVar[StepContext | None] = contextvars.ContextVar("fusee_step", default=None)
+# The step whose function runs: a context variable for step functions on tasks and
+# threads, a plain slot for synchronous ones (they run on the loop, one at a time).
+current_step: contextvars.ContextVar[tuple[RunState, StepOp] | None] = contextvars.ContextVar(
+    "fusee_step", default=None
+)
+inline_step: list[tuple[RunState, StepOp] | None] = [None]
+
+
+def step_key(run: RunState, op: StepOp) -> str:
+    """The idempotency key: stable across retries and recovery, new for a new run."""
+    return f"{run.wid}/{run.run_no}/{op.seq}"
 
 
 @dataclass(slots=True)
@@ -239,13 +249,13 @@ class Ctx:
 
     def key(self) -> str:
         """The idempotency key of the step whose function is running."""
-        step = current_step.get()
-        if step is None or step.workflow_id != self._run.wid:
+        here = inline_step[0] or current_step.get()
+        if here is None or here[0] is not self._run:
             raise RejectedError(
                 "key() called outside a step's function: there is no step to key. Call it "
                 "inside the step's function, or take the step context and use s.key"
             )
-        return step.key
+        return step_key(*here)
 
     # -- combinators ----------------------------------------------------------------------
 

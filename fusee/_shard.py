@@ -9,6 +9,7 @@ piece of code at a time.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import heapq
 import inspect
 import logging
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from fusee import _codec as codec
 from fusee import _records as R
-from fusee._ctx import Completion, StepContext, current_step, takes_context
+from fusee._ctx import Completion, StepContext, current_step, inline_step, step_key, takes_context
 from fusee._errors import (
     AlreadyExistsError,
     CodecError,
@@ -233,7 +234,6 @@ class Shard:
         if op.done or run.final or self.closed:
             return
         fn = op.fn
-        step = StepContext(f"{run.wid}/{run.run_no}/{op.seq}", op.attempt, run.wid, op.name)
         mock = self.engine.step_mocks.get((run.type, op.name)) if self.engine.step_mocks else None
         if mock is not None:
             args: tuple[Any, ...] = (op.attempt,)
@@ -241,25 +241,33 @@ class Shard:
         elif op.completion:
             args = (Completion(self.token(run, op)),)
         elif takes_context(fn):
-            args = (step,)
+            # Built only for functions that declare it: `lambda: ...` costs nothing.
+            args = (StepContext(step_key(run, op), op.attempt, run.wid, op.name),)
         else:
             args = ()
-        token = current_step.set(step)
+        here = (run, op)
         try:
             if op.thread or (op.timeout_ms is not None and not inspect.iscoroutinefunction(fn)):
+                token = current_step.set(here)
+                context = contextvars.copy_context()
+                current_step.reset(token)
                 loop = asyncio.get_running_loop()
-                ctx = __import__("contextvars").copy_context()
-                pending: Any = loop.run_in_executor(None, lambda: ctx.run(fn, *args))
+                pending: Any = loop.run_in_executor(None, lambda: context.run(fn, *args))
             else:
-                pending = fn(*args)
+                # A synchronous function runs here and now: a plain slot tells ctx.key()
+                # which step runs (a context variable would cost more than the step).
+                inline_step[0] = here
+                try:
+                    pending = fn(*args)
+                finally:
+                    inline_step[0] = None
         except BaseException as exc:  # noqa: BLE001 - a step's failure is its outcome
-            current_step.reset(token)
             self._step_outcome(run, op, None, exc)
             return
         if not inspect.isawaitable(pending):
-            current_step.reset(token)
             self._step_outcome(run, op, pending, None)
             return
+        token = current_step.set(here)  # the task copies the context it starts in
         task = asyncio.ensure_future(_attempt(pending, op.timeout_ms))
         current_step.reset(token)
         op.task = task
