@@ -8,6 +8,7 @@ writer computes, and closing a shard flushes, then checkpoints.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -79,9 +80,16 @@ class Storage(Protocol):
 @dataclass(slots=True)
 class MemoryShardStore:
     """A shard kept in memory. It outlives an engine, so `TestEngine.crash()` can drop the
-    engine and recover a new one from what the store holds."""
+    engine and recover a new one from what the store holds.
+
+    With `instant=False` it behaves like a disk for the engine's sake: a flush takes a turn
+    of the event loop and covers what was staged when it began, and a recovery (a crash)
+    loses every record no flush covered. Tests use it to check that nothing leaves the
+    engine before the records behind it are durable."""
 
     instant: bool = True
+    durable: int = 0
+    flushes: int = 0
     log: list[bytes] = field(default_factory=list)
     log_start: int = 0  # position of log[0]: a checkpoint drops what it covers
     runs: list[bytes] = field(default_factory=list)
@@ -91,10 +99,18 @@ class MemoryShardStore:
 
     def append(self, entry: bytes) -> int:
         self.log.append(entry)
-        return self.log_start + len(self.log)
+        position = self.log_start + len(self.log)
+        if self.instant:
+            self.durable = position
+        return position
 
     async def flush(self) -> int:
-        return self.log_start + len(self.log)
+        position = self.log_start + len(self.log)
+        if not self.instant:
+            await asyncio.sleep(0)  # the write takes a turn; later appends wait for the next
+        self.flushes += 1
+        self.durable = max(self.durable, position)
+        return self.durable
 
     def put_run(self, frame: bytes) -> int:
         self.runs.append(frame)
@@ -104,6 +120,8 @@ class MemoryShardStore:
         return self.runs[offset]
 
     async def recover(self) -> Recovered:
+        # What no flush covered is gone, as after a crash.
+        del self.log[self.durable - self.log_start :]
         return Recovered(self.checkpoint_data, self.log[self.checkpoint_position - self.log_start :])
 
     async def checkpoint(self, position: int, data: bytes) -> None:
@@ -121,9 +139,9 @@ class MemoryStorage:
 
     durability = Durability.MEMORY
 
-    def __init__(self, shards: int) -> None:
+    def __init__(self, shards: int, instant: bool = True) -> None:
         self.shards = shards
-        self.stores = [MemoryShardStore() for _ in range(shards)]
+        self.stores = [MemoryShardStore(instant=instant) for _ in range(shards)]
 
     async def open_shard(self, index: int) -> MemoryShardStore:
         store = self.stores[index]

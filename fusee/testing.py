@@ -25,12 +25,20 @@ class TestEngine:
 
     __test__ = False  # not a pytest class
 
-    def __init__(self, workflows: Sequence[Workflow[Any]], shards: int, park_after: Duration) -> None:
+    def __init__(
+        self,
+        workflows: Sequence[Workflow[Any]],
+        shards: int,
+        park_after: Duration,
+        flush_on_turn: bool = False,
+    ) -> None:
         self.workflows = list(workflows)
         self.shards = shards
         self.park_after = park_after
         self.clock = VirtualClock()
-        self.storage = MemoryStorage(shards)
+        # flush_on_turn: records become durable a loop turn after they are made, and a
+        # crash loses what was not flushed (see MemoryShardStore).
+        self.storage = MemoryStorage(shards, instant=not flush_on_turn)
         self.mocks: dict[tuple[str, str], Callable[[int], Any]] = {}
         self.engine: Engine
 
@@ -41,8 +49,9 @@ class TestEngine:
         *,
         shards: int = 4,
         park_after: Duration = "1s",
+        flush_on_turn: bool = False,
     ) -> TestEngine:
-        t = cls(workflows, shards, park_after)
+        t = cls(workflows, shards, park_after, flush_on_turn)
         await t._open()
         return t
 

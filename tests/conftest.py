@@ -44,12 +44,18 @@ async def eventually(check: Callable[[], Any | Awaitable[Any]], timeout_s: float
         await asyncio.sleep(0.001)
 
 
-@pytest.fixture
-async def kit() -> AsyncIterator[Callable[..., Awaitable[TestEngine]]]:
-    """`t = await kit(wf1, wf2, shards=4)`: a TestEngine, closed after the test."""
+@pytest.fixture(params=["instant", "flush_on_turn"])
+async def kit(request: pytest.FixtureRequest) -> AsyncIterator[Callable[..., Awaitable[TestEngine]]]:
+    """`t = await kit(wf1, wf2, shards=4)`: a TestEngine, closed after the test.
+
+    Every test runs twice: on memory storage that is durable on append, and on one whose
+    records become durable a loop turn later and are lost by a crash until then (as on a
+    disk), so the durability gates are exercised by every scenario."""
     opened: list[TestEngine] = []
+    flush_on_turn = request.param == "flush_on_turn"
 
     async def open_kit(*workflows: Any, **options: Any) -> TestEngine:
+        options.setdefault("flush_on_turn", flush_on_turn)
         t = await TestEngine.open(workflows=list(workflows), **options)
         opened.append(t)
         return t

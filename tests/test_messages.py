@@ -391,7 +391,14 @@ async def test_cancel_workflow_cancels_the_target(kit, where):
 
 async def _exchange_done_once(t: TestEngine, p: str, c: str) -> None:
     assert await t.result(p) == ["Point", 4, 40]
-    assert CALLS == {f"work:{c}": 1, f"finish:{c}": 1}
+    if t.storage.stores[0].instant:
+        assert CALLS == {f"work:{c}": 1, f"finish:{c}": 1}
+    else:
+        # At least once: a crash between a step's function and its flushed result runs
+        # the function again (with the same key); its result is recorded once.
+        assert set(CALLS) == {f"work:{c}", f"finish:{c}"} and all(1 <= n <= 2 for n in CALLS.values())
+    steps = [row["name"] for row in await t.journal(c) if row["kind"] == "StepDone"]
+    assert sorted(steps) == sorted(set(steps))
     parent = await kinds(t, p)
     assert parent.count("ChildRequested") == 1 and parent.count("ChildResult") == 1
     child = await kinds(t, c)

@@ -1,0 +1,127 @@
+"""The three waits: a step's function waits for the records before it, an output waits for
+the records behind it, nothing else waits. Run on storage whose records become durable a
+loop turn after they are made, and are lost by a crash until then."""
+
+from __future__ import annotations
+
+import asyncio
+
+import fusee
+from fusee.testing import TestEngine
+
+seen: list[tuple[str, int, int]] = []
+
+
+def store_of(t: TestEngine, wid: str) -> fusee._storage.MemoryShardStore:
+    return t.storage.stores[t.engine.shard_index(wid)]
+
+
+async def open_kit(*workflows: fusee.Workflow, shards: int = 1) -> TestEngine:
+    return await TestEngine.open(workflows=list(workflows), shards=shards, flush_on_turn=True)
+
+
+def probe(t_box: list[TestEngine], wid: str, name: str) -> int:
+    """Inside a step: how far the log is appended and how far it is durable."""
+    store = store_of(t_box[0], wid)
+    appended = store.log_start + len(store.log)
+    seen.append((name, appended, store.durable))
+    return appended
+
+
+box: list[TestEngine] = []
+
+
+@fusee.workflow("gates")
+async def gates(ctx: fusee.Ctx) -> int:
+    await ctx.step("first", lambda: probe(box, "g", "first"))
+    await ctx.step("look", lambda: probe(box, "g", "look"), read_only=True)
+    return await ctx.step("second", lambda: probe(box, "g", "second"))
+
+
+async def test_a_step_sees_only_durable_records_and_a_read_only_step_does_not_wait():
+    seen.clear()
+    t = await open_kit(gates)
+    box[:] = [t]
+    await t.start(gates, "g")
+    await t.result("g")
+    by_name = {name: (appended, durable) for name, appended, durable in seen}
+    # Before `first` and `second` every record of the run was durable.
+    assert by_name["first"][1] == by_name["first"][0]
+    assert by_name["second"][1] == by_name["second"][0]
+    # The read-only step ran at once, with `first`'s result not yet flushed.
+    assert by_name["look"][1] < by_name["look"][0]
+    await t.close()
+
+
+@fusee.workflow("napper")
+async def napper(ctx: fusee.Ctx, n: int) -> int:
+    await ctx.sleep("nap", "1h")
+    return n
+
+
+async def test_a_start_returns_once_its_record_is_durable_and_survives_a_crash():
+    t = await open_kit(napper)
+    store = store_of(t, "n-1")
+    await t.start(napper, "n-1", 1)
+    assert store.durable == store.log_start + len(store.log)  # acknowledged means durable
+    await t.crash()
+    assert await t.result("n-1") == 1
+    await t.close()
+
+
+async def test_an_unacknowledged_start_may_be_lost_but_an_acknowledged_one_never():
+    t = await open_kit(napper, shards=1)
+    store = t.storage.stores[0]
+    await t.start(napper, "kept", 1)
+    pending = asyncio.ensure_future(t.engine.start(napper, "maybe", 2))
+    for _ in range(10):  # until its Started is appended and not yet flushed
+        await asyncio.sleep(0)
+        if store.log_start + len(store.log) > store.durable:
+            break
+    assert store.log_start + len(store.log) > store.durable
+    assert not pending.done()  # so the caller was not answered
+    t.engine.abandon()  # the crash, right now
+    pending.cancel()
+    await t._open()
+    assert await t.result("kept") == 1
+    names = [s.id async for s in t.engine.list()]
+    assert names == ["kept"]
+    await t.close()
+
+
+async def test_flushes_are_shared_by_what_is_staged_together():
+    t = await open_kit(napper, shards=1)
+    store = t.storage.stores[0]
+    await asyncio.gather(*(t.engine.start(napper, f"b-{i}", i) for i in range(50)))
+    await t.settle()
+    records = store.log_start + len(store.log)
+    assert records >= 100  # a Started and a TimerStarted each
+    assert store.flushes < records / 5  # batches, not a flush per record
+    await t.close()
+
+
+state_q = fusee.query("state")
+go = fusee.signal("go", int)
+
+
+@fusee.workflow("answers")
+async def answers(ctx: fusee.Ctx) -> int:
+    seen_value = {"v": 0}
+    ctx.on_query(state_q, lambda _: seen_value["v"])
+    seen_value["v"] = await ctx.wait_for(go) or 0
+    await ctx.sleep("hold", "1h")
+    return seen_value["v"]
+
+
+async def test_a_query_answer_and_a_signal_ack_wait_for_durability():
+    t = await open_kit(answers)
+    run = await t.start(answers, "q")
+    await t.settle()
+    store = store_of(t, "q")
+    await run.signal(go, 7)
+    assert store.durable == store.log_start + len(store.log)
+    assert await run.query(state_q) == 7
+    assert store.durable == store.log_start + len(store.log)
+    await t.crash()
+    assert await t.engine.run("q").query(state_q) == 7
+    await t.close()
