@@ -1,0 +1,433 @@
+//! The shared log: one log for every shard of a directory, written in batches with one
+//! durable flush each (group commit).
+
+use crate::format::{align_up, encode_batch, Section, SegmentHeader, BATCH_BYTES_MAX, BATCH_HEADER, SEGMENT_HEADER};
+use crate::io::{sync_dir, LogFile};
+use crate::recovery::{recover, RecoveryError, SegmentImage};
+use std::fs;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+#[derive(Clone, Debug)]
+pub struct LogOptions {
+    pub direct_io: bool,
+    pub segment_bytes_min: u64,
+    pub segment_bytes_max: u64,
+}
+
+impl Default for LogOptions {
+    fn default() -> Self {
+        LogOptions { direct_io: true, segment_bytes_min: 1 << 20, segment_bytes_max: 64 << 20 }
+    }
+}
+
+#[derive(Debug)]
+pub enum LogError {
+    Io(io::Error),
+    Recovery(RecoveryError),
+    /// A flush failed earlier: nothing is written or acknowledged any more.
+    Stopped(String),
+}
+
+impl std::fmt::Display for LogError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LogError::Io(e) => write!(f, "{e}"),
+            LogError::Recovery(e) => write!(f, "{e}"),
+            LogError::Stopped(why) => write!(f, "the log stopped after a failed flush ({why}); restart the process"),
+        }
+    }
+}
+
+impl std::error::Error for LogError {}
+
+impl From<io::Error> for LogError {
+    fn from(e: io::Error) -> Self {
+        LogError::Io(e)
+    }
+}
+
+struct Segment {
+    id: u64,
+    path: PathBuf,
+    size: u64,
+    /// The highest position of each shard in this segment (0: none).
+    max_pos: Vec<u64>,
+}
+
+/// A shard's recovered records: (position, bytes), in order.
+type Recovered = Vec<(u64, Vec<u8>)>;
+
+struct Stage {
+    next: u64,
+    first: u64,
+    records: Vec<Vec<u8>>,
+}
+
+struct Writer {
+    file: Option<LogFile>,
+    offset: u64,
+    seq: u64,
+    prev: u32,
+    segments: Vec<Segment>,
+    spares: Vec<PathBuf>,
+    next_id: u64,
+    next_size: u64,
+}
+
+/// What recovery found, for `fusee inspect` and the open's report.
+#[derive(Clone, Debug, Default)]
+pub struct OpenReport {
+    pub batches: u64,
+    pub first_seq: u64,
+    pub next_seq: u64,
+    pub torn_tail: bool,
+    pub segments: Vec<(u64, u64, u64)>, // id, first batch seq, batches
+    pub records: Vec<u64>,              // per shard
+    pub spares: usize,
+}
+
+pub struct SharedLog {
+    wal: PathBuf,
+    options: LogOptions,
+    nonce: u64,
+    stage: Mutex<Vec<Stage>>,
+    writer: Mutex<Writer>,
+    durable: Vec<AtomicU64>,
+    recovered: Mutex<Vec<Recovered>>,
+    failed: Mutex<Option<String>>,
+    last_write_ns: AtomicU64,
+    pub report: OpenReport,
+}
+
+fn segment_name(id: u64) -> String {
+    format!("{id:016x}.wal")
+}
+
+impl SharedLog {
+    /// Open (creating) `<dir>/wal` and recover its chain.
+    pub fn open(wal: &Path, shards: usize, options: LogOptions) -> Result<SharedLog, LogError> {
+        fs::create_dir_all(wal)?;
+        let mut images = Vec::new();
+        let mut spares = Vec::new();
+        let mut names: Vec<_> = fs::read_dir(wal)?.filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
+        names.sort();
+        for name in names {
+            let name = name.to_string_lossy().into_owned();
+            if !name.ends_with(".wal") {
+                continue;
+            }
+            let path = wal.join(&name);
+            if name.starts_with("spare-") {
+                spares.push(path);
+                continue;
+            }
+            images.push(SegmentImage { name, bytes: fs::read(&path)? });
+        }
+        let chain = recover(&images).map_err(LogError::Recovery)?;
+        let mut records: Vec<Recovered> = vec![Vec::new(); shards];
+        let mut segments: Vec<Segment> = chain
+            .live
+            .iter()
+            .map(|(i, h)| Segment {
+                id: h.id,
+                path: wal.join(&images[*i].name),
+                size: h.size,
+                max_pos: vec![0; shards],
+            })
+            .collect();
+        let mut report = OpenReport { records: vec![0; shards], ..OpenReport::default() };
+        let mut next = vec![1u64; shards];
+        for located in &chain.batches {
+            let segment = segments.iter_mut().find(|s| s.id == located.segment).expect("chain segment");
+            for section in &located.sections {
+                let shard = section.shard as usize;
+                if shard >= shards {
+                    return Err(LogError::Io(io::Error::other(format!(
+                        "log batch {} holds records of shard {shard}, but the directory has {shards} shards",
+                        located.header.seq
+                    ))));
+                }
+                for (i, record) in section.records.iter().enumerate() {
+                    let pos = section.first + i as u64;
+                    records[shard].push((pos, record.clone()));
+                    segment.max_pos[shard] = segment.max_pos[shard].max(pos);
+                    next[shard] = next[shard].max(pos + 1);
+                }
+                report.records[shard] += section.records.len() as u64;
+            }
+        }
+        report.batches = chain.batches.len() as u64;
+        report.first_seq = chain.batches.first().map_or(0, |b| b.header.seq);
+        for s in &segments {
+            let in_seg: Vec<_> = chain.batches.iter().filter(|b| b.segment == s.id).collect();
+            report.segments.push((s.id, in_seg.first().map_or(0, |b| b.header.seq), in_seg.len() as u64));
+        }
+        // Segments past the end never got a durable batch: they become spares.
+        for index in chain.beyond.iter().rev() {
+            let segment = segments.remove(*index);
+            spares.push(retire_file(wal, &segment)?);
+        }
+        let (file, offset, seq, prev) = match &chain.end {
+            Some(end) => {
+                report.torn_tail = end.torn_tail;
+                let segment = &segments[end.segment];
+                let file = LogFile::open(&segment.path, options.direct_io)?;
+                (Some(file), end.offset, end.next_seq, end.prev)
+            }
+            None => (None, 0, 1, 0),
+        };
+        report.next_seq = seq;
+        report.spares = spares.len();
+        let next_id = segments.last().map_or(1, |s| s.id + 1);
+        let next_size =
+            segments.last().map_or(options.segment_bytes_min, |s| (s.size * 2).min(options.segment_bytes_max));
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        Ok(SharedLog {
+            wal: wal.to_owned(),
+            nonce: now ^ ((std::process::id() as u64) << 40),
+            stage: Mutex::new(
+                (0..shards).map(|s| Stage { next: next[s], first: next[s], records: Vec::new() }).collect(),
+            ),
+            writer: Mutex::new(Writer { file, offset, seq, prev, segments, spares, next_id, next_size }),
+            durable: next.iter().map(|n| AtomicU64::new(n - 1)).collect(),
+            recovered: Mutex::new(records),
+            failed: Mutex::new(None),
+            last_write_ns: AtomicU64::new(0),
+            options,
+            report,
+        })
+    }
+
+    pub fn shards(&self) -> usize {
+        self.durable.len()
+    }
+
+    /// The records recovered for `shard` with positions after `after` (taken once).
+    pub fn take_recovered(&self, shard: usize, after: u64) -> Vec<(u64, Vec<u8>)> {
+        let mut all = self.recovered.lock().expect("recovered");
+        std::mem::take(&mut all[shard]).into_iter().filter(|(pos, _)| *pos > after).collect()
+    }
+
+    /// A shard whose checkpoint covers more than the log holds (its segments retired)
+    /// numbers its next record after the checkpoint.
+    pub fn ensure_next(&self, shard: usize, position: u64) {
+        let mut stage = self.stage.lock().expect("stage");
+        let s = &mut stage[shard];
+        if s.records.is_empty() && s.next <= position {
+            s.next = position + 1;
+            s.first = position + 1;
+            self.durable[shard].fetch_max(position, Ordering::AcqRel);
+        }
+    }
+
+    /// Stage a record; returns its position. Never waits for the disk.
+    pub fn stage(&self, shard: usize, record: Vec<u8>) -> u64 {
+        let mut stage = self.stage.lock().expect("stage");
+        let s = &mut stage[shard];
+        if s.records.is_empty() {
+            s.first = s.next;
+        }
+        let pos = s.next;
+        s.next += 1;
+        s.records.push(record);
+        pos
+    }
+
+    pub fn appended(&self, shard: usize) -> u64 {
+        self.stage.lock().expect("stage")[shard].next - 1
+    }
+
+    pub fn durable(&self, shard: usize) -> u64 {
+        self.durable[shard].load(Ordering::Acquire)
+    }
+
+    pub fn direct(&self) -> bool {
+        self.writer.lock().expect("writer").file.as_ref().map_or(self.options.direct_io, LogFile::direct)
+    }
+
+    pub fn last_write_ns(&self) -> u64 {
+        self.last_write_ns.load(Ordering::Relaxed)
+    }
+
+    /// Write every shard's staged records as one batch (several past the batch limit)
+    /// with one durable flush each. Returns false when nothing was staged.
+    pub fn write(&self) -> Result<bool, LogError> {
+        let mut w = self.writer.lock().expect("writer");
+        if let Some(why) = self.failed.lock().expect("failed").clone() {
+            return Err(LogError::Stopped(why));
+        }
+        let sections: Vec<Section> = {
+            let mut stage = self.stage.lock().expect("stage");
+            stage
+                .iter_mut()
+                .enumerate()
+                .filter(|(_, s)| !s.records.is_empty())
+                .map(|(shard, s)| Section {
+                    shard: shard as u32,
+                    first: s.first,
+                    records: std::mem::take(&mut s.records),
+                })
+                .collect()
+        };
+        if sections.is_empty() {
+            return Ok(false);
+        }
+        let began = Instant::now();
+        for batch in split(sections) {
+            if let Err(e) = self.write_batch(&mut w, &batch) {
+                // Never acknowledge after a failed flush: the kernel may have dropped the
+                // pages, so a retry could report durable what is not.
+                *self.failed.lock().expect("failed") = Some(e.to_string());
+                return Err(e);
+            }
+            for section in &batch {
+                let last = section.first + section.records.len() as u64 - 1;
+                self.durable[section.shard as usize].fetch_max(last, Ordering::AcqRel);
+            }
+        }
+        self.last_write_ns.store(began.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    fn write_batch(&self, w: &mut Writer, sections: &[Section]) -> Result<(), LogError> {
+        // One write in flight: every batch before this one is durable, which is what the
+        // batch's `acked` says (recovery uses it to prove an acknowledged batch was lost).
+        let acked = w.seq - 1;
+        let (bytes, crc) = encode_batch(w.seq, w.prev, acked, self.nonce, sections);
+        let fits = w.file.is_some() && w.segments.last().is_some_and(|s| w.offset + bytes.len() as u64 <= s.size);
+        if !fits {
+            self.roll(w, bytes.len() as u64)?;
+        }
+        w.file.as_mut().expect("segment open").write_durable(w.offset, &bytes)?;
+        let segment = w.segments.last_mut().expect("segment");
+        for s in sections {
+            let last = s.first + s.records.len() as u64 - 1;
+            let slot = &mut segment.max_pos[s.shard as usize];
+            *slot = (*slot).max(last);
+        }
+        w.offset += bytes.len() as u64;
+        w.seq += 1;
+        w.prev = crc;
+        Ok(())
+    }
+
+    /// Start the next segment (reusing a spare when there is one). Its header, written
+    /// durably before any batch, names the batch that must come first in it.
+    fn roll(&self, w: &mut Writer, needed: u64) -> Result<(), LogError> {
+        let id = w.next_id;
+        let size = (w.next_size.max(SEGMENT_HEADER as u64 + align_up(needed as usize) as u64) as usize)
+            .div_ceil(SEGMENT_HEADER) as u64
+            * SEGMENT_HEADER as u64;
+        let path = self.wal.join(segment_name(id));
+        if let Some(spare) = w.spares.pop() {
+            fs::rename(&spare, &path)?;
+        } else {
+            fs::File::create(&path)?;
+        }
+        {
+            let file = fs::OpenOptions::new().write(true).open(&path)?;
+            file.set_len(size)?;
+            let header = SegmentHeader { id, size, first_seq: w.seq, first_prev: w.prev };
+            file.write_all_at(&header.encode(), 0)?;
+            // The header must be durable before a batch in this segment is acknowledged:
+            // recovery finds the chain's continuation through it.
+            file.sync_all()?;
+        }
+        sync_dir(&self.wal)?;
+        w.file = Some(LogFile::open(&path, self.options.direct_io)?);
+        w.offset = SEGMENT_HEADER as u64;
+        w.segments.push(Segment { id, path, size, max_pos: vec![0; self.shards()] });
+        w.next_id = id + 1;
+        w.next_size = (size * 2).min(self.options.segment_bytes_max.max(size));
+        Ok(())
+    }
+
+    /// Retire the oldest segments whose records every shard's retained checkpoints
+    /// cover (`covered[shard]`: the older of its two newest checkpoints' positions). The
+    /// segment being written is never retired. Returns the retired segment ids.
+    ///
+    /// With `fresh` (a clean close), a log that checkpoints cover entirely moves to an
+    /// empty segment first, so every older one is retired and the next open reads one
+    /// header and no batch, however long the log had grown.
+    pub fn retire(&self, covered: &[u64], fresh: bool) -> Result<Vec<u64>, LogError> {
+        let mut w = self.writer.lock().expect("writer");
+        let all_covered = |segments: &[Segment]| {
+            segments.iter().all(|s| s.max_pos.iter().zip(covered).all(|(max, cover)| max <= cover))
+        };
+        if fresh && w.offset > SEGMENT_HEADER as u64 && all_covered(&w.segments) {
+            self.roll(&mut w, 0)?;
+        }
+        let mut retired = Vec::new();
+        while w.segments.len() > 1 {
+            let oldest = &w.segments[0];
+            if oldest.max_pos.iter().zip(covered).any(|(max, cover)| max > cover) {
+                break;
+            }
+            let segment = w.segments.remove(0);
+            let spare = retire_file(&self.wal, &segment)?;
+            w.spares.push(spare);
+            retired.push(segment.id);
+        }
+        Ok(retired)
+    }
+
+    pub fn segment_ids(&self) -> Vec<u64> {
+        self.writer.lock().expect("writer").segments.iter().map(|s| s.id).collect()
+    }
+}
+
+/// Zero a segment's header durably, then keep the file as a spare for a later roll. A
+/// zeroed header is never part of a chain, whatever batches the file still holds.
+fn retire_file(wal: &Path, segment: &Segment) -> io::Result<PathBuf> {
+    let file = fs::OpenOptions::new().write(true).open(&segment.path)?;
+    file.write_all_at(&[0u8; SEGMENT_HEADER], 0)?;
+    file.sync_all()?;
+    let spare = wal.join(format!("spare-{:016x}.wal", segment.id));
+    fs::rename(&segment.path, &spare)?;
+    sync_dir(wal)?;
+    Ok(spare)
+}
+
+/// Cut sections into batches of at most `BATCH_BYTES_MAX`, at record boundaries (one
+/// record at least per batch, whatever its size).
+fn split(sections: Vec<Section>) -> Vec<Vec<Section>> {
+    let mut batches = vec![Vec::new()];
+    let mut size = BATCH_HEADER;
+    for mut section in sections {
+        while !section.records.is_empty() {
+            let mut take = 0;
+            let mut bytes = crate::format::SECTION_HEADER;
+            for r in &section.records {
+                if take > 0 && size + bytes + 4 + r.len() > BATCH_BYTES_MAX {
+                    break;
+                }
+                if take == 0 && size + bytes + 4 + r.len() > BATCH_BYTES_MAX && size > BATCH_HEADER {
+                    break;
+                }
+                bytes += 4 + r.len();
+                take += 1;
+            }
+            if take == 0 {
+                batches.push(Vec::new());
+                size = BATCH_HEADER;
+                continue;
+            }
+            let rest = section.records.split_off(take);
+            let first = section.first;
+            batches.last_mut().expect("batch").push(Section { shard: section.shard, first, records: section.records });
+            size += bytes;
+            section = Section { shard: section.shard, first: first + take as u64, records: rest };
+            if !section.records.is_empty() {
+                batches.push(Vec::new());
+                size = BATCH_HEADER;
+            }
+        }
+    }
+    batches.retain(|b| !b.is_empty());
+    batches
+}

@@ -1,0 +1,220 @@
+//! The PyO3 layer: converts types, releases the GIL around disk work, and maps errors.
+//! No logic lives here.
+
+use crate::log::{LogError, LogOptions, SharedLog};
+use crate::meta::{open_dir, DirError, DirLock};
+use crate::runstore::ShardFiles;
+use pyo3::create_exception;
+use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+create_exception!(
+    _native,
+    CorruptionError,
+    PyRuntimeError,
+    "Damage to acknowledged records: the directory refuses to open."
+);
+create_exception!(
+    _native,
+    DirectoryError,
+    PyValueError,
+    "The directory cannot be opened as asked (lock, shard count, format)."
+);
+create_exception!(_native, StoppedError, PyOSError, "A flush failed earlier: the log acknowledges nothing more.");
+
+fn log_err(e: LogError) -> PyErr {
+    match e {
+        LogError::Recovery(r) => CorruptionError::new_err(r.to_string()),
+        LogError::Stopped(_) => StoppedError::new_err(e.to_string()),
+        LogError::Io(io) => PyOSError::new_err(io.to_string()),
+    }
+}
+
+fn io_err(e: std::io::Error) -> PyErr {
+    if e.kind() == std::io::ErrorKind::InvalidData {
+        CorruptionError::new_err(e.to_string())
+    } else {
+        PyOSError::new_err(e.to_string())
+    }
+}
+
+/// The shared log of a directory.
+#[pyclass(frozen, module = "fusee_server._native")]
+struct Log {
+    inner: Arc<SharedLog>,
+}
+
+#[pymethods]
+impl Log {
+    #[new]
+    #[pyo3(signature = (wal, shards, direct_io=true, segment_bytes_min=1<<20, segment_bytes_max=64<<20))]
+    fn new(
+        py: Python<'_>,
+        wal: PathBuf,
+        shards: usize,
+        direct_io: bool,
+        segment_bytes_min: u64,
+        segment_bytes_max: u64,
+    ) -> PyResult<Self> {
+        let options = LogOptions { direct_io, segment_bytes_min, segment_bytes_max };
+        let log = py.detach(|| SharedLog::open(&wal, shards, options)).map_err(log_err)?;
+        Ok(Log { inner: Arc::new(log) })
+    }
+
+    fn stage(&self, shard: usize, record: &[u8]) -> u64 {
+        self.inner.stage(shard, record.to_vec())
+    }
+
+    /// Write everything staged, with the GIL released. False when nothing was staged.
+    fn write(&self, py: Python<'_>) -> PyResult<bool> {
+        let log = Arc::clone(&self.inner);
+        py.detach(move || log.write()).map_err(log_err)
+    }
+
+    fn appended(&self, shard: usize) -> u64 {
+        self.inner.appended(shard)
+    }
+
+    fn durable(&self, shard: usize) -> u64 {
+        self.inner.durable(shard)
+    }
+
+    fn ensure_next(&self, shard: usize, position: u64) {
+        self.inner.ensure_next(shard, position)
+    }
+
+    fn take_recovered<'py>(&self, py: Python<'py>, shard: usize, after: u64) -> Vec<Bound<'py, PyBytes>> {
+        self.inner.take_recovered(shard, after).into_iter().map(|(_, r)| PyBytes::new(py, &r)).collect()
+    }
+
+    #[pyo3(signature = (covered, fresh=false))]
+    fn retire(&self, py: Python<'_>, covered: Vec<u64>, fresh: bool) -> PyResult<Vec<u64>> {
+        let log = Arc::clone(&self.inner);
+        py.detach(move || log.retire(&covered, fresh)).map_err(log_err)
+    }
+
+    fn segment_ids(&self) -> Vec<u64> {
+        self.inner.segment_ids()
+    }
+
+    #[getter]
+    fn direct(&self) -> bool {
+        self.inner.direct()
+    }
+
+    #[getter]
+    fn last_write_ns(&self) -> u64 {
+        self.inner.last_write_ns()
+    }
+
+    #[getter]
+    fn torn_tail(&self) -> bool {
+        self.inner.report.torn_tail
+    }
+
+    #[getter]
+    fn recovered_batches(&self) -> u64 {
+        self.inner.report.batches
+    }
+}
+
+/// A shard's run store and checkpoints.
+#[pyclass(frozen, module = "fusee_server._native")]
+struct Shard {
+    inner: Mutex<ShardFiles>,
+    checkpoint: Mutex<Option<(u64, Vec<u8>)>>,
+}
+
+#[pymethods]
+impl Shard {
+    #[new]
+    fn new(py: Python<'_>, root: PathBuf, shard: u32) -> PyResult<Self> {
+        let (files, checkpoint) = py.detach(|| ShardFiles::open(&root, shard)).map_err(io_err)?;
+        Ok(Shard { inner: Mutex::new(files), checkpoint: Mutex::new(checkpoint.map(|c| (c.position, c.data))) })
+    }
+
+    /// The newest intact checkpoint at open: (position, data), or None.
+    fn recovered_checkpoint<'py>(&self, py: Python<'py>) -> Option<(u64, Bound<'py, PyBytes>)> {
+        self.checkpoint.lock().expect("checkpoint").take().map(|(p, d)| (p, PyBytes::new(py, &d)))
+    }
+
+    #[getter]
+    fn runs_len(&self) -> u64 {
+        self.inner.lock().expect("shard").runs_len()
+    }
+
+    fn append_run(&self, offset: u64, frame: &[u8]) -> PyResult<u64> {
+        self.inner.lock().expect("shard").append_run(offset, frame).map_err(io_err)
+    }
+
+    fn read_run<'py>(&self, py: Python<'py>, offset: u64) -> PyResult<Bound<'py, PyBytes>> {
+        let frame = self.inner.lock().expect("shard").read_run(offset).map_err(io_err)?;
+        Ok(PyBytes::new(py, &frame))
+    }
+
+    /// Flush the run store, then write the checkpoint durably (GIL released).
+    fn checkpoint(&self, py: Python<'_>, position: u64, data: Vec<u8>) -> PyResult<()> {
+        py.detach(|| self.inner.lock().expect("shard").checkpoint(position, &data)).map_err(io_err)
+    }
+
+    fn covered(&self) -> u64 {
+        self.inner.lock().expect("shard").covered()
+    }
+
+    fn checkpoint_positions(&self) -> Vec<u64> {
+        self.inner.lock().expect("shard").checkpoint_positions()
+    }
+}
+
+/// The directory's lock, held while this object lives.
+#[pyclass(module = "fusee_server._native")]
+struct Directory {
+    lock: Option<DirLock>,
+    #[pyo3(get)]
+    shards: u32,
+}
+
+#[pymethods]
+impl Directory {
+    #[new]
+    #[pyo3(signature = (root, shards=None))]
+    fn new(root: PathBuf, shards: Option<u32>) -> PyResult<Self> {
+        let (lock, shards) = open_dir(&root, shards).map_err(|e| match e {
+            DirError::Io(io) => PyOSError::new_err(io.to_string()),
+            other => DirectoryError::new_err(other.to_string()),
+        })?;
+        Ok(Directory { lock: Some(lock), shards })
+    }
+
+    /// Release the lock (also when the object is dropped or the process exits).
+    fn release(&mut self) {
+        self.lock = None;
+    }
+}
+
+#[pyfunction]
+fn inspect(py: Python<'_>, root: PathBuf) -> PyResult<String> {
+    py.detach(|| crate::tools::inspect(&root)).map_err(io_err)
+}
+
+/// (latencies in ns, O_DIRECT used)
+#[pyfunction]
+fn disk_check(py: Python<'_>, dir: PathBuf, seconds: f64) -> PyResult<(Vec<u64>, bool)> {
+    py.detach(|| crate::tools::disk_check(&dir, seconds)).map_err(io_err)
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Log>()?;
+    m.add_class::<Shard>()?;
+    m.add_class::<Directory>()?;
+    m.add_function(wrap_pyfunction!(inspect, m)?)?;
+    m.add_function(wrap_pyfunction!(disk_check, m)?)?;
+    m.add("CorruptionError", m.py().get_type::<CorruptionError>())?;
+    m.add("DirectoryError", m.py().get_type::<DirectoryError>())?;
+    m.add("StoppedError", m.py().get_type::<StoppedError>())?;
+    Ok(())
+}
