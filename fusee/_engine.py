@@ -103,7 +103,7 @@ class Engine:
         dir: str | None = None,
         *,
         workflows: Sequence[Workflow[Any]] = (),
-        shards: int = 4,
+        shards: int | None = None,
         durability: str = "memory",
         park_after: Duration = "1s",
         profile: str | None = None,
@@ -115,15 +115,17 @@ class Engine:
     ) -> Engine:
         """Open an engine. `durability="memory"` keeps nothing; a directory (local mode)
         needs the `fusee-server` distribution's disk path."""
+        if shards is not None and shards < 1:
+            raise RejectedError(f"shards={shards}: need at least 1")
         if storage is None:
-            if dir is not None or durability != "memory":
+            if dir is not None:
+                storage = await _local_storage(dir, shards)
+            elif durability == "memory":
+                storage = MemoryStorage(shards or 4)
+            else:
                 raise RejectedError(
-                    f"durability={durability!r}: this build runs on memory storage only; open "
-                    "with durability='memory' (local mode arrives with fusee-server)"
+                    f"durability={durability!r}: open with a directory (local mode) or durability='memory'"
                 )
-            if shards < 1:
-                raise RejectedError(f"shards={shards}: need at least 1")
-            storage = MemoryStorage(shards)
         engine = cls(
             storage,
             workflows,
@@ -280,6 +282,7 @@ class Engine:
         data, _ = codec.convert(input, definition.input_type, "the workflow's input")
         _check_policy(id_policy)
         shard = self.shard_of(id)
+        shard.check()
         state, new = shard.start(
             definition.name,
             id,
@@ -407,7 +410,9 @@ class Run(Generic[Out]):
     @property
     def _shard(self) -> Shard:
         self.engine._check_open()
-        return self.engine.shard_of(self.id)
+        shard = self.engine.shard_of(self.id)
+        shard.check()
+        return shard
 
     async def _running(self) -> RunState:
         state = await self._shard.load(self.id)
@@ -553,6 +558,18 @@ class Run(Generic[Out]):
         state = await self._running()
         state.end(R.Finished("terminated", failure=Failure(reason or "terminated", type="Terminated")))
         await self._shard.durable_at(state.last_lsn)
+
+
+async def _local_storage(dir: str, shards: int | None) -> Storage:
+    """Local mode needs the disk path of the fusee-server distribution."""
+    try:
+        from fusee_server.local import LocalStorage
+    except ImportError:
+        raise RejectedError(
+            "local mode (Engine.open(dir)) needs the fusee-server distribution, which holds the "
+            "disk path: pip install fusee-server (in this repository: pip install ./server)"
+        ) from None
+    return await LocalStorage.open(dir, shards)
 
 
 def _update_result(u: Update[Any, Any], rec: R.UpdateDone) -> Any:

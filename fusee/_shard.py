@@ -25,6 +25,7 @@ from fusee._errors import (
     AlreadyExistsError,
     CodecError,
     Failure,
+    IoError,
     NotFoundError,
     RejectedError,
     failure_from,
@@ -57,6 +58,8 @@ class Shard:
         self.durable = 0
         self.gates: deque[tuple[int, Callable[[], None]]] = deque()
         self.flushing = False
+        self.failed: BaseException | None = None
+        self.waiting: set[asyncio.Future[None]] = set()
         self.timers: list[tuple[int, int, str, int, int]] = []
         self.timer_count = 0
         self.ticking = False
@@ -124,9 +127,10 @@ class Shard:
                 self._release()
         except Exception as exc:  # noqa: BLE001
             # Never acknowledge after a failed flush: the kernel may have dropped the
-            # pages, so the shard stops and nothing waiting on durability is released.
+            # pages, so the shard stops. Callers waiting for durability get the error;
+            # nothing gated (a step, a message) is released.
             log.error("shard %d: flush failed, the shard stops: %s", self.index, exc)
-            self.closed = True
+            self.fail(exc)
         finally:
             self.flushing = False
 
@@ -138,16 +142,37 @@ class Shard:
             self.gates.append((lsn, fn))
 
     async def durable_at(self, lsn: int) -> None:
+        """Wait until everything up to `lsn` is durable (what an output waits for)."""
         if self.durable >= lsn:
             return
+        self.check()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiting.add(fut)
 
         def release() -> None:
+            self.waiting.discard(fut)
             if not fut.done():
                 fut.set_result(None)
 
         self.gates.append((lsn, release))
         await fut
+
+    def check(self) -> None:
+        """Refuse work on a shard that stopped after a failed flush."""
+        if self.failed is not None:
+            raise IoError(
+                f"shard {self.index} stopped after a failed flush ({self.failed}); restart the process"
+            )
+
+    def fail(self, exc: BaseException) -> None:
+        self.failed = exc
+        self.closed = True
+        self.gates.clear()
+        error = IoError(f"shard {self.index} stopped after a failed flush ({exc}); restart the process")
+        for fut in self.waiting:
+            if not fut.done():
+                fut.set_exception(error)
+        self.waiting.clear()
 
     def _release(self) -> None:
         gates = self.gates

@@ -24,7 +24,9 @@ class LocalStorage:
 
     durability = Durability.LOCAL
 
-    def __init__(self, root: Path, directory: _native.Directory, log: _native.Log, executor: ThreadPoolExecutor) -> None:
+    def __init__(
+        self, root: Path, directory: _native.Directory, log: _native.Log, executor: ThreadPoolExecutor
+    ) -> None:
         self.root = root
         self.directory = directory
         self.log = log
@@ -89,7 +91,9 @@ class LocalStorage:
         target = log.appended(shard)
         while log.durable(shard) < target:
             if self.failed is not None:
-                raise IoError(f"{self.root}: the log stopped after a failed flush ({self.failed}); restart the process")
+                raise IoError(
+                    f"{self.root}: the log stopped after a failed flush ({self.failed}); restart the process"
+                )
             task = self.write_task
             if task is None:
                 task = self.write_task = asyncio.ensure_future(self._write())
