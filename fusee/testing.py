@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from fusee import _records as R
@@ -21,7 +22,9 @@ __all__ = ["TestEngine"]
 
 
 class TestEngine:
-    """`TestEngine.open(workflows=[...])`: a memory engine under the dev profile."""
+    """`TestEngine.open(workflows=[...])`: an engine under the dev profile on a virtual
+    clock; memory storage, or a data directory (`dir=`, local mode) whose `crash()` is a
+    real recovery from disk."""
 
     __test__ = False  # not a pytest class
 
@@ -31,14 +34,16 @@ class TestEngine:
         shards: int,
         park_after: Duration,
         flush_on_turn: bool = False,
+        dir: str | Path | None = None,
     ) -> None:
         self.workflows = list(workflows)
+        self.dir = dir
         self.shards = shards
         self.park_after = park_after
         self.clock = VirtualClock()
         # flush_on_turn: records become durable a loop turn after they are made, and a
         # crash loses what was not flushed (see MemoryShardStore).
-        self.storage = MemoryStorage(shards, instant=not flush_on_turn)
+        self.storage: Any = MemoryStorage(shards, instant=not flush_on_turn) if dir is None else None
         self.mocks: dict[tuple[str, str], Callable[[int], Any]] = {}
         self.engine: Engine
 
@@ -50,12 +55,17 @@ class TestEngine:
         shards: int = 4,
         park_after: Duration = "1s",
         flush_on_turn: bool = False,
+        dir: str | Path | None = None,
     ) -> TestEngine:
-        t = cls(workflows, shards, park_after, flush_on_turn)
+        t = cls(workflows, shards, park_after, flush_on_turn, dir)
         await t._open()
         return t
 
     async def _open(self) -> None:
+        if self.dir is not None:
+            from fusee_server.local import LocalStorage
+
+            self.storage = await LocalStorage.open(self.dir, self.shards)
         self.engine = await Engine.open(
             workflows=self.workflows,
             shards=self.shards,
@@ -76,10 +86,30 @@ class TestEngine:
     def now_ms(self) -> int:
         return self.clock.now_ms()
 
-    async def settle(self) -> None:
-        """Let every turn that is ready run (messages between shards take several)."""
-        for _ in range(64):
-            await asyncio.sleep(0)
+    async def settle(self, timeout_s: float = 5.0) -> None:
+        """Let every turn that is ready run (messages between shards take several), and on
+        a data directory wait for the flushes under way, until nothing moves but time and
+        step functions waiting on outside work."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            # Done after a whole round of turns that began and ended with no flush under
+            # way: what a flush released got its turns too.
+            busy_before = self._storage_busy()
+            for _ in range(64):
+                await asyncio.sleep(0)
+            busy = self._storage_busy()
+            if (not busy_before and not busy) or loop.time() > deadline:
+                return
+            if busy:
+                await asyncio.sleep(0.0005)
+
+    def _storage_busy(self) -> bool:
+        return any(
+            shard.appended > shard.durable or shard.ready or shard.loading
+            for shard in self.engine.shards
+            if not shard.closed
+        )
 
     async def advance(self, duration: Duration) -> None:
         """Move the clock; timers that fall due fire, in order."""
@@ -101,6 +131,7 @@ class TestEngine:
         while a step function awaits outside work, real time passes (up to `wait_real_s`)."""
         task: asyncio.Future[Any] = asyncio.ensure_future(self.engine.run(id).result())
         waited = 0.0
+        idle_checks = 0
         try:
             while True:
                 await self.settle()
@@ -114,17 +145,25 @@ class TestEngine:
                     continue
                 due = min((d for d in (s.next_due_ms() for s in self.engine.shards) if d), default=0)
                 if not due:
+                    # Nothing is due: what just resolved may still need a few turns (a
+                    # waiter woken by a flush); give it those before giving up.
+                    idle_checks += 1
+                    if idle_checks <= 3:
+                        await asyncio.sleep(0.001)
+                        continue
                     raise TimeoutError(
                         f"run '{id}' waits on something no timer brings (a signal, an update, a completion)"
                     )
+                idle_checks = 0
                 self.clock.set(max(due, self.clock.now_ms()))
         finally:
             if not task.done():
                 task.cancel()
 
     def _steps_running(self) -> bool:
+        """Work under way in real time: a step function, a load, or a flush."""
         return any(run.in_flight() for shard in self.engine.shards for run in shard.runs.values()) or any(
-            shard.ready or shard.loading for shard in self.engine.shards
+            shard.ready or shard.loading or shard.appended > shard.durable for shard in self.engine.shards
         )
 
     async def journal(self, id: str) -> list[dict[str, Any]]:
@@ -141,11 +180,16 @@ class TestEngine:
                 row.pop(volatile, None)
         return json.dumps(rows, indent=1, sort_keys=True, default=str)
 
-    async def crash(self) -> None:
+    async def crash(self, settle: bool = True) -> None:
         """Drop the engine's memory and recover every run from storage: the code replays,
-        recorded steps do not run again."""
-        await self.settle()
+        recorded steps do not run again. `settle=False` crashes before any ready turn runs
+        (records not yet flushed are lost, as a process kill would lose them)."""
+        if settle:
+            await self.settle()
         self.engine.abandon()
+        abandon = getattr(self.storage, "abandon", None)
+        if abandon is not None:
+            await abandon()  # a directory: its writer stops, its lock is released
         await self._open()
         await self.settle()
 

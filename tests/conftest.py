@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,18 +45,24 @@ async def eventually(check: Callable[[], Any | Awaitable[Any]], timeout_s: float
         await asyncio.sleep(0.001)
 
 
-@pytest.fixture(params=["instant", "flush_on_turn"])
-async def kit(request: pytest.FixtureRequest) -> AsyncIterator[Callable[..., Awaitable[TestEngine]]]:
+@pytest.fixture(params=["instant", "flush_on_turn", "local"])
+async def kit(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[Callable[..., Awaitable[TestEngine]]]:
     """`t = await kit(wf1, wf2, shards=4)`: a TestEngine, closed after the test.
 
-    Every test runs twice: on memory storage that is durable on append, and on one whose
-    records become durable a loop turn later and are lost by a crash until then (as on a
-    disk), so the durability gates are exercised by every scenario."""
+    Every test runs three times: on memory storage that is durable on append; on memory
+    storage whose records become durable a loop turn later and are lost by a crash until
+    then; and in local mode, on a data directory with the Rust disk path, where `crash()`
+    recovers from the files."""
     opened: list[TestEngine] = []
-    flush_on_turn = request.param == "flush_on_turn"
+    mode = request.param
 
     async def open_kit(*workflows: Any, **options: Any) -> TestEngine:
-        options.setdefault("flush_on_turn", flush_on_turn)
+        if mode == "flush_on_turn":
+            options.setdefault("flush_on_turn", True)
+        elif mode == "local":
+            options.setdefault("dir", tmp_path / f"data-{len(opened)}")
         t = await TestEngine.open(workflows=list(workflows), **options)
         opened.append(t)
         return t

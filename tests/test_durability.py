@@ -80,9 +80,8 @@ async def test_an_unacknowledged_start_may_be_lost_but_an_acknowledged_one_never
             break
     assert store.log_start + len(store.log) > store.durable
     assert not pending.done()  # so the caller was not answered
-    t.engine.abandon()  # the crash, right now
+    await t.crash(settle=False)  # the crash, right now
     pending.cancel()
-    await t._open()
     assert await t.result("kept") == 1
     names = [s.id async for s in t.engine.list()]
     assert names == ["kept"]

@@ -40,8 +40,7 @@ def placed(t: TestEngine, where: str, a: str, b: str) -> None:
 
 async def crash_at_once(t: TestEngine) -> None:
     """A crash with no turn run before it (`t.crash()` settles first)."""
-    t.engine.abandon()
-    await t._open()
+    await t.crash(settle=False)
     await t.settle()
 
 

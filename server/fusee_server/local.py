@@ -121,6 +121,15 @@ class LocalStorage:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self.executor, self.log.retire, covered, fresh)
 
+    async def abandon(self) -> None:
+        """Stop as a crash would (the test kit's `crash()`): nothing staged is written; the
+        write in flight, if any, finishes before the lock is released, so it cannot land
+        after the next open began writing."""
+        self.failed = RuntimeError("abandoned")
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.executor.shutdown, True)
+        self.directory.release()
+
     async def close(self) -> None:
         if self.write_task is not None:
             try:
