@@ -1,0 +1,254 @@
+"""The `fusee` command: tools that look at a data directory and at the disk under it.
+
+The disk-side tools live in the fusee-server distribution's Rust extension. It is
+imported inside each command, never at module level, so that `fusee --help` and
+`fusee --version` work on a machine that has only the `fusee` distribution, and a
+command that needs the extension says how to install it instead of failing on an
+import at startup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import fusee
+
+EXIT_OK = 0
+EXIT_DAMAGED = 1  # inspect: the log holds damage to acknowledged records
+EXIT_USAGE = 2  # bad arguments, not a data directory, fusee-server missing, I/O error
+
+DISK_CHECK_SECONDS = 2.0
+
+
+class _Stop(Exception):
+    """A one-line message for stderr, then the exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_OK
+    try:
+        code: int = args.run(args)
+    except _Stop as stop:
+        print(f"fusee {args.command}: {stop}", file=sys.stderr)
+        return stop.code
+    except BrokenPipeError:
+        # `fusee inspect dir | head`: the reader left; say nothing more.
+        sys.stderr.close()
+        return EXIT_OK
+    return code
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fusee",
+        description="Tools for Fusee data directories (local mode).",
+    )
+    parser.add_argument("--version", action="version", version=f"fusee {fusee.__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="<command>")
+
+    inspect = commands.add_parser(
+        "inspect",
+        help="report a data directory's log segments and checkpoints (reads only)",
+        description="Report a data directory's shared log (segments, batch ranges, records per "
+        "shard, torn tail, spares) and each shard's checkpoints. Reads only: the directory may be "
+        "open in another process. Exits 1 when the log holds damage to acknowledged records.",
+    )
+    inspect.add_argument("dir", type=Path, help="the data directory (holds fusee.meta)")
+    inspect.add_argument("--json", action="store_true", help="print the report as JSON")
+    inspect.set_defaults(run=_run_inspect)
+
+    disk = commands.add_parser(
+        "disk-check",
+        help="measure the flush latency of the disk under a directory",
+        description="Time durable 4 KiB writes, as the log makes them, in a scratch file under DIR "
+        "(removed afterwards), and report the latency distribution.",
+    )
+    disk.add_argument("dir", type=Path, help="a directory on the disk to measure")
+    disk.add_argument(
+        "seconds",
+        type=_seconds,
+        nargs="?",
+        default=DISK_CHECK_SECONDS,
+        help=f"how long to measure (default {DISK_CHECK_SECONDS:g})",
+    )
+    disk.add_argument("--json", action="store_true", help="print the figures as JSON")
+    disk.set_defaults(run=_run_disk_check)
+    return parser
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and 0 < value <= 3600):
+        raise argparse.ArgumentTypeError(f"{text}: give a duration above 0 and at most 3600 seconds")
+    return value
+
+
+def _native() -> ModuleType:
+    """The Rust extension, imported only when a command needs it."""
+    try:
+        from fusee_server import _native
+    except ImportError:
+        raise _Stop(
+            "this command needs the fusee-server distribution: pip install fusee-server "
+            "(in the Fusee repository: pip install ./server)"
+        ) from None
+    return _native
+
+
+# -- inspect ----------------------------------------------------------------------------
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    root: Path = args.dir
+    if not (root / "fusee.meta").is_file():
+        what = "does not exist" if not root.exists() else "is not a Fusee data directory (no fusee.meta)"
+        raise _Stop(f"{root} {what}")
+    native = _native()
+    try:
+        raw: str = native.inspect(str(root))
+    except OSError as error:
+        raise _Stop(f"{root}: {error}") from None
+    report: dict[str, Any] = json.loads(raw)
+    if args.json:
+        print(raw)
+    else:
+        print("\n".join(_inspect_lines(report)))
+    return EXIT_DAMAGED if report["log"].get("error") is not None else EXIT_OK
+
+
+def _inspect_lines(report: dict[str, Any]) -> list[str]:
+    log: dict[str, Any] = report["log"]
+    lines = [f"{report['dir']}: {report['shards']} shards", "", "log (wal/)"]
+    error = log.get("error")
+    if error is not None:
+        # The chain could not be followed, so there is no per-segment view to show.
+        lines += [
+            "  DAMAGED: acknowledged records are lost or unreadable; opening this directory fails with:",
+            *textwrap.wrap(error, 96, initial_indent="    ", subsequent_indent="    "),
+        ]
+    else:
+        segments: list[dict[str, Any]] = log["segments"]
+        for seg in segments:
+            lines += _segment_lines(seg)
+        if not segments:
+            lines.append("  no segments")
+        lines += [
+            f"  chain: {_count(log['batches'], 'batch', 'batches')}, next batch seq {log['next_seq']}, "
+            f"ends at offset {log['end_offset']}; {_count(log['spares'], 'spare segment', 'spare segments')}",
+            *_per_shard("  records per shard: ", log["records_per_shard"]),
+        ]
+    lines += ["", "checkpoints"]
+    for shard in report["checkpoints"]:
+        lines += _checkpoint_lines(shard)
+    return lines
+
+
+def _segment_lines(seg: dict[str, Any]) -> list[str]:
+    batches: int = seg["batches"]
+    span = f"batches {seg['first_seq']}..{seg['last_seq']} ({batches})" if batches else "no batches"
+    flags = ["in chain" if seg["in_chain"] else "NOT in chain (after the chain's end)"]
+    if seg["torn_tail"]:
+        flags.append("torn tail (an unfinished flush, discarded at open)")
+    return [
+        f"  {seg['file']}  id {seg['id']}  {_size(seg['bytes'])}  {span}  {', '.join(flags)}",
+        *_per_shard("    records per shard: ", seg["records_per_shard"]),
+    ]
+
+
+def _checkpoint_lines(shard: dict[str, Any]) -> list[str]:
+    files: list[dict[str, Any]] = shard["files"]
+    head = f"  shard {shard['shard']:03d}"
+    if not files:
+        return [f"{head}  none"]
+    lines = [head]
+    for f in files:
+        if f["intact"]:
+            lines.append(
+                f"    {f['file']}  position {f['position']}  run store prefix {f['runs_prefix']} B  "
+                f"state {_size(f['bytes'])}  intact"
+            )
+        else:
+            lines.append(f"    {f['file']}  DAMAGED (checksum or header does not match; skipped at open)")
+    return lines
+
+
+def _per_shard(prefix: str, counts: list[int]) -> list[str]:
+    text = " ".join(f"{shard}:{n}" for shard, n in enumerate(counts))
+    return textwrap.wrap(text, 100, initial_indent=prefix, subsequent_indent=" " * len(prefix))
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}".replace(".0 ", " ")
+    return f"{n} B"
+
+
+# -- disk-check -------------------------------------------------------------------------
+
+
+def _run_disk_check(args: argparse.Namespace) -> int:
+    root: Path = args.dir
+    # The native check creates missing directories; a tool that only measures should not.
+    if not root.is_dir():
+        raise _Stop(f"{root} is not a directory")
+    native = _native()
+    try:
+        latencies_ns, direct = native.disk_check(str(root), args.seconds)
+    except OSError as error:
+        raise _Stop(f"{root}: {error}") from None
+    figures = latency_figures(latencies_ns)
+    if args.json:
+        print(json.dumps({"dir": str(root), "seconds": args.seconds, **figures, "direct": direct}))
+        return EXIT_OK
+    how = (
+        "O_DIRECT writes carrying RWF_DSYNC"
+        if direct
+        else "buffered writes, each followed by a durable flush (the filesystem refused O_DIRECT)"
+    )
+    print(f"{root}: {figures['count']} durable 4 KiB writes in {args.seconds:g} s, {how}")
+    for name in ("mean", "p50", "p90", "p99", "max"):
+        print(f"  {name:<5} {figures[name + '_us']:>10.1f} us")
+    return EXIT_OK
+
+
+def latency_figures(latencies_ns: Sequence[int]) -> dict[str, Any]:
+    """Count, mean and nearest-rank percentiles, in microseconds."""
+    ordered = sorted(latencies_ns)
+    if not ordered:
+        raise _Stop("the disk check made no writes")
+
+    def rank(p: float) -> float:
+        return ordered[max(0, math.ceil(p * len(ordered)) - 1)] / 1000
+
+    return {
+        "count": len(ordered),
+        "mean_us": round(sum(ordered) / len(ordered) / 1000, 3),
+        "p50_us": rank(0.50),
+        "p90_us": rank(0.90),
+        "p99_us": rank(0.99),
+        "max_us": ordered[-1] / 1000,
+    }
