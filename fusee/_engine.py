@@ -385,12 +385,14 @@ class Engine:
     async def list(self, type: str | None = None, status: str | None = None) -> AsyncIterator[RunSummary]:
         for shard in self.shards:
             rows = [RunSummary(r.wid, r.run_no, r.type, _status(r), shard.index) for r in shard.runs.values()]
+            seen = shard.appended
             rows += [
                 RunSummary(
                     wid, e.run_no, e.type, "running" if e.status == "parked" else e.status, shard.index
                 )
                 for wid, e in await shard.indexed()
             ]
+            await shard.durable_at(seen)  # statuses leave the process once durable
             for row in rows:
                 if (type is None or row.type == type) and (status is None or row.status == status):
                     yield row
@@ -542,9 +544,12 @@ class Run(Generic[Out]):
         state = await shard.load(self.id) or await shard.finished_run(self.id)
         if state is None:
             raise NotFoundError(f"no workflow '{self.id}'", workflow_id=self.id)
-        return RunDescription(
+        description = RunDescription(
             RunSummary(self.id, state.run_no, state.type, _status(state), shard.index), list(state.journal)
         )
+        # What it shows leaves the process: only once every record behind it is durable.
+        await shard.durable_at(shard.appended)
+        return description
 
     async def cancel(self, reason: str | None = None) -> None:
         """Ask the run to stop: its code gets CancelledError at the operations it waits
