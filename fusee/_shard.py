@@ -478,6 +478,10 @@ class Shard:
             self.add_timer(now + self.engine.tick_ms, None, TICK)
         else:
             self.ticking = False
+            if self.appended > self.checkpoint_position and not self.checkpointing:
+                # Every run parked or ended: a checkpoint now lets a crash recover from
+                # the index instead of replaying every run since the last one.
+                self.engine._spawn(self.checkpoint())
 
     def park(self, run: RunState) -> None:
         """Write the run to the run store and drop it from memory; its index entry keeps

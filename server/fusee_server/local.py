@@ -9,6 +9,7 @@ thread with the GIL released, so the event loop never waits on the disk.
 from __future__ import annotations
 
 import asyncio
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -33,7 +34,8 @@ class LocalStorage:
         self.shards = directory.shards
         self.executor = executor
         self.stores: dict[int, LocalShardStore] = {}
-        self.write_task: asyncio.Future[None] | None = None
+        self.waiters: list[tuple[int, int, asyncio.Future[int]]] = []
+        self.notify_fd = -1
         self.failed: BaseException | None = None
 
     @classmethod
@@ -72,7 +74,9 @@ class LocalStorage:
             directory.release()
             executor.shutdown(wait=False)
             raise IoError(f"{root}: {error}") from None
-        return cls(root, directory, log, executor)
+        storage = cls(root, directory, log, executor)
+        storage.start_writer()
+        return storage
 
     async def open_shard(self, index: int) -> LocalShardStore:
         loop = asyncio.get_running_loop()
@@ -84,33 +88,60 @@ class LocalStorage:
         self.stores[index] = store
         return store
 
+    def start_writer(self) -> None:
+        """The log's writer thread signals an eventfd after each write; the loop reads it
+        and releases the flushes the write made durable."""
+        self.notify_fd = self.log.start_writer()
+        asyncio.get_running_loop().add_reader(self.notify_fd, self._written)
+
     async def flush_for(self, shard: int) -> int:
-        """Make `shard`'s staged records durable: join the write in flight, or start the
-        next one once it completes (it takes what every shard staged meanwhile)."""
+        """Make `shard`'s staged records durable: ask the writer thread for a write, which
+        takes what every shard staged (group commit), and wait for the one that covers
+        these records (a write under way when they were staged is followed by another)."""
         log = self.log
         target = log.appended(shard)
-        while log.durable(shard) < target:
-            if self.failed is not None:
-                raise IoError(
-                    f"{self.root}: the log stopped after a failed flush ({self.failed}); restart the process"
-                )
-            task = self.write_task
-            if task is None:
-                task = self.write_task = asyncio.ensure_future(self._write())
-            await asyncio.shield(task)
-        return log.durable(shard)
+        if log.durable(shard) >= target:
+            return log.durable(shard)
+        self.check()
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.waiters.append((shard, target, fut))
+        log.request_write()
+        return await fut
 
-    async def _write(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            await loop.run_in_executor(self.executor, self.log.write)
-        except OSError as error:
+    def check(self) -> None:
+        if self.failed is not None:
+            raise IoError(
+                f"{self.root}: the log stopped after a failed flush ({self.failed}); restart the process"
+            )
+
+    def _written(self) -> None:
+        if self.notify_fd >= 0:
+            try:
+                os.read(self.notify_fd, 8)
+            except BlockingIOError:
+                pass
+        failure = self.log.failure()
+        if failure is not None and self.failed is None:
             # Never acknowledge after a failed flush (the kernel may have dropped the
-            # pages): every later flush of every shard fails too.
-            self.failed = error
-            raise IoError(f"{self.root}: log write failed: {error}") from None
-        finally:
-            self.write_task = None
+            # pages): every waiting and later flush of every shard fails.
+            self.failed = OSError(failure)
+        waiting, self.waiters = self.waiters, []
+        for shard, target, fut in waiting:
+            if fut.done():
+                continue
+            durable = self.log.durable(shard)
+            if durable >= target:
+                fut.set_result(durable)
+            elif self.failed is not None:
+                fut.set_exception(IoError(f"{self.root}: log write failed: {self.failed}"))
+            else:
+                self.waiters.append((shard, target, fut))
+
+    def _stop_writer(self) -> None:
+        if self.notify_fd >= 0:
+            asyncio.get_running_loop().remove_reader(self.notify_fd)
+            self.notify_fd = -1
+        self.log.stop_writer()
 
     async def retire(self, fresh: bool = False) -> None:
         """Retire log segments that both retained checkpoints of every shard cover (at a
@@ -122,20 +153,17 @@ class LocalStorage:
         await loop.run_in_executor(self.executor, self.log.retire, covered, fresh)
 
     async def abandon(self) -> None:
-        """Stop as a crash would (the test kit's `crash()`): nothing staged is written; the
-        write in flight, if any, finishes before the lock is released, so it cannot land
-        after the next open began writing."""
+        """Stop as a crash would (the test kit's `crash()`): nothing more is written; a
+        write under way finishes before the lock is released, so it cannot land after the
+        next open began writing."""
         self.failed = RuntimeError("abandoned")
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self.executor.shutdown, True)
+        self._stop_writer()
+        self.executor.shutdown(wait=True)
         self.directory.release()
 
     async def close(self) -> None:
-        if self.write_task is not None:
-            try:
-                await asyncio.shield(self.write_task)
-            except IoError:
-                pass
+        self._stop_writer()  # lets a write under way finish
+        self._written()
         if self.failed is None and len(self.stores) == self.shards:
             await self.retire(fresh=True)
         self.executor.shutdown(wait=True)
@@ -155,11 +183,24 @@ class LocalShardStore:
         self.log = storage.log
         self.runs_len = files.runs_len
         self.last_checkpoint: tuple[int, bytes] | None = None
+        self.pending: list[bytes] = []
+        self.next_position = 0  # set by recover()
 
     def append(self, entry: bytes) -> int:
-        return self.log.stage(self.index, entry)
+        # Kept here until the shard flushes: the engine flushes between turns of the
+        # loop, so the records of one turn (an effect and its dedupe record, a run's end
+        # and the next run's start) reach the log together and share a batch. Handing
+        # them over one by one would let the writer thread cut a batch between them.
+        self.pending.append(entry)
+        self.next_position += 1
+        return self.next_position
 
     async def flush(self) -> int:
+        if self.pending:
+            pending, self.pending = self.pending, []
+            last = self.log.stage_many(self.index, pending)
+            if last != self.next_position:
+                raise IoError(f"shard {self.index}: log position {last}, expected {self.next_position}")
         return await self.storage.flush_for(self.index)
 
     def put_run(self, frame: bytes) -> int:
@@ -176,6 +217,7 @@ class LocalShardStore:
         checkpoint = self.files.recovered_checkpoint()
         position, data = checkpoint if checkpoint is not None else (0, None)
         self.log.ensure_next(self.index, position)
+        self.next_position = self.log.appended(self.index)
         return Recovered(data, self.log.take_recovered(self.index, position))
 
     async def checkpoint(self, position: int, data: bytes) -> None:
@@ -190,6 +232,6 @@ class LocalShardStore:
         covered by two checkpoints, the next open replays nothing and the log under them
         can be retired."""
         last = self.last_checkpoint
-        if last is not None and last[0] == self.log.appended(self.index) and self.storage.failed is None:
+        if last is not None and last[0] == self.next_position and self.storage.failed is None:
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, self.files.checkpoint, last[0], last[1])

@@ -10,6 +10,7 @@ pub mod meta;
 pub mod recovery;
 pub mod runstore;
 pub mod tools;
+pub mod writer;
 
 #[cfg(feature = "python")]
 mod python;

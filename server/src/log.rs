@@ -238,6 +238,19 @@ impl SharedLog {
         pos
     }
 
+    /// Stage several records of one shard at once: they go into the same batch. Returns
+    /// the last one's position.
+    pub fn stage_many(&self, shard: usize, records: Vec<Vec<u8>>) -> u64 {
+        let mut stage = self.stage.lock().expect("stage");
+        let s = &mut stage[shard];
+        if s.records.is_empty() {
+            s.first = s.next;
+        }
+        s.next += records.len() as u64;
+        s.records.extend(records);
+        s.next - 1
+    }
+
     pub fn appended(&self, shard: usize) -> u64 {
         self.stage.lock().expect("stage")[shard].next - 1
     }
@@ -374,6 +387,11 @@ impl SharedLog {
             retired.push(segment.id);
         }
         Ok(retired)
+    }
+
+    /// Why the log stopped, if a flush failed.
+    pub fn failure(&self) -> Option<String> {
+        self.failed.lock().expect("failed").clone()
     }
 
     pub fn segment_ids(&self) -> Vec<u64> {

@@ -4,6 +4,7 @@
 use crate::log::{LogError, LogOptions, SharedLog};
 use crate::meta::{open_dir, DirError, DirLock};
 use crate::runstore::ShardFiles;
+use crate::writer::BackgroundWriter;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -45,6 +46,7 @@ fn io_err(e: std::io::Error) -> PyErr {
 #[pyclass(frozen, module = "fusee_server._native")]
 struct Log {
     inner: Arc<SharedLog>,
+    writer: Mutex<Option<BackgroundWriter>>,
 }
 
 #[pymethods]
@@ -61,17 +63,53 @@ impl Log {
     ) -> PyResult<Self> {
         let options = LogOptions { direct_io, segment_bytes_min, segment_bytes_max };
         let log = py.detach(|| SharedLog::open(&wal, shards, options)).map_err(log_err)?;
-        Ok(Log { inner: Arc::new(log) })
+        Ok(Log { inner: Arc::new(log), writer: Mutex::new(None) })
     }
 
     fn stage(&self, shard: usize, record: &[u8]) -> u64 {
         self.inner.stage(shard, record.to_vec())
     }
 
+    fn stage_many(&self, shard: usize, records: Vec<Vec<u8>>) -> u64 {
+        self.inner.stage_many(shard, records)
+    }
+
     /// Write everything staged, with the GIL released. False when nothing was staged.
     fn write(&self, py: Python<'_>) -> PyResult<bool> {
         let log = Arc::clone(&self.inner);
         py.detach(move || log.write()).map_err(log_err)
+    }
+
+    /// Start the writer thread; returns the eventfd it signals after each write.
+    fn start_writer(&self) -> PyResult<i32> {
+        let mut slot = self.writer.lock().expect("writer");
+        if slot.is_none() {
+            *slot = Some(BackgroundWriter::start(Arc::clone(&self.inner)).map_err(io_err)?);
+        }
+        Ok(slot.as_ref().expect("started").eventfd())
+    }
+
+    /// Ask the writer thread for a write of everything staged; returns at once.
+    fn request_write(&self) -> PyResult<()> {
+        match self.writer.lock().expect("writer").as_ref() {
+            Some(writer) => {
+                writer.request();
+                Ok(())
+            }
+            None => Err(PyRuntimeError::new_err("the log's writer thread is not running")),
+        }
+    }
+
+    /// Let the write asked for finish, then stop the thread (GIL released meanwhile).
+    fn stop_writer(&self, py: Python<'_>) {
+        let writer = self.writer.lock().expect("writer").take();
+        if let Some(writer) = writer {
+            py.detach(move || drop(writer));
+        }
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.inner.failure()
     }
 
     fn appended(&self, shard: usize) -> u64 {

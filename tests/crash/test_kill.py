@@ -99,10 +99,12 @@ def check(prefix: Path, kills: int, killed: set[str]) -> None:
     print(f"{len(acked)} starts acknowledged, {len(results)} results, {reruns} steps ran again after a kill")
 
 
+@pytest.mark.timeout(300)
 def test_sigkill_at_random_moments_loses_nothing_acknowledged(tmp_path: Path) -> None:
     run_kills(tmp_path, kills=int(os.environ.get("FUSEE_CRASH_KILLS", "50")), seed=1)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_many_kills(tmp_path: Path) -> None:
     run_kills(tmp_path, kills=300, seed=2)
