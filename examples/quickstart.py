@@ -1,5 +1,7 @@
 """The quickstart: a workflow composes a greeting in a step, pauses, then waits for an
-approval signal. Run it with `scripts/quickstart`."""
+approval signal, in local mode (a data directory, `./.fusee/quickstart`). Run it with
+`scripts/quickstart`; kill it during the pause and run it again: the run resumes and
+`compose` does not run twice."""
 
 from __future__ import annotations
 
@@ -19,8 +21,10 @@ async def greet(ctx: fusee.Ctx, name: str) -> str:
 
 
 async def main() -> None:
-    async with await fusee.Engine.open(workflows=[greet], durability="memory") as engine:
-        run = await engine.start(greet, "greet-1", "world")
+    async with await fusee.Engine.open(".fusee/quickstart", workflows=[greet]) as engine:
+        # A run left by an earlier, killed invocation is picked up; a finished one is
+        # followed by a new run.
+        run = await engine.start(greet, "greet-1", "world", id_policy={"running": "use-existing"})
         print("started greet-1; it composes its greeting, pauses for a second, then waits for approval")
         await asyncio.sleep(1.2)
         await run.signal(approve, True)
