@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -34,7 +35,7 @@ class LocalStorage:
         self.shards = directory.shards
         self.executor = executor
         self.stores: dict[int, LocalShardStore] = {}
-        self.waiters: list[tuple[int, int, asyncio.Future[int]]] = []
+        self.waiters: list[tuple[int, int, asyncio.Future[int] | Callable[[int | BaseException], None]]] = []
         self.notify_fd = -1
         self.failed: BaseException | None = None
 
@@ -108,6 +109,16 @@ class LocalStorage:
         log.request_write()
         return await fut
 
+    def request(self, shard: int, target: int, callback: Callable[[int | BaseException], None]) -> None:
+        """Call `callback` once `shard` is durable up to `target` (from the loop)."""
+        self.check()
+        durable = self.log.durable(shard)
+        if durable >= target:
+            asyncio.get_running_loop().call_soon(callback, durable)
+            return
+        self.waiters.append((shard, target, callback))
+        self.log.request_write()
+
     def check(self) -> None:
         if self.failed is not None:
             raise IoError(
@@ -126,16 +137,23 @@ class LocalStorage:
             # pages): every waiting and later flush of every shard fails.
             self.failed = OSError(failure)
         waiting, self.waiters = self.waiters, []
-        for shard, target, fut in waiting:
-            if fut.done():
-                continue
+        for shard, target, waiter in waiting:
             durable = self.log.durable(shard)
-            if durable >= target:
-                fut.set_result(durable)
+            if isinstance(waiter, asyncio.Future):
+                if waiter.done():
+                    continue
+                if durable >= target:
+                    waiter.set_result(durable)
+                elif self.failed is not None:
+                    waiter.set_exception(IoError(f"{self.root}: log write failed: {self.failed}"))
+                else:
+                    self.waiters.append((shard, target, waiter))
+            elif durable >= target:
+                waiter(durable)
             elif self.failed is not None:
-                fut.set_exception(IoError(f"{self.root}: log write failed: {self.failed}"))
+                waiter(IoError(f"{self.root}: log write failed: {self.failed}"))
             else:
-                self.waiters.append((shard, target, fut))
+                self.waiters.append((shard, target, waiter))
 
     def _stop_writer(self) -> None:
         if self.notify_fd >= 0:
@@ -195,13 +213,25 @@ class LocalShardStore:
         self.next_position += 1
         return self.next_position
 
-    async def flush(self) -> int:
+    def _hand_over(self) -> None:
         if self.pending:
             pending, self.pending = self.pending, []
             last = self.log.stage_many(self.index, pending)
             if last != self.next_position:
                 raise IoError(f"shard {self.index}: log position {last}, expected {self.next_position}")
+
+    async def flush(self) -> int:
+        self._hand_over()
         return await self.storage.flush_for(self.index)
+
+    def request_flush(self, callback: Callable[[int | BaseException], None]) -> None:
+        """Hand the staged records to the log and call `callback` with the durable
+        position once a write covers them (or with the error of a failed flush)."""
+        try:
+            self._hand_over()
+            self.storage.request(self.index, self.next_position, callback)
+        except IoError as error:
+            asyncio.get_running_loop().call_soon(callback, error)
 
     def put_run(self, frame: bytes) -> int:
         # The writer states the offset; the store refuses one that is not its length.

@@ -337,13 +337,20 @@ impl SharedLog {
             .div_ceil(SEGMENT_HEADER) as u64
             * SEGMENT_HEADER as u64;
         let path = self.wal.join(segment_name(id));
-        if let Some(spare) = w.spares.pop() {
-            fs::rename(&spare, &path)?;
+        let reused = w.spares.pop();
+        if let Some(spare) = &reused {
+            fs::rename(spare, &path)?;
         } else {
             fs::File::create(&path)?;
         }
         {
             let file = fs::OpenOptions::new().write(true).open(&path)?;
+            if reused.is_none() || file.metadata()?.len() < size {
+                // Zero-fill a new segment once: a durable write into a hole (or into an
+                // unwritten extent) also commits the filesystem's metadata, doubling
+                // every flush. A reused spare is overwritten in place.
+                zero_fill(&file, size)?;
+            }
             file.set_len(size)?;
             let header = SegmentHeader { id, size, first_seq: w.seq, first_prev: w.prev };
             file.write_all_at(&header.encode(), 0)?;
@@ -397,6 +404,17 @@ impl SharedLog {
     pub fn segment_ids(&self) -> Vec<u64> {
         self.writer.lock().expect("writer").segments.iter().map(|s| s.id).collect()
     }
+}
+
+fn zero_fill(file: &fs::File, size: u64) -> io::Result<()> {
+    let chunk = vec![0u8; 1 << 20];
+    let mut at = 0u64;
+    while at < size {
+        let n = chunk.len().min((size - at) as usize);
+        file.write_all_at(&chunk[..n], at)?;
+        at += n as u64;
+    }
+    file.sync_all()
 }
 
 /// Zero a segment's header durably, then keep the file as a spare for a later roll. A
