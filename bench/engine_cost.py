@@ -65,11 +65,14 @@ async def many_runs(runs: int, shards: int) -> tuple[float, float]:
 
 def _storage_bytes(engine: fusee.Engine) -> int:
     """What the memory backend holds: its log and run-store bytes (the backend's own
-    cost, not the engine's), as allocated: pymalloc rounds each block up to 16 bytes."""
+    cost, not the engine's: its log, run store and checkpoint), as allocated: pymalloc
+    rounds each block up to 16 bytes."""
     total = 0
     for store in engine.storage.stores:  # type: ignore[attr-defined]
         for chunk in (store.log, store.runs):
             total += sys.getsizeof(chunk) + sum(-(-sys.getsizeof(b) // 16) * 16 for b in chunk)
+        if store.checkpoint_data is not None:
+            total += sys.getsizeof(store.checkpoint_data)
     return total
 
 
