@@ -1,0 +1,237 @@
+"""Running operations the code called: recording what they issue, and running step
+functions behind their durability gate, with retries and attempt timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import random
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from fusee import _codec as codec
+from fusee import _records as R
+from fusee._ctx import Completion, StepContext, current_step, inline_step, step_key, takes_context
+from fusee._errors import CodecError, Failure, failure_from
+from fusee._ops import ChildOp, Op, SendOp, StepOp, TimerOp, WaitOp
+from fusee._run import RunState
+
+if TYPE_CHECKING:
+    from fusee._clock import Clock
+    from fusee._engine import Engine
+    from fusee._messages import Outbox
+
+
+class StepRunner:
+    """The shard's part that starts operations; mixed into `Shard`."""
+
+    engine: Engine
+    clock: Clock
+    durable: int
+    closed: bool
+    steps_run: int
+    outbox: Outbox
+    gates: deque[tuple[int, Callable[[], None]]]
+
+    def now_ms(self) -> int:
+        raise NotImplementedError
+
+    def add_timer(self, due: int, run: RunState | None, seq: int, wid: str = "", run_no: int = 0) -> None:
+        raise NotImplementedError
+
+    def when_durable(self, lsn: int, fn: Callable[[], None]) -> None:
+        raise NotImplementedError
+
+    def start_op(self, run: RunState, op: Op) -> None:
+        """Start an operation the code called (live), recording what it issued."""
+        if isinstance(op, StepOp):
+            if op.sent or op.started:
+                return  # running already, or a completion whose token is out
+            if op.retry_at:
+                # Waiting for its retry is not running: the run may park meanwhile.
+                run.timers[op.seq] = op.retry_at
+                self.add_timer(op.retry_at, run, op.seq)
+                return
+            op.started = True
+            if op.read_only:
+                self._execute(run, op)
+            else:
+                # The step's function sees only state a crash cannot take back.
+                lsn = run.last_lsn
+                if self.durable >= lsn:
+                    self._execute(run, op)
+                else:
+                    self.gates.append((lsn, lambda: self._execute(run, op)))
+        elif isinstance(op, TimerOp):
+            if not op.recorded:
+                op.due = op.due or self.now_ms() + (op.duration_ms or 0)
+                run.record(R.TimerStarted(op.seq, op.name, op.due))
+                op.recorded = True
+            run.timers[op.seq] = op.due
+            self.add_timer(op.due, run, op.seq)
+        elif isinstance(op, WaitOp):
+            if not op.recorded:
+                op.due = self.now_ms() + op.timeout_ms if op.timeout_ms is not None else 0
+                run.record(R.WaitStarted(op.seq, op.name, op.due))
+                op.recorded = True
+            if op.due and not op.done:
+                run.timers[op.seq] = op.due
+                self.add_timer(op.due, run, op.seq)
+        elif isinstance(op, ChildOp):
+            if not op.recorded:
+                run.record(
+                    R.ChildRequested(
+                        op.seq,
+                        op.workflow,
+                        op.wid,
+                        op.input,
+                        self.outbox.take_number(),
+                        op.close,
+                        op.timeout_ms,
+                    )
+                )
+                op.recorded = True
+        elif isinstance(op, SendOp):
+            if not op.recorded:
+                number = self.outbox.take_number()
+                if op.kind == "cancel_workflow":
+                    run.record(R.CancelSent(op.seq, op.target, op.payload, number))
+                else:
+                    run.record(R.SignalSent(op.seq, op.target, op.name, op.payload, number))
+                op.recorded = True
+
+    def _execute(self, run: RunState, op: StepOp) -> None:
+        """Run one attempt of a step's function."""
+        if op.done or run.final or self.closed:
+            return
+        fn = op.fn
+        mock = self.engine.step_mocks.get((run.type, op.name)) if self.engine.step_mocks else None
+        if mock is not None:
+            args: tuple[Any, ...] = (op.attempt,)
+            fn = mock
+        elif op.completion:
+            args = (Completion(self.token(run, op)),)
+        elif takes_context(fn):
+            # Built only for functions that declare it: `lambda: ...` costs nothing.
+            args = (StepContext(step_key(run, op), op.attempt, run.wid, op.name),)
+        else:
+            args = ()
+        here = (run, op)
+        try:
+            if op.thread or (op.timeout_ms is not None and not inspect.iscoroutinefunction(fn)):
+                token = current_step.set(here)
+                context = contextvars.copy_context()
+                current_step.reset(token)
+                loop = asyncio.get_running_loop()
+                pending: Any = loop.run_in_executor(None, lambda: context.run(fn, *args))
+            else:
+                # A synchronous function runs here and now: a plain slot tells ctx.key()
+                # which step runs (a context variable would cost more than the step).
+                inline_step[0] = here
+                try:
+                    pending = fn(*args)
+                finally:
+                    inline_step[0] = None
+        except BaseException as exc:  # noqa: BLE001 - a step's failure is its outcome
+            self._step_outcome(run, op, None, exc)
+            return
+        if not inspect.isawaitable(pending):
+            self._step_outcome(run, op, pending, None)
+            return
+        token = current_step.set(here)  # the task copies the context it starts in
+        task = asyncio.ensure_future(_attempt(pending, op.timeout_ms))
+        current_step.reset(token)
+        op.task = task
+        task.add_done_callback(lambda t: self._task_done(run, op, t))
+
+    def _task_done(self, run: RunState, op: StepOp, task: asyncio.Future[Any]) -> None:
+        if op.task is task:
+            op.task = None
+        if task.cancelled() or op.done or run.final:
+            return
+        exc = task.exception()
+        self._step_outcome(run, op, None if exc else task.result(), exc)
+
+    def _step_outcome(self, run: RunState, op: StepOp, value: Any, exc: BaseException | None) -> None:
+        if op.done or run.final:
+            return  # cancelled or terminated meanwhile: the result is discarded
+        self.steps_run += 1
+        rec: R.Rec
+        if exc is None:
+            if op.completion:
+                rec = R.CompletionSent(op.seq, op.name, op.attempt)
+            else:
+                try:
+                    rec = R.StepDone(op.seq, op.name, codec.encode(value, f"step '{op.name}' result"))
+                except CodecError as error:
+                    # Every attempt would fail the same way: fail at once, no retries.
+                    rec = R.StepFailed(op.seq, op.name, failure_from(error))
+        else:
+            failure = failure_from(exc, self.engine.record_stacks)
+            retry_at = self._retry_at(op, exc, failure)
+            if retry_at:
+                rec = R.Attempt(op.seq, op.name, op.attempt, failure, retry_at, self.now_ms())
+            else:
+                rec = R.StepFailed(op.seq, op.name, failure)
+        op.started = False
+        run.event(rec)
+
+    def _retry_at(self, op: StepOp, exc: BaseException, failure: Failure) -> int:
+        """When to try again, or 0 when the failure is final."""
+        policy = op.retry
+        if failure.retryable is False or isinstance(exc, CodecError):
+            return 0
+        if op.attempt >= policy.attempts:
+            return 0
+        causes = _causes(exc)
+        names = {f.type for f in _chain(failure)}
+        for kind in policy.non_retryable:
+            if isinstance(kind, type) and any(isinstance(e, kind) for e in causes):
+                return 0
+            if isinstance(kind, str) and kind in names:
+                return 0
+        if policy.retry_if is not None and not policy.retry_if(failure, op.attempt):
+            return 0
+        now = self.now_ms()
+        retry_at = now + policy.delay_ms(op.attempt, random.random())
+        if policy.max_elapsed is not None:
+            from fusee._durations import to_ms
+
+            first = op.first_failure_at or now
+            if retry_at - first > to_ms(policy.max_elapsed):
+                return 0
+        return retry_at
+
+    def token(self, run: RunState, op: StepOp) -> str:
+        from fusee._engine import make_token
+
+        return make_token(run.wid, run.run_no, op.seq, op.attempt, run.started.seed)
+
+
+def _causes(exc: BaseException | None) -> list[BaseException]:
+    out: list[BaseException] = []
+    while exc is not None and len(out) < 32:
+        out.append(exc)
+        exc = exc.__cause__
+    return out
+
+
+def _chain(failure: Failure | None) -> list[Failure]:
+    out = []
+    while failure is not None:
+        out.append(failure)
+        failure = failure.cause
+    return out
+
+
+async def _attempt(awaitable: Any, timeout_ms: int | None) -> Any:
+    if timeout_ms is None:
+        return await awaitable
+    try:
+        return await asyncio.wait_for(awaitable, timeout_ms / 1000)
+    except TimeoutError:
+        from fusee._errors import TimeoutError as FuseeTimeout
+
+        raise FuseeTimeout(f"the attempt took longer than its timeout ({timeout_ms} ms)") from None
