@@ -6,7 +6,7 @@ import asyncio
 import heapq
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 
 class Handle(Protocol):
@@ -79,7 +79,3 @@ class VirtualClock:
             self._now = max(self._now, due)
             self._run_due()
         self._now = max(self._now, now_ms)
-
-
-def _unused(*_: Any) -> None:  # keeps Any imported for Protocol typing on 3.11
-    return None

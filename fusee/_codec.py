@@ -7,7 +7,6 @@ leading NUL marks a raw `bytes` value; no pickle anywhere.
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Mapping
 from typing import Any
 
@@ -109,10 +108,6 @@ def _at(value: Any, path: str) -> Any:
         else:
             value = getattr(value, key)
     return value
-
-
-def is_enum(type_: Any) -> bool:
-    return isinstance(type_, type) and issubclass(type_, enum.Enum)
 
 
 _return_types: dict[Any, Any] = {}

@@ -7,7 +7,7 @@ import contextvars
 import inspect
 import random as _random_module  # tidy: recorded (drawn live once, then replayed)
 import uuid as _uuid_module
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -386,6 +386,3 @@ def takes_context(fn: Callable[..., Any], _cache: dict[Any, bool] = {}) -> bool:
         takes = False
     _cache[code] = takes
     return takes
-
-
-Coro = Coroutine[Any, Any, Any]

@@ -169,4 +169,3 @@ class Checkpoint(msgspec.Struct, array_like=True):
 
 encode_checkpoint = msgspec.msgpack.Encoder().encode
 decode_checkpoint = msgspec.msgpack.Decoder(Checkpoint).decode
-encode_msg = msgspec.msgpack.Encoder().encode

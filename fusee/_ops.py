@@ -37,9 +37,6 @@ class Op:
             raise self.exc
         return self.value
 
-    def describe(self) -> str:
-        return f"{self.kind} '{self.name}'"
-
     def child_done(self, child: Op) -> None:
         """Called when an operation this one combines resolves."""
 

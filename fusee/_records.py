@@ -287,7 +287,3 @@ encode_entry = msgspec.msgpack.Encoder().encode
 decode_entry = msgspec.msgpack.Decoder(Entry).decode
 encode_frame = msgspec.msgpack.Encoder().encode
 decode_frame = msgspec.msgpack.Decoder(Frame).decode
-
-
-def kind_of(rec: Rec) -> str:
-    return type(rec).__name__

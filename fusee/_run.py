@@ -283,16 +283,11 @@ class RunState:
             return
         op.value, op.exc, op.done = value, exc, True
         self.timers.pop(op.seq, None)
-        waiters, op.waiters = op.waiters, []
-        for waiter in waiters:
-            if isinstance(waiter, Op):
-                waiter.child_done(op)
-                if waiter.done:
-                    self.resolve_combined(waiter)
-            else:
-                self.ready.append((waiter, None))
+        self.resolve_combined(op)
 
     def resolve_combined(self, op: Op) -> None:
+        """Wake what waits on a resolved operation: fibers, and combinators (which may
+        resolve in turn)."""
         if isinstance(op, RaceOp):
             self._drop_losers(op)
         waiters, op.waiters = op.waiters, []
