@@ -42,7 +42,7 @@ from fusee._errors import (
 from fusee._messages import Ack, Msg
 from fusee._recovery import recover
 from fusee._run import RunState
-from fusee._shard import Shard
+from fusee._shard import Shard, StoredRun
 from fusee._storage import MemoryStorage, Storage
 
 Out = TypeVar("Out")
@@ -447,11 +447,11 @@ class Run(Generic[Out]):
         shard = self._shard
         state = await shard.load(self.id)
         if state is None:
-            state = await shard.finished_run(self.id)
-            if state is None:
+            stored = await shard.finished_run(self.id)
+            if stored is None:
                 raise NotFoundError(f"no workflow '{self.id}'", workflow_id=self.id)
             raise RejectedError(
-                f"workflow '{self.id}' has ended ({state.status}); queries need a running run"
+                f"workflow '{self.id}' has ended ({stored.status}); queries need a running run"
             )
         handler = state.query_handlers.get(q.name)
         if handler is None:
@@ -533,7 +533,7 @@ class Run(Generic[Out]):
             shard.result_waiters.setdefault(self.id, []).append(fut)
             await fut
 
-    def _outcome(self, state: RunState) -> Out:
+    def _outcome(self, state: RunState | StoredRun) -> Out:
         rec = state.outcome
         assert isinstance(rec, R.Finished)
         if rec.status == "ok":
@@ -592,7 +592,7 @@ def _update_result(u: Update[Any, Any], rec: R.UpdateDone) -> Any:
     return codec.decode(rec.value or b"null", u.result, f"update '{u.name}' result")
 
 
-def _status(state: RunState) -> str:
+def _status(state: RunState | StoredRun) -> str:
     return "running" if state.status == "running" else state.status
 
 

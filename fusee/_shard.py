@@ -14,6 +14,7 @@ import logging
 import random
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fusee import _records as R
@@ -38,6 +39,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("fusee")
 TICK = -4  # timer entry: the shard's sweep (parking, resends, checkpoints)
 IDLE_DUE_MS = 250
+
+
+@dataclass(slots=True)
+class StoredRun:
+    """A run read back from the run store, not loaded."""
+
+    wid: str
+    run_no: int
+    type: str
+    status: str
+    journal: list[R.Rec]
+    outcome: R.Finished | R.ContinuedAsNew | None
+    stuck_error: None = None
 
 
 class Shard(StepRunner):
@@ -668,21 +682,18 @@ class Shard(StepRunner):
             if not fut.done():
                 fut.set_result(run)
 
-    async def finished_run(self, wid: str) -> RunState | None:
-        """A finished run's state, read back from the run store (journal only)."""
+    async def finished_run(self, wid: str) -> StoredRun | None:
+        """A run the index holds (finished, parked or waiting for code), read back from
+        the run store without loading it: its journal and, if it ended, its end."""
         entry = self.index_entries.get(wid)
         if entry is None:
             return None
         frame = R.decode_frame(await self.store.get_run(entry.ref))
         if frame.wid != wid:
             return None
-        run = RunState(self, wid, frame.run, frame.records[0])  # type: ignore[arg-type]
-        run.journal = list(frame.records)
-        run.status = entry.status
         last = frame.records[-1]
-        if isinstance(last, (R.Finished, R.ContinuedAsNew)):
-            run.outcome = last
-        return run
+        outcome = last if isinstance(last, (R.Finished, R.ContinuedAsNew)) else None
+        return StoredRun(wid, frame.run, entry.type, entry.status, frame.records, outcome)
 
     async def indexed(self) -> list[tuple[str, IndexEntry]]:
         """Every index entry with its workflow ID, read from its frame (for listings)."""
