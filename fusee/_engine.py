@@ -136,7 +136,16 @@ class Engine:
             record_stacks,
             retry,
         )
-        await engine._open_shards(shard_ids)
+        try:
+            await engine._open_shards(shard_ids)
+        except BaseException:
+            # A refused open releases what it took (a directory's lock), so the caller
+            # can fix the cause and open again in the same process.
+            engine.abandon()
+            abandon = getattr(storage, "abandon", None)
+            if abandon is not None:
+                await abandon()
+            raise
         return engine
 
     async def _open_shards(self, shard_ids: Sequence[int] | None) -> None:

@@ -137,3 +137,24 @@ def test_local_mode_without_fusee_server_says_how_to_install_it(tmp_path: Path) 
         str(tmp_path / "data"),
     )
     assert "fusee-server" in child.stdout and "pip install" in child.stdout, child.stdout + child.stderr
+
+
+async def test_damage_to_acknowledged_records_refuses_to_open_and_releases_the_directory(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    engine = await fusee.Engine.open(str(data), workflows=[napper], shards=1)
+    for i in range(4):
+        await engine.start(napper, f"d-{i}", i)  # one batch each
+    engine.abandon()  # a crash: no checkpoint, the batches stay in the log
+    await engine.storage.abandon()  # type: ignore[attr-defined]
+    segment = data / "wal" / "0000000000000001.wal"
+    with open(segment, "r+b") as f:
+        f.seek(4096 + 70)  # inside the first batch; three later batches prove it was acknowledged
+        byte = f.read(1)
+        f.seek(4096 + 70)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    for _ in range(2):  # the second open gets the same answer, not "open in process ..."
+        with pytest.raises(fusee.IoError) as refused:
+            await fusee.Engine.open(str(data), workflows=[napper])
+        assert "batch 1" in str(refused.value) and "acknowledged" in str(refused.value)

@@ -236,12 +236,18 @@ class LocalShardStore:
     def put_run(self, frame: bytes) -> int:
         # The writer states the offset; the store refuses one that is not its length.
         offset = self.runs_len
-        self.files.append_run(offset, frame)
+        try:
+            self.files.append_run(offset, frame)
+        except (_native.CorruptionError, OSError) as error:
+            raise IoError(f"{self.storage.root}: {error}") from None
         self.runs_len = offset + FRAME_HEADER + len(frame)
         return offset
 
     async def get_run(self, offset: int) -> bytes:
-        return self.files.read_run(offset)
+        try:
+            return self.files.read_run(offset)
+        except (_native.CorruptionError, OSError) as error:
+            raise IoError(f"{self.storage.root}: {error}") from None
 
     async def recover(self) -> Recovered:
         checkpoint = self.files.recovered_checkpoint()
