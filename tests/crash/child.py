@@ -90,7 +90,7 @@ async def main() -> None:
         await asyncio.gather(*(start(f"run-{n + i}", n + i) for i in range(3)))
         n += 3
     await asyncio.gather(*waiting)
-    await engine.close()
+    await asyncio.Event().wait()  # killed by the test, never ends by itself
 
 
 if __name__ == "__main__":

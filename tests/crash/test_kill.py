@@ -25,10 +25,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def spawn(data: Path, prefix: Path, *extra: str) -> subprocess.Popen[bytes]:
+def spawn(data: Path, prefix: Path, *extra: str, runs: int = 10_000) -> subprocess.Popen[bytes]:
     with open(f"{prefix}.stderr", "ab") as err:  # the child keeps its own descriptor
         return subprocess.Popen(
-            [sys.executable, "-m", "tests.crash.child", str(data), str(prefix), *extra],
+            [sys.executable, "-m", "tests.crash.child", str(data), str(prefix), "--runs", str(runs), *extra],
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=err,
@@ -46,13 +46,13 @@ def stderr_of(prefix: Path) -> str:
     return Path(f"{prefix}.stderr").read_text()[-3000:]
 
 
-def run_kills(tmp_path: Path, kills: int, seed: int) -> None:
+def run_kills(tmp_path: Path, kills: int, seed: int, runs: int = 10_000) -> None:
     rng = random.Random(seed)
     data, prefix = tmp_path / "data", tmp_path / "run"
     Path(f"{prefix}.acks").touch()
     killed: set[str] = set()
     for kill in range(kills):
-        child = spawn(data, prefix)
+        child = spawn(data, prefix, runs=runs)
         killed.add(str(child.pid))
         time.sleep(rng.uniform(0.25, 0.9))  # startup takes part of it: kills land anywhere
         if child.poll() is not None:
@@ -107,4 +107,5 @@ def test_sigkill_at_random_moments_loses_nothing_acknowledged(tmp_path: Path) ->
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_many_kills(tmp_path: Path) -> None:
-    run_kills(tmp_path, kills=300, seed=2)
+    # Past `runs` the child starts nothing new: later kills hit recovery and idle shards.
+    run_kills(tmp_path, kills=300, seed=2, runs=20_000)
