@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-DOCS = "https://fusee.dev/docs/errors#"
+DOCS = "docs/errors.md#"  # the section of this repository's docs/errors.md
 STACK_BYTES_MAX = 4096
 
 

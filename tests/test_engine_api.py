@@ -9,6 +9,7 @@ import inspect
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -582,7 +583,9 @@ def test_every_error_has_code_and_docs(cls):
     error = _instance(cls)
     assert isinstance(error, fusee.FuseeError)
     assert error.code == CODES[cls]
-    assert error.docs.startswith("https://") and error.docs.endswith("#" + CODES[cls].lower())
+    assert error.docs == "docs/errors.md#" + CODES[cls].lower()
+    page = (Path(__file__).resolve().parent.parent / "docs" / "errors.md").read_text()
+    assert f"\n## {CODES[cls].lower()}\n" in page, f"docs/errors.md has no section for {CODES[cls]}"
 
 
 def test_public_names_are_pinned():
