@@ -193,6 +193,18 @@ class TestEngine:
         await self._open()
         await self.settle()
 
+    async def restart(self, workflows: Sequence[Workflow[Any]] | None = None, clean: bool = True) -> None:
+        """Reopen on the same storage, with other workflow code if given (a deploy): after
+        a clean close (flush, then checkpoint), or after a crash (`clean=False`)."""
+        if workflows is not None:
+            self.workflows = list(workflows)
+        if not clean:
+            await self.crash()
+            return
+        await self.close()
+        await self._open()
+        await self.settle()
+
     async def check(self) -> None:
         """Replay every run against the registered code; the error names each run and
         the first difference of each."""
