@@ -7,6 +7,7 @@ leading NUL marks a raw `bytes` value; no pickle anywhere.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +17,16 @@ from fusee._errors import CodecError
 
 RAW = b"\x00"
 NULL = b"null"
+PAYLOAD_BYTES_MAX = 16 << 20
+"""A payload's encoded size at most: a record holds at most a few payloads, and a record must
+fit one log batch (64 MiB) to be recoverable, so a bigger value is refused before anything
+is recorded rather than acknowledged and lost."""
+DEPTH_MAX = 256
+"""How deep a payload may nest. Decoding recurses once per level on whatever stack replay
+runs on; a bound well under Python's recursion limit makes a value that encoded once
+decode the same way everywhere."""
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 _encode_json = msgspec.json.Encoder().encode
 _decode_any = msgspec.json.Decoder().decode
@@ -25,15 +36,44 @@ _decoders: dict[Any, msgspec.json.Decoder[Any]] = {}
 def encode(value: Any, what: str = "value") -> bytes:
     """Encode a payload, naming the path of the first value JSON cannot hold."""
     if type(value) is bytes:
-        return RAW + value
-    try:
-        return _encode_json(value)
-    except (TypeError, msgspec.EncodeError, OverflowError) as exc:
-        path = _bad_path(value, "$") or "$"
+        data = RAW + value
+    else:
+        try:
+            data = _encode_json(value)
+        except RecursionError:
+            raise CodecError(f"{what} cannot be encoded: it nests deeper than {DEPTH_MAX} levels") from None
+        except (TypeError, msgspec.EncodeError, OverflowError, UnicodeEncodeError) as exc:
+            try:
+                path = _bad_path(value, "$") or "$"
+            except RecursionError:
+                path = "$"
+            raise CodecError(
+                f"{what} cannot be encoded: a {type(_at(value, path)).__name__} at {path} ({exc})",
+                path=path,
+            ) from None
+        if data.count(b"[") + data.count(b"{") > DEPTH_MAX and _depth(data) > DEPTH_MAX:
+            raise CodecError(f"{what} cannot be encoded: it nests deeper than {DEPTH_MAX} levels")
+    if len(data) > PAYLOAD_BYTES_MAX:
         raise CodecError(
-            f"{what} cannot be encoded: a {type(_at(value, path)).__name__} at {path} ({exc})",
-            path=path,
-        ) from None
+            f"{what} is {len(data):,} bytes encoded; a value may be at most {PAYLOAD_BYTES_MAX:,} "
+            "bytes (16 MiB): keep large data outside the journal and record a reference to it"
+        )
+    return data
+
+
+def _depth(data: bytes) -> int:
+    """The deepest nesting of encoded JSON (only called when it has enough brackets to be
+    too deep): strings are cut out, then brackets counted."""
+    brackets = _STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
+    depth = deepest = 0
+    for byte in brackets:
+        if byte in (91, 123):  # [ {
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+        else:
+            depth -= 1
+    return deepest
 
 
 def decode(data: bytes, type_: Any = Any, what: str = "value") -> Any:
@@ -41,7 +81,10 @@ def decode(data: bytes, type_: Any = Any, what: str = "value") -> Any:
     if data[:1] == RAW:
         return data[1:]
     if type_ is Any or type_ is None:
-        return _decode_any(data)
+        try:
+            return _decode_any(data)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            raise CodecError(f"{what} cannot be decoded: {exc}") from None
     decoder = _decoders.get(type_)
     if decoder is None:
         decoder = _decoders[type_] = msgspec.json.Decoder(type_)
@@ -49,6 +92,8 @@ def decode(data: bytes, type_: Any = Any, what: str = "value") -> Any:
         return decoder.decode(data)
     except msgspec.ValidationError as exc:
         raise CodecError(f"{what} does not match {_type_name(type_)}: {exc}") from None
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise CodecError(f"{what} cannot be decoded: {exc}") from None
 
 
 def convert(value: Any, type_: Any, what: str = "value") -> tuple[bytes, Any]:

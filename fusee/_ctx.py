@@ -3,7 +3,6 @@ between calls must be deterministic (use `now`, `random` and `uuid` from here)."
 
 from __future__ import annotations
 
-import contextvars
 import inspect
 import random as _random_module  # tidy: recorded (drawn live once, then replayed)
 import uuid as _uuid_module
@@ -13,9 +12,9 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from fusee import _codec as codec
+from fusee import _names as names
 from fusee import _records as R
 from fusee._definitions import (
-    DEFAULT_RETRY,
     Query,
     Retry,
     Signal,
@@ -40,18 +39,13 @@ from fusee._ops import (
     TimerOp,
     WaitOp,
     WatchOp,
+    current_step,
+    inline_step,
 )
 from fusee._run import ContinueAsNew
 
 if TYPE_CHECKING:
     from fusee._run import RunState
-
-# The step whose function runs: a context variable for step functions on tasks and
-# threads, a plain slot for synchronous ones (they run on the loop, one at a time).
-current_step: contextvars.ContextVar[tuple[RunState, StepOp] | None] = contextvars.ContextVar(
-    "fusee_step", default=None
-)
-inline_step: list[tuple[RunState, StepOp] | None] = [None]
 
 
 def step_key(run: RunState, op: StepOp) -> str:
@@ -116,6 +110,12 @@ class Ctx:
     def run_number(self) -> int:
         return self._run.run_no
 
+    @property
+    def version(self) -> int:
+        """The workflow version this run started with (`@fusee.workflow(version=)`, or a
+        start's `version=`): recorded, so code can keep the old path for old runs."""
+        return self._run.started.version
+
     # -- steps ------------------------------------------------------------------------
 
     def step(
@@ -133,10 +133,10 @@ class Ctx:
         On replay the recorded result comes back and `fn` does not run."""
         op = StepOp(
             -1,
-            name,
-            fn,
-            retry or self._run.shard.engine.default_retry,
-            to_ms(timeout, "timeout") if timeout is not None else None,
+            names.name(name, "step name"),
+            _callable(fn, name),
+            _retry(retry, self._run),
+            _timeout(timeout, f"step '{name}' timeout"),
             read_only,
             thread,
         )
@@ -157,10 +157,10 @@ class Ctx:
         `engine.complete(cb.token, value)` or `engine.fail(cb.token, failure)`."""
         op = StepOp(
             -1,
-            name,
-            send,
-            retry or DEFAULT_RETRY,
-            to_ms(timeout, "timeout") if timeout is not None else None,
+            names.name(name, "await_completion name"),
+            _callable(send, name),
+            _retry(retry, self._run),
+            _timeout(timeout, f"await_completion '{name}' timeout"),
             False,
             False,
             completion=True,
@@ -178,21 +178,26 @@ class Ctx:
         timeout: Duration | None = None,
     ) -> None:
         """Register a step that runs, newest first, if the workflow fails or is cancelled."""
+        names.name(name, "compensation name")
+        _callable(fn, name)
         options: dict[str, Any] = {}
         if retry is not None:
-            options["retry"] = retry
+            options["retry"] = _retry(retry, self._run)
         if timeout is not None:
+            _timeout(timeout, f"compensation '{name}' timeout")
             options["timeout"] = timeout
         self._run.compensations.append((name, fn, options))
 
     # -- time ---------------------------------------------------------------------------
 
     def sleep(self, name: str, duration: Duration) -> TimerOp:
-        op = TimerOp(name, to_ms(duration, f"sleep '{name}'"))
+        op = TimerOp(names.name(name, "sleep name"), to_ms(duration, f"sleep '{name}'"))
         return self._issue_timer(op)
 
     def sleep_until(self, name: str, at: datetime | int | float) -> TimerOp:
-        return self._issue_timer(TimerOp(name, None, at_ms(at)))
+        return self._issue_timer(
+            TimerOp(names.name(name, "sleep name"), None, at_ms(at, f"sleep_until '{name}'"))
+        )
 
     def _issue_timer(self, op: TimerOp) -> TimerOp:
         run = self._run
@@ -209,7 +214,12 @@ class Ctx:
         before the code got here is kept and taken now."""
         sig = signal_of(signal)
         run = self._run
-        op = WaitOp(sig.name, sig.type, to_ms(timeout, "timeout") if timeout is not None else None)
+        names.name(sig.name, "signal name")
+        op = WaitOp(
+            sig.name,
+            sig.type,
+            to_ms(timeout, f"wait_for '{sig.name}' timeout") if timeout is not None else None,
+        )
         run.issue(op)
         rec = run.issued_record(op.seq)
         if isinstance(rec, R.WaitStarted):
@@ -284,9 +294,11 @@ class Ctx:
         `ChildHandle` once the child's shard started it."""
         if parent_close not in ("terminate", "request-cancel", "abandon"):
             raise RejectedError(f"parent_close {parent_close!r}: use terminate, request-cancel or abandon")
+        names.name(id, "child workflow ID")
         name, in_type, out_type = _types_of(workflow, self._run)
         data, _ = codec.convert(input, in_type, f"child '{id}' input")
-        op = ChildOp(id, name, out_type, data, parent_close, to_ms(timeout) if timeout else 0)
+        timeout_ms = to_ms(timeout, f"child '{id}' timeout") if timeout is not None else 0
+        op = ChildOp(id, name, out_type, data, parent_close, timeout_ms)
         run = self._run
         run.issue(op)
         if isinstance(run.issued_record(op.seq), R.ChildRequested):
@@ -308,11 +320,14 @@ class Ctx:
 
     def signal_workflow(self, id: str, signal: Signal[Any] | str, value: Any = None) -> SendOp:
         sig = signal_of(signal)
-        op = SendOp(id, sig.name, codec.encode(value, f"signal '{sig.name}'"))
+        names.name(id, "signal_workflow target ID")
+        names.name(sig.name, "signal name")
+        op = SendOp(id, sig.name, codec.convert(value, sig.type, f"signal '{sig.name}'")[0])
         return self._issue_send(op, R.SignalSent)
 
     def cancel_workflow(self, id: str, reason: str | None = None) -> SendOp:
-        return self._issue_send(CancelOp(id, id, reason), R.CancelSent)
+        names.name(id, "cancel_workflow target ID")
+        return self._issue_send(CancelOp(id, id, names.text(reason, "cancel reason")), R.CancelSent)
 
     def _issue_send(self, op: SendOp, kind: type) -> SendOp:
         run = self._run
@@ -325,7 +340,8 @@ class Ctx:
 
     def on_query(self, query: Query[Any, Any] | str, handler: Callable[[Any], Any]) -> None:
         q = query_of(query)
-        self._run.query_handlers[q.name] = (q, handler)
+        names.name(q.name, "query name")
+        self._run.query_handlers[q.name] = (q, _callable(handler, q.name))
 
     def on_update(
         self,
@@ -336,8 +352,9 @@ class Ctx:
         """Register an update's handler (sync or async; async ones may call ctx) and its
         validator, which refuses by raising or by returning a message."""
         u = update_of(update)
+        names.name(u.name, "update name")
         run = self._run
-        run.update_handlers[u.name] = (u, handler, validate)
+        run.update_handlers[u.name] = (u, _callable(handler, u.name), validate)
         for rec in run.pending_updates.pop(u.name, []):
             run.start_update(rec)
 
@@ -349,6 +366,34 @@ class Ctx:
         assert wf is not None
         data, _ = codec.convert(input, wf.input_type, "continue_as_new input")
         raise ContinueAsNew(data, version or wf.version)
+
+
+def _callable(fn: Any, name: str) -> Any:
+    if not callable(fn):
+        raise RejectedError(f"'{name}': expected a function, got {type(fn).__name__}")
+    return fn
+
+
+def _retry(retry: Any, run: RunState) -> Retry:
+    """The engine's default policy unless the call gives one (a step, a completion and a
+    compensation alike)."""
+    if retry is None:
+        default: Retry = run.shard.engine.default_retry
+        return default
+    if not isinstance(retry, Retry):
+        raise RejectedError(f"retry: expected a fusee.Retry, got {type(retry).__name__}")
+    return retry
+
+
+def _timeout(timeout: Duration | None, what: str) -> int | None:
+    """An attempt's timeout: positive (a zero timeout would fail every attempt before it
+    began, on one storage sooner than on another)."""
+    if timeout is None:
+        return None
+    ms = to_ms(timeout, what)
+    if ms <= 0:
+        raise RejectedError(f"{what}: {timeout!r} must be more than 0")
+    return ms
 
 
 def _as_op(item: Awaitable[Any]) -> Op:

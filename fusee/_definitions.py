@@ -9,7 +9,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, overload
 
+from fusee import _names as names
 from fusee._durations import Duration, to_ms
+from fusee._errors import RejectedError
 
 In = TypeVar("In")
 Out = TypeVar("Out")
@@ -41,7 +43,9 @@ class Workflow(Generic[Out]):
             )
         hints = _hints(fn)
         self.fn = fn
-        self.name = name or fn.__name__
+        self.name = names.name(name or fn.__name__, "workflow type name")
+        if type(version) is not int or not 0 < version < 1 << 31:
+            raise RejectedError(f"workflow '{self.name}': version={version!r}, expected a positive int")
         self.version = version
         self.timeout_ms = to_ms(timeout, "timeout") if timeout is not None else None
         self.takes_input = len(params) == 2
@@ -166,9 +170,27 @@ class Retry:
     non_retryable: Sequence[type[BaseException] | str] = field(default=())
     retry_if: Callable[[Any, int], bool] | None = None
 
+    def __post_init__(self) -> None:
+        # Checked when the policy is made, not when a step fails: a bad policy found at a
+        # retry would fail inside the engine, after the failure was already recorded.
+        if type(self.attempts) is not int or self.attempts < 1:
+            raise RejectedError(f"Retry(attempts={self.attempts!r}): expected an int of at least 1")
+        if not isinstance(self.factor, (int, float)) or not 1 <= self.factor <= 1000:
+            raise RejectedError(f"Retry(factor={self.factor!r}): expected a number from 1 to 1000")
+        to_ms(self.initial, "Retry(initial=)")
+        to_ms(self.max, "Retry(max=)")
+        if self.max_elapsed is not None:
+            to_ms(self.max_elapsed, "Retry(max_elapsed=)")
+        if self.retry_if is not None and not callable(self.retry_if):
+            raise RejectedError("Retry(retry_if=): expected a function of (failure, attempt)")
+
     def delay_ms(self, attempt: int, draw: float) -> int:
         """The wait after failed attempt `attempt` (1-based); `draw` is in [0, 1)."""
-        base = min(to_ms(self.initial) * self.factor ** (attempt - 1), to_ms(self.max))
+        cap = to_ms(self.max)
+        try:
+            base = min(to_ms(self.initial) * self.factor ** (attempt - 1), cap)
+        except OverflowError:  # a factor raised to a large attempt number
+            base = cap
         return int(base * (0.5 + 0.5 * draw)) if self.jitter else int(base)
 
 

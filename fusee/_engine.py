@@ -8,15 +8,18 @@ import difflib
 import gc
 import hashlib
 import inspect
+import os
 import uuid
 import zlib
 from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
 import msgspec
 
 from fusee import _codec as codec
+from fusee import _names as names
 from fusee import _records as R
 from fusee._clock import Clock, SystemClock
 from fusee._definitions import (
@@ -32,12 +35,16 @@ from fusee._definitions import (
 )
 from fusee._durations import Duration, to_ms
 from fusee._errors import (
+    AlreadyExistsError,
     ClosedError,
     Failure,
+    FuseeError,
     NotFoundError,
     RejectedError,
     UnknownWorkflowError,
+    WorkflowError,
     error_from,
+    failure_from,
 )
 from fusee._messages import Ack, Msg
 from fusee._recovery import recover
@@ -89,6 +96,7 @@ class Engine:
         self.step_mocks: dict[tuple[str, str], Callable[[int], Any]] = {}
         self.shards: list[Shard] = []  # the shards this engine holds
         self.by_index: dict[int, Shard] = {}
+        self.stopped: dict[int, Shard] = {}  # shards that stopped (a failed flush): their error
         self.shard_count = storage.shards
         # Messages for shards this engine does not hold go here: the remote backend relays
         # them through the server; until one is attached they wait in `unrouted`.
@@ -96,6 +104,7 @@ class Engine:
         self.unrouted: list[tuple[int, Msg | Ack]] = []
         self.closed = False
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._step_threads: ThreadPoolExecutor | None = None
         self.register(*workflows)
 
     @classmethod
@@ -172,15 +181,24 @@ class Engine:
                 gc.enable()
 
     def register(self, *workflows: Workflow[Any]) -> None:
+        """Add workflow code. Runs of these types that were waiting for their code (opened
+        by an engine that lacked it) resume."""
+        adding: dict[str, Workflow[Any]] = {}
         for wf in workflows:
             if not isinstance(wf, Workflow):
                 raise TypeError(f"register takes workflows made with @fusee.workflow, not {wf!r}")
-            known = self.workflows.get(wf.name)
+            known = adding.get(wf.name) or self.workflows.get(wf.name)
             if known is not None and known.fn is not wf.fn:
                 raise RejectedError(
                     f"workflow type '{wf.name}' is registered twice: {_where(known.fn)} and {_where(wf.fn)}"
                 )
+            adding[wf.name] = wf
+        for wf in adding.values():
             self.workflows[wf.name] = wf
+            if not self.closed:
+                for shard in self.shards:
+                    if wf.name in shard.types_without_code:
+                        self._spawn(shard.resume_type(wf.name))
 
     async def __aenter__(self) -> Engine:
         return self
@@ -193,9 +211,19 @@ class Engine:
         if self.closed:
             return
         self.closed = True
-        for shard in self.shards:
-            await shard.close()
+        error: BaseException | None = None
+        for shard in list(self.shards):
+            try:
+                await shard.close()
+            except Exception as exc:  # noqa: BLE001 - close the others and the storage first
+                error = error or exc
+                shard.abandon()
+        for task in self._tasks:
+            task.cancel()
+        self._stop_step_threads()
         await self.storage.close()
+        if error is not None:
+            raise error
 
     def abandon(self) -> None:
         """Drop the engine's memory without flushing (a crash, for the test kit)."""
@@ -204,6 +232,24 @@ class Engine:
             shard.abandon()
         for task in self._tasks:
             task.cancel()
+        self._stop_step_threads()
+
+    def step_threads(self) -> ThreadPoolExecutor:
+        """The threads `thread=True` steps (and synchronous steps with a timeout) run on:
+        the engine's own, so steps that never return cannot starve anything else that uses
+        threads (the disk path has its own). A timed-out synchronous step keeps its thread
+        until its function returns: Python cannot stop a thread."""
+        if self._step_threads is None:
+            self._step_threads = ThreadPoolExecutor(
+                max_workers=min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="fusee-step"
+            )
+        return self._step_threads
+
+    def _stop_step_threads(self) -> None:
+        # Never waits: a step function that does not return must not hang the close.
+        if self._step_threads is not None:
+            self._step_threads.shutdown(wait=False, cancel_futures=True)
+            self._step_threads = None
 
     # -- routing ------------------------------------------------------------------------
 
@@ -214,10 +260,22 @@ class Engine:
         index = self.shard_index(wid)
         shard = self.by_index.get(index)
         if shard is None:
+            stopped = self.stopped.get(index)
+            if stopped is not None:
+                raise stopped.stopped_error()
             raise RejectedError(
-                f"workflow '{wid}' is on shard {index}, which this engine does not hold; use a client for it"
+                f"workflow '{wid}' is on shard {index}, which this engine does not hold (it was "
+                f"opened with shard_ids={sorted(self.by_index)}); use an engine that holds it"
             )
         return shard
+
+    def shard_stopped(self, shard: Shard) -> None:
+        """A shard stopped (a failed flush, a refused run-store write): it leaves the
+        engine; calls for its workflows get its error."""
+        if self.by_index.get(shard.index) is shard:
+            del self.by_index[shard.index]
+            self.shards.remove(shard)
+            self.stopped[shard.index] = shard
 
     def route(self, msg: Msg) -> None:
         """Deliver a message to its target's shard, on a later turn of the loop."""
@@ -254,6 +312,10 @@ class Engine:
             raise ClosedError("the engine is closed; open a new one")
 
     def workflow_of(self, wf: Workflow[Any] | str) -> Workflow[Any]:
+        if not isinstance(wf, (str, Workflow)):
+            raise RejectedError(
+                f"expected a workflow made with @fusee.workflow or its type name, got {type(wf).__name__}"
+            )
         name = wf if isinstance(wf, str) else wf.name
         known = self.workflows.get(name)
         if known is None:
@@ -296,21 +358,32 @@ class Engine:
         signal: tuple[str, bytes] | None = None,
     ) -> tuple[Run[Any], RunState | Any]:
         self._check_open()
+        names.name(id, "workflow ID")
         definition = self.workflow_of(wf)
         data, _ = codec.convert(input, definition.input_type, "the workflow's input")
         _check_policy(id_policy)
+        timeout_ms = to_ms(timeout, "timeout") if timeout is not None else None
+        if version is not None and (type(version) is not int or not 0 < version < 1 << 31):
+            raise RejectedError(f"version={version!r}: expected a positive int")
         shard = self.shard_of(id)
         shard.check()
-        state, new = shard.start(
-            definition.name,
-            id,
-            data,
-            policy=id_policy,
-            timeout_ms=to_ms(timeout, "timeout") if timeout is not None else None,
-            update=update,
-            version=version,
-            signal=signal,
-        )
+        # A parked run is loaded first, so that an ID policy that ends it (terminate-
+        # existing) records its end and closes its children like a loaded run's.
+        await shard.load(id)
+        try:
+            state, new = shard.start(
+                definition.name,
+                id,
+                data,
+                policy=id_policy,
+                timeout_ms=timeout_ms,
+                update=update,
+                version=version,
+                signal=signal,
+            )
+        except AlreadyExistsError as error:
+            await shard.durable_at(shard.appended)  # the refusal rests on durable state only
+            raise error from None
         await shard.durable_at(shard.appended)
         if signal is not None and not new:
             await Run(self, id, definition)._signal_bytes(*signal)
@@ -334,7 +407,8 @@ class Engine:
         """Signal `id`, starting it with `input` first if it is not running; the signal is
         recorded before a new run's code first runs."""
         sig = signal_of(signal)
-        payload = codec.encode(value, f"signal '{sig.name}'")
+        names.name(sig.name, "signal name")
+        payload = codec.convert(value, sig.type, f"signal '{sig.name}'")[0]
         policy = {"running": "use-existing", **(id_policy or {})}
         run, _ = await self._start(wf, id, input, policy, timeout, None, signal=(sig.name, payload))
         return run
@@ -354,8 +428,9 @@ class Engine:
         """Start `id` with the update in its start record (so the two never come apart),
         or send the update to the running run."""
         u = update_of(update)
+        names.name(u.name, "update name")
         data = codec.convert(arg, u.arg, f"update '{u.name}' argument")[0]
-        update_id = update_id or str(uuid.uuid4())
+        update_id = names.name(update_id, "update ID") if update_id is not None else str(uuid.uuid4())
         policy = {"running": "use-existing", **(id_policy or {})}
         run, state = await self._start(wf, id, input, policy, timeout, None, (update_id, u.name, data))
         if isinstance(state, RunState) and state.started.update_id == update_id:
@@ -373,8 +448,6 @@ class Engine:
         elif isinstance(failure, Failure):
             envelope = failure
         else:
-            from fusee._errors import failure_from
-
             envelope = failure_from(failure, self.record_stacks)
         await self._complete(token, None, envelope)
 
@@ -392,6 +465,7 @@ class Engine:
             or getattr(op, "attempt", 0) != attempt
             or make_token(wid, run_no, seq, attempt, state.started.seed) != token
         ):
+            await shard.durable_at(shard.appended)  # the refusal rests on durable state only
             raise RejectedError(
                 "the completion token is stale: its step finished, or a newer attempt holds it"
             )
@@ -417,7 +491,11 @@ class Engine:
 
 
 class Run(Generic[Out]):
-    """A handle on the runs of one workflow ID; makes no call until used."""
+    """A handle on the runs of one workflow ID; makes no call until used.
+
+    Every answer and every refusal leaves only once the state it rests on is durable: a
+    run that ended in memory refuses a signal as ended only once its end is in the log,
+    so a crash cannot bring back a run the caller was told had ended."""
 
     def __init__(self, engine: Engine, id: str, wf: Workflow[Any] | None) -> None:
         self.engine = engine
@@ -430,57 +508,112 @@ class Run(Generic[Out]):
     @property
     def _shard(self) -> Shard:
         self.engine._check_open()
-        shard = self.engine.shard_of(self.id)
-        shard.check()
-        return shard
+        return self.engine.shard_of(names.name(self.id, "workflow ID"))
 
-    async def _running(self) -> RunState:
-        state = await self._shard.load(self.id)
+    async def _refuse(self, shard: Shard, error: FuseeError) -> NoReturn:
+        await shard.durable_at(shard.appended)
+        raise error
+
+    async def _loaded(self, shard: Shard) -> RunState | None:
+        """The run in memory (loading a parked one), having taken its first turn."""
+        state = await shard.load(self.id)
+        if state is not None:
+            shard.turn(state)
+        return state
+
+    async def _running(self, shard: Shard) -> RunState:
+        state = await self._loaded(shard)
         if state is None or state.final:
-            raise NotFoundError(f"no running workflow '{self.id}'", workflow_id=self.id)
+            await self._refuse(shard, NotFoundError(f"no running workflow '{self.id}'", workflow_id=self.id))
+        assert state is not None
         return state
 
     async def signal(self, signal: Signal[Any] | str, value: Any = None) -> None:
-        """Record a signal; returns once it is durable."""
+        """Record a signal; returns once it is durable. A value that does not match the
+        signal's type is refused before anything is recorded. A stuck run (its code does
+        not match its journal) records it too; the run takes it once its code is fixed."""
         sig = signal_of(signal)
-        await self._signal_bytes(sig.name, codec.encode(value, f"signal '{sig.name}'"))
+        names.name(sig.name, "signal name")
+        payload = codec.convert(value, sig.type, f"signal '{sig.name}'")[0]
+        await self._signal_bytes(sig.name, payload)
 
     async def _signal_bytes(self, name: str, payload: bytes) -> None:
-        state = await self._running()
+        shard = self._shard
+        state = await self._running(shard)
         state.event(R.SignalReceived(name, payload))
-        await self._shard.durable_at(state.last_lsn)
+        await shard.durable_at(state.last_lsn)
 
     async def query(self, query: Query[Any, Any] | str, arg: Any = None) -> Any:
         """Answer from the run's state; released once the state it read is durable."""
         q = query_of(query)
+        names.name(q.name, "query name")
         shard = self._shard
-        state = await shard.load(self.id)
+        value = codec.convert(arg, q.arg, "query argument")[1]
+        state = await self._loaded(shard)
         if state is None:
             stored = await shard.finished_run(self.id)
             if stored is None:
-                raise NotFoundError(f"no workflow '{self.id}'", workflow_id=self.id)
-            raise RejectedError(
-                f"workflow '{self.id}' has ended ({stored.status}); queries need a running run"
+                await self._refuse(shard, NotFoundError(f"no workflow '{self.id}'", workflow_id=self.id))
+            assert stored is not None
+            await self._refuse(
+                shard,
+                RejectedError(
+                    f"workflow '{self.id}' has ended ({stored.status}); queries need a running run"
+                ),
+            )
+        assert state is not None
+        try:
+            self._check_answerable(shard, state, "query")
+        except RejectedError as error:
+            await self._refuse(shard, error)
+        if state.final:
+            await self._refuse(
+                shard,
+                RejectedError(f"workflow '{self.id}' has ended ({state.status}); queries need a running run"),
             )
         handler = state.query_handlers.get(q.name)
         if handler is None:
-            raise RejectedError(
-                f"workflow '{self.id}' has no handler for query '{q.name}' "
-                f"(handlers: {', '.join(sorted(state.query_handlers)) or 'none'})"
+            await self._refuse(
+                shard,
+                RejectedError(
+                    f"workflow '{self.id}' has no handler for query '{q.name}' "
+                    f"(handlers: {', '.join(sorted(state.query_handlers)) or 'none'})"
+                ),
             )
-        data = codec.encode(
-            handler[1](codec.convert(arg, q.arg, "query argument")[1]), f"query '{q.name}' answer"
-        )
+        assert handler is not None
+        try:
+            answer = handler[1](value)
+        except Exception as exc:  # noqa: BLE001 - the handler's failure, as an envelope
+            await self._refuse(shard, WorkflowError(failure_from(exc, self.engine.record_stacks)))
+        if inspect.isawaitable(answer):
+            _close(answer)
+            await self._refuse(
+                shard, RejectedError(f"query '{q.name}': a query handler must be a plain function, not async")
+            )
+        data = codec.encode(answer, f"query '{q.name}' answer")
         await shard.durable_at(state.last_lsn)
         return codec.decode(data, q.result, f"query '{q.name}' answer")
+
+    def _check_answerable(self, shard: Shard, state: RunState, what: str) -> None:
+        """A run whose code cannot run here has no handlers to ask (checked before the
+        durability wait of the refusal, which the caller does)."""
+        if state.status == "stuck" and state.stuck_error is not None:
+            raise RejectedError(f"{what} refused: {state.stuck_error.message}")
+        if state.status == "waiting_for_code":
+            raise RejectedError(
+                f"{what} refused: workflow '{self.id}' waits for the code of its type '{state.type}', "
+                "which this engine does not have registered"
+            )
 
     async def update(self, update: Update[Any, Any] | str, arg: Any = None, *, id: str | None = None) -> Any:
         """Run an update's handler in the workflow. The validator runs first (a refusal
         records nothing); the same update ID gets the recorded result."""
         u = update_of(update)
-        update_id = id or str(uuid.uuid4())
+        names.name(u.name, "update name")
+        update_id = names.name(id, "update ID") if id is not None else str(uuid.uuid4())
         shard = self._shard
-        state = await shard.load(self.id)
+        data, value = codec.convert(arg, u.arg, f"update '{u.name}' argument")
+        state = await self._loaded(shard)
         if state is None:
             finished = await shard.finished_run(self.id)
             done = finished and next(
@@ -488,40 +621,61 @@ class Run(Generic[Out]):
             )
             if done:
                 return _update_result(u, done)
-            raise NotFoundError(f"no running workflow '{self.id}'", workflow_id=self.id)
+            await self._refuse(shard, NotFoundError(f"no running workflow '{self.id}'", workflow_id=self.id))
+        assert state is not None
         if update_id in state.update_results:
+            await shard.durable_at(state.last_lsn)
             return _update_result(u, state.update_results[update_id])
         if state.final:
-            raise NotFoundError(f"no running workflow '{self.id}'", workflow_id=self.id)
-        if update_id not in state.updates_running:
-            data, value = codec.convert(arg, u.arg, f"update '{u.name}' argument")
-            handler = state.update_handlers.get(u.name)
-            if handler is None:
-                raise RejectedError(f"workflow '{self.id}' has no handler for update '{u.name}'")
-            validate = handler[2]
-            if validate is not None:
-                try:
-                    verdict = validate(value)
-                except Exception as exc:  # noqa: BLE001 - a refusal, whatever its type
-                    raise RejectedError(f"update '{u.name}' refused: {exc}") from None
-                if isinstance(verdict, str) or verdict is False:
-                    raise RejectedError(f"update '{u.name}' refused: {verdict or 'validator said no'}")
-            fut = self._update_waiter(update_id)
-            state.event(R.UpdateAccepted(update_id, u.name, data))
-            return _update_result(u, await fut)
-        return await self._await_update(u, update_id)
+            await self._refuse(shard, NotFoundError(f"no running workflow '{self.id}'", workflow_id=self.id))
+        if update_id in state.updates_accepted:
+            return _update_result(u, await self._update_waiter(shard, update_id))
+        try:
+            self._check_answerable(shard, state, f"update '{u.name}'")
+        except RejectedError as error:
+            await self._refuse(shard, error)
+        handler = state.update_handlers.get(u.name)
+        if handler is None:
+            await self._refuse(
+                shard,
+                RejectedError(
+                    f"workflow '{self.id}' has no handler for update '{u.name}' "
+                    f"(handlers: {', '.join(sorted(state.update_handlers)) or 'none'})"
+                ),
+            )
+        assert handler is not None
+        validate = handler[2]
+        if validate is not None:
+            try:
+                verdict = validate(value)
+            except Exception as exc:  # noqa: BLE001 - a refusal, whatever its type
+                await self._refuse(shard, RejectedError(f"update '{u.name}' refused: {exc}"))
+            if inspect.isawaitable(verdict):
+                _close(verdict)
+                await self._refuse(
+                    shard,
+                    RejectedError(f"update '{u.name}': a validator must be a plain function, not async"),
+                )
+            if isinstance(verdict, str) or verdict is False:
+                await self._refuse(
+                    shard, RejectedError(f"update '{u.name}' refused: {verdict or 'the validator said no'}")
+                )
+        fut = self._update_waiter(shard, update_id)
+        state.event(R.UpdateAccepted(update_id, u.name, data))
+        return _update_result(u, await fut)
 
-    def _update_waiter(self, update_id: str) -> asyncio.Future[R.UpdateDone]:
+    def _update_waiter(self, shard: Shard, update_id: str) -> asyncio.Future[R.UpdateDone]:
         fut: asyncio.Future[R.UpdateDone] = asyncio.get_running_loop().create_future()
-        self._shard.update_waiters.setdefault((self.id, update_id), []).append(fut)
+        shard.update_waiters.setdefault((self.id, update_id), []).append(fut)
         return fut
 
     async def _await_update(self, u: Update[Any, Any], update_id: str) -> Any:
-        state = self._shard.runs.get(self.id)
+        shard = self._shard
+        state = await self._loaded(shard)
         if state is not None and update_id in state.update_results:
-            await self._shard.durable_at(state.last_lsn)
+            await shard.durable_at(state.last_lsn)
             return _update_result(u, state.update_results[update_id])
-        return _update_result(u, await self._update_waiter(update_id))
+        return _update_result(u, await self._update_waiter(shard, update_id))
 
     async def result(self) -> Out:
         """The run's result (following continue-as-new); raises its failure."""
@@ -533,8 +687,10 @@ class Run(Generic[Out]):
                 if state is None:
                     state = await shard.load(self.id)
                 if state is None:
-                    raise NotFoundError(f"no workflow '{self.id}'", workflow_id=self.id)
+                    await self._refuse(shard, NotFoundError(f"no workflow '{self.id}'", workflow_id=self.id))
             if state.status in FINISHED:
+                if isinstance(state, RunState):
+                    await shard.durable_at(state.last_lsn)
                 return self._outcome(state)
             if state.status == "stuck" and self.engine.profile == "dev" and state.stuck_error:
                 raise state.stuck_error
@@ -559,9 +715,10 @@ class Run(Generic[Out]):
     async def describe(self) -> RunDescription:
         """The summary and the journal, as records."""
         shard = self._shard
-        state = await shard.load(self.id) or await shard.finished_run(self.id)
+        state = await self._loaded(shard) or await shard.finished_run(self.id)
         if state is None:
-            raise NotFoundError(f"no workflow '{self.id}'", workflow_id=self.id)
+            await self._refuse(shard, NotFoundError(f"no workflow '{self.id}'", workflow_id=self.id))
+        assert state is not None
         description = RunDescription(
             RunSummary(self.id, state.run_no, state.type, _status(state), shard.index), list(state.journal)
         )
@@ -571,16 +728,27 @@ class Run(Generic[Out]):
 
     async def cancel(self, reason: str | None = None) -> None:
         """Ask the run to stop: its code gets CancelledError at the operations it waits
-        on, and its compensations run."""
-        state = await self._running()
+        on, and its compensations run. A stuck run records the request and takes it once
+        its code is fixed."""
+        reason = names.text(reason, "cancel reason")
+        shard = self._shard
+        state = await self._running(shard)
         state.event(R.CancelRequested(reason))
-        await self._shard.durable_at(state.last_lsn)
+        await shard.durable_at(state.last_lsn)
 
     async def terminate(self, reason: str | None = None) -> None:
         """End the run at once: nothing of its code runs after this, not even compensation."""
-        state = await self._running()
+        reason = names.text(reason, "terminate reason")
+        shard = self._shard
+        state = await self._running(shard)
         state.end(R.Finished("terminated", failure=Failure(reason or "terminated", type="Terminated")))
-        await self._shard.durable_at(state.last_lsn)
+        await shard.durable_at(state.last_lsn)
+
+
+def _close(awaitable: Any) -> None:
+    close = getattr(awaitable, "close", None)
+    if close is not None:
+        close()
 
 
 async def _local_storage(dir: str, shards: int | None) -> Storage:
@@ -632,8 +800,12 @@ def make_token(wid: str, run: int, seq: int, attempt: int, seed: int) -> str:
 
 def parse_token(token: str) -> tuple[str, int, int, int, str]:
     try:
+        if type(token) is not str:
+            raise TypeError
         body, mac = token.split(".", 1)
         wid, run, seq, attempt = msgspec.json.decode(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
-        return str(wid), int(run), int(seq), int(attempt), mac
-    except (ValueError, TypeError, msgspec.DecodeError):
+        if not (type(wid) is str and type(run) is int and type(seq) is int and type(attempt) is int):
+            raise TypeError
+        return names.name(wid, "workflow ID"), run, seq, attempt, mac
+    except (ValueError, TypeError, msgspec.DecodeError, RejectedError):
         raise RejectedError("not a completion token") from None

@@ -154,34 +154,72 @@ _PLAIN: dict[str, type[FuseeError]] = {
 }
 
 
-def failure_from(exc: BaseException, record_stacks: bool = True) -> Failure:
+def failure_from(exc: BaseException, record_stacks: bool = True, _depth: int = 0) -> Failure:
     """Turn an exception into its envelope. Fusee's own errors use their code as type so
-    that every SDK reads them back as the same error."""
+    that every SDK reads them back as the same error.
+
+    The envelope is recorded, so nothing in it may fail to encode later, inside the log's
+    encoder: a message whose `str()` raises or holds lone surrogates, details that JSON
+    cannot hold or that nest without end, and a cause chain that loops are each replaced by
+    a description of what they were. Details become plain JSON values here, so a failure
+    reads back the same from memory and from disk."""
     if isinstance(exc, _FailureError):
         return Failure(
-            message=exc.message,
+            message=_text(exc.message),
             type=exc.code,
             cause=exc.cause,
             details=_ids_of(exc),
         )
     if isinstance(exc, FuseeError):
-        return Failure(message=exc.message, type=exc.code, retryable=False)
+        return Failure(message=_text(exc.message), type=exc.code, retryable=False)
     name = type(exc).__name__
     code = getattr(exc, "code", None)
     retryable = getattr(exc, "retryable", None)
     stack = None
     if record_stacks and exc.__traceback__ is not None:
-        stack = "".join(traceback.format_exception(exc))[-STACK_BYTES_MAX:]
+        try:
+            stack = _text("".join(traceback.format_exception(exc))[-STACK_BYTES_MAX:])
+        except Exception:  # noqa: BLE001 - a stack that cannot be formatted is left out
+            stack = None
     cause = exc.__cause__
+    if cause is not None and _depth >= CAUSES_MAX:
+        cause = None  # a chain this long loops, or might as well
+    try:
+        message = str(exc)
+    except Exception as error:  # noqa: BLE001 - RecursionError included: any str() failure
+        message = f"<the message of a {name} cannot be shown: {type(error).__name__}>"
     return Failure(
-        message=str(exc),
-        type=None if type(exc) is Exception else name,
-        code=code if isinstance(code, str) else None,
-        details=getattr(exc, "details", None),
+        message=_text(message),
+        type=None if type(exc) is Exception else _text(name),
+        code=_text(code) if isinstance(code, str) else None,
+        details=_plain(getattr(exc, "details", None)),
         retryable=retryable if isinstance(retryable, bool) else None,
         stack=stack,
-        cause=failure_from(cause, record_stacks) if cause is not None else None,
+        cause=failure_from(cause, record_stacks, _depth + 1) if cause is not None else None,
     )
+
+
+CAUSES_MAX = 32
+MESSAGE_BYTES_MAX = 64 * 1024
+
+
+def _text(value: str) -> str:
+    """Text the log can encode: lone surrogates replaced, at most 64 KiB."""
+    if not value.isascii():
+        value = value.encode("utf-8", "replace").decode("utf-8")
+    return value if len(value) <= MESSAGE_BYTES_MAX else value[: MESSAGE_BYTES_MAX - 3] + "..."
+
+
+def _plain(details: Any) -> Any:
+    """An error's details as plain JSON values, or a description when JSON cannot hold them."""
+    if details is None:
+        return None
+    from fusee import _codec as codec
+
+    try:
+        return codec.decode(codec.encode(details, "the error's details"))
+    except CodecError as error:
+        return f"<details that cannot be recorded: {error.message}>"
 
 
 def _ids_of(exc: FuseeError) -> dict[str, Any] | None:

@@ -2,8 +2,8 @@
 
 A parked run costs one dict slot keyed by a 60-bit hash of its workflow ID (an ID string
 would cost more than the rest together) whose value packs its run-store offset, run
-number, type and status into one int, plus a slot in the due-time bucket of its next
-timer. The ID itself lives in the run's frame; a lookup by ID is checked against it when
+number, type, status and due-time bucket into one int, plus a slot in the list of that
+bucket. The ID itself lives in the run's frame; a lookup by ID is checked against it when
 the frame is read, and a run whose hash collides with another's is simply kept loaded.
 """
 
@@ -17,7 +17,10 @@ from fusee._messages import IndexEntry
 
 STATUSES = ("parked", "waiting_for_code", "ok", "failed", "cancelled", "timed_out", "terminated", "continued")
 _STATUS_CODE = {name: code for code, name in enumerate(STATUSES)}
+_PARKED = _STATUS_CODE["parked"]
 BUCKET_MS = 100
+BUCKET_BITS = 42  # due // BUCKET_MS up to the year 9999
+BUCKET_MASK = (1 << BUCKET_BITS) - 1
 
 
 def key_of(wid: str) -> int:
@@ -25,6 +28,13 @@ def key_of(wid: str) -> int:
 
 
 class RunIndex:
+    """Parked and finished runs by ID hash. A parked run's due bucket is packed into its
+    value as well as listed in the bucket: a bucket's list is only a hint, checked against
+    the value when read, so removing or replacing an entry never leaves a stale due time
+    behind (a finished run's old timer would stay the shard's next due time), and a run
+    whose bucket was taken for waking keeps its due time until it is loaded (a checkpoint
+    taken meanwhile still records when it is due)."""
+
     def __init__(self) -> None:
         self._table: dict[int, int] = {}
         self._types: list[str] = []
@@ -46,11 +56,10 @@ class RunIndex:
         if type_id is None:
             type_id = self._type_ids[entry.type] = len(self._types)
             self._types.append(entry.type)
-        self._table[key] = (((entry.ref << 16 | type_id) << 32 | entry.run_no) << 4) | _STATUS_CODE[
-            entry.status
-        ]
-        if entry.due and entry.status == "parked":
-            bucket = entry.due // BUCKET_MS
+        bucket = entry.due // BUCKET_MS if entry.due and entry.status == "parked" else 0
+        packed = ((entry.ref << 16 | type_id) << 32 | entry.run_no) << 4 | _STATUS_CODE[entry.status]
+        self._table[key] = packed << BUCKET_BITS | bucket
+        if bucket:
             keys = self._buckets.get(bucket)
             if keys is None:
                 keys = self._buckets[bucket] = []
@@ -78,41 +87,53 @@ class RunIndex:
         return None if packed is None else self._unpack(key, packed, wid)
 
     def _unpack(self, key: int, packed: int, wid: str) -> IndexEntry:
+        bucket = packed & BUCKET_MASK
+        packed >>= BUCKET_BITS
         status = STATUSES[packed & 0xF]
         packed >>= 4
         run = packed & 0xFFFFFFFF
         packed >>= 32
-        entry = IndexEntry(wid, run, self._types[packed & 0xFFFF], status, packed >> 16)
+        entry = IndexEntry(wid, run, self._types[packed & 0xFFFF], status, packed >> 16, bucket * BUCKET_MS)
         entry.key = key
         return entry
 
     def entries(self) -> Iterator[IndexEntry]:
-        """Every entry, IDs unknown (they are in the frames), dues from the buckets."""
-        dues: dict[int, int] = {}
-        for bucket, keys in self._buckets.items():
-            for key in keys:
-                dues[key] = min(dues.get(key, bucket), bucket)
+        """Every entry, IDs unknown (they are in the frames)."""
         for key, packed in self._table.items():
-            entry = self._unpack(key, packed, "")
-            if entry.status == "parked":
-                entry.due = dues.get(key, 0) * BUCKET_MS
-            yield entry
+            yield self._unpack(key, packed, "")
+
+    def _live(self, bucket: int, keys: list[int]) -> list[int]:
+        """The keys of a bucket still parked and due in it."""
+        table = self._table
+        return [
+            key
+            for key in dict.fromkeys(keys)
+            if (packed := table.get(key)) is not None
+            and packed & BUCKET_MASK == bucket
+            and (packed >> BUCKET_BITS) & 0xF == _PARKED
+        ]
 
     def next_due_ms(self) -> int:
         """The start of the earliest bucket holding a parked run (0: none). Early by up to
         a bucket: a woken run waits for its own timer."""
-        heap = self._bucket_heap
-        while heap and heap[0] not in self._buckets:
+        heap, buckets = self._bucket_heap, self._buckets
+        while heap:
+            bucket = heap[0]
+            keys = buckets.get(bucket)
+            if keys is not None:
+                live = self._live(bucket, keys)
+                if live:
+                    buckets[bucket] = live
+                    return bucket * BUCKET_MS
+                del buckets[bucket]
             heapq.heappop(heap)
-        return heap[0] * BUCKET_MS if heap else 0
+        return 0
 
     def take_due(self, now_ms: int) -> list[int]:
-        """Keys of parked runs whose bucket has begun; they are to be loaded."""
+        """Keys of parked runs whose bucket has begun; they are to be loaded. They keep
+        their due time until they are (the load replaces or removes the entry)."""
         heap, out = self._bucket_heap, []
         while heap and heap[0] * BUCKET_MS <= now_ms:
             bucket = heapq.heappop(heap)
-            for key in self._buckets.pop(bucket, []):
-                packed = self._table.get(key)
-                if packed is not None and STATUSES[packed & 0xF] == "parked":
-                    out.append(key)
+            out += self._live(bucket, self._buckets.pop(bucket, []))
         return out

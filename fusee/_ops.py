@@ -7,12 +7,20 @@ here touches asyncio: workflow code runs under the run's own deterministic sched
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fusee._definitions import Retry
-    from fusee._run import Fiber
+    from fusee._run import Fiber, RunState
+
+# The step whose function runs: a context variable for step functions on tasks and
+# threads, a plain slot for synchronous ones (they run on the loop, one at a time).
+current_step: contextvars.ContextVar[tuple[RunState, StepOp] | None] = contextvars.ContextVar(
+    "fusee_step", default=None
+)
+inline_step: list[tuple[RunState, StepOp] | None] = [None]
 
 
 class Op:
@@ -37,6 +45,11 @@ class Op:
             raise self.exc
         return self.value
 
+    @property
+    def ident(self) -> str:
+        """What replay compares, with the kind, against the journal at this position."""
+        return self.name
+
     def child_done(self, child: Op) -> None:
         """Called when an operation this one combines resolves."""
 
@@ -47,6 +60,7 @@ class StepOp(Op):
     __slots__ = (
         "attempt",
         "completion",
+        "context",
         "first_failure_at",
         "fn",
         "output",
@@ -87,6 +101,7 @@ class StepOp(Op):
         self.completion = completion
         self.sent = False
         self.output: Any = None
+        self.context: Any = None  # the StepContext of the attempt running, if it takes one
 
     @property
     def kind(self) -> str:  # type: ignore[override]
@@ -144,6 +159,10 @@ class ChildOp(Op):
         self.close = close
         self.timeout_ms = timeout_ms
 
+    @property
+    def ident(self) -> str:
+        return f"{self.workflow} {self.wid}"
+
 
 class SendOp(Op):
     """`signal_workflow` / `cancel_workflow`: resolves once the target answered."""
@@ -156,10 +175,18 @@ class SendOp(Op):
         self.target = target
         self.payload = payload
 
+    @property
+    def ident(self) -> str:
+        return f"{self.name} to {self.target}"
+
 
 class CancelOp(SendOp):
     __slots__ = ()
     kind = "cancel_workflow"
+
+    @property
+    def ident(self) -> str:
+        return self.target
 
 
 class WatchOp(Op):

@@ -35,7 +35,9 @@ def _frame_of(shard: Shard, run: RunState) -> int:
     cached = getattr(run, "frame", None)
     if cached is not None and cached[0] == len(run.journal):
         return int(cached[1])
-    ref = shard.store.put_run(R.encode_frame(R.Frame(run.wid, run.run_no, run.journal)))
+    ref = shard.put_frame(run)
+    if ref is None:
+        raise shard.stopped_error()
     run.frame = (len(run.journal), ref)  # type: ignore[attr-defined]
     return ref
 
@@ -51,8 +53,10 @@ async def recover(shard: Shard) -> None:
             shard.outbox._add(msg, wid, run_no)
         for src, number, failure in checkpoint.received:
             shard.outbox.received[(src, number)] = failure
+        workflows = shard.engine.workflows
         for entry in checkpoint.runs:
-            if entry.status == "active":
+            # A run that waited for its code is loaded when this engine has that code.
+            if entry.status == "active" or (entry.status == "waiting_for_code" and entry.type in workflows):
                 active.append(entry)
                 continue
             shard.index_entries.put_key(entry.key, entry)
@@ -80,8 +84,13 @@ async def recover(shard: Shard) -> None:
         bases[frame.wid] = entry
         tails.setdefault(frame.wid, [])
 
-    for wid in list(tails):
-        await _recover_run(shard, wid, tails[wid], bases.get(wid))
+    # Every record is read, and the outbox kept in step with it, before any run goes
+    # live: a revived run may send at once, and must take a message number after every
+    # number the log holds (one a later run's record raised the counter to), or the
+    # receiver drops its message as a duplicate of that one.
+    journals = [await _journal_of(shard, wid, tails[wid], bases.get(wid)) for wid in list(tails)]
+    for wid, run_no, records, base in journals:
+        _revive(shard, wid, run_no, records, base)
 
     # Messages recovered from durable records go out again; duplicates are absorbed.
     for pending in list(shard.outbox.pending.values()):
@@ -91,9 +100,11 @@ async def recover(shard: Shard) -> None:
         shard._arm_for(due)
 
 
-async def _recover_run(
+async def _journal_of(
     shard: Shard, wid: str, tail: list[tuple[int, R.Rec]], base: IndexEntry | None
-) -> None:
+) -> tuple[str, int, list[R.Rec], IndexEntry | None]:
+    """A run's journal as recovery finds it: its frame (if it had one), then its records in
+    the log after the checkpoint; each record is noted in the outbox."""
     if base is None:
         base = shard.index_entries.pop(wid)
     run_no = base.run_no if base is not None else 0
@@ -108,15 +119,20 @@ async def _recover_run(
             started = rec
         records.append(rec)
         shard.outbox.note(wid, number, rec, started.parent if started else None)
+    return wid, run_no, records, base
+
+
+def _revive(shard: Shard, wid: str, run_no: int, records: list[R.Rec], base: IndexEntry | None) -> None:
     if not records:
         if base is not None:
             shard.index_entries.put(wid, base)
         return
-    if isinstance(records[-1], R.Finished):
+    last = records[-1]
+    if isinstance(last, R.Finished):
+        started = records[0]
         ref = shard.store.put_run(R.encode_frame(R.Frame(wid, run_no, records)))
-        shard.index_entries.put(
-            wid, IndexEntry(wid, run_no, started.type if started else "?", records[-1].status, ref)
-        )
+        type_ = started.type if isinstance(started, R.Started) else "?"
+        shard.index_entries.put(wid, IndexEntry(wid, run_no, type_, last.status, ref))
         return
     run = shard.revive(wid, run_no, records)
     if run.final:

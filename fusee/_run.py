@@ -19,14 +19,27 @@ from fusee import _records as R
 from fusee._definitions import Workflow
 from fusee._errors import (
     CancelledError,
+    CodecError,
     DeterminismError,
     Failure,
     FuseeError,
+    RejectedError,
     StepError,
     error_from,
     failure_from,
 )
-from fusee._ops import ChildOp, FiberOp, Op, RaceOp, SendOp, StepOp, WaitOp, WatchOp
+from fusee._ops import (
+    ChildOp,
+    FiberOp,
+    Op,
+    RaceOp,
+    SendOp,
+    StepOp,
+    WaitOp,
+    WatchOp,
+    current_step,
+    inline_step,
+)
 
 if TYPE_CHECKING:
     from fusee._shard import Shard
@@ -91,7 +104,9 @@ class RunState:
         self.query_handlers: dict[str, tuple[Any, Callable[..., Any]]] = {}
         self.pending_updates: dict[str, list[R.UpdateAccepted]] = {}
         self.update_results: dict[str, R.UpdateDone] = {}
+        self.updates_accepted: set[str] = set()
         self.updates_running: set[str] = set()
+        self.compensating = False
         self.compensations: list[tuple[str, Callable[..., Any], dict[str, Any]]] = []
         self.child_results: dict[int, R.ChildResult] = {}
         self.child_watchers: dict[int, list[WatchOp]] = {}
@@ -174,7 +189,16 @@ class RunState:
         try:
             while True:
                 self._run_fibers()
-                if self.final or self.status == "stuck":
+                if self.final:
+                    return
+                if self.status == "stuck":
+                    # Its code cannot run, but what it is sent (a signal, a cancel) is
+                    # recorded, never acknowledged and dropped: a replay with fixed code
+                    # applies it in order.
+                    while self.completions:
+                        rec = self.completions.popleft()
+                        self.journal.append(rec)
+                        self.last_lsn = self.shard.append(self, rec)
                     return
                 if self.pending_start:
                     ops, self.pending_start = self.pending_start, []
@@ -209,7 +233,9 @@ class RunState:
             except Stuck:
                 ready.clear()
                 return
-            except BaseException as error:  # noqa: BLE001 - the code's failure is its outcome
+            except (Exception, ContinueAsNew) as error:  # noqa: BLE001
+                # The code's failure is its outcome. Only Exception: KeyboardInterrupt,
+                # SystemExit and a test runner's timeout go on up, they are not the code's.
                 if self.status == "stuck":
                     ready.clear()
                     return
@@ -260,15 +286,23 @@ class RunState:
         """Give an operation its position, check it against the journal, start it."""
         if self.final:
             raise Stuck()
+        if inline_step[0] is not None or current_step.get() is not None:
+            # A step's function is running (on a task, a thread or inline): ctx belongs to
+            # the workflow's code, which a step's function is not.
+            raise RejectedError(
+                f"ctx.{op.kind} called inside a step's function: steps do not nest, and a step "
+                "function may not use ctx. Call it from the workflow's code, or do the work "
+                "directly inside the step"
+            )
         op.seq = seq = self.next_seq
         self.next_seq += 1
         self.ops[seq] = op
         if self.replaying:
             want = self.expected.get(seq)
-            if want is not None and not _same_op(want, (op.kind, op.name)):
+            if want is not None and not _same_op(want, (op.kind, op.ident)):
                 self._stuck(
                     f"the journal recorded {want[0]} '{want[1]}' here but the code called "
-                    f"{op.kind} '{op.name}' (position {seq})"
+                    f"{op.kind} '{op.ident}' (position {seq})"
                 )
                 raise Stuck()
         self.pending_start.append(op)
@@ -333,17 +367,28 @@ class RunState:
         """A signal that arrived before the code waited is kept and taken here."""
         buffered = self.signals.get(op.name)
         if buffered:
-            data = buffered.popleft()
-            self.resolve(op, _decode(data, op.type, f"signal '{op.name}'"))
+            self._resolve_decoded(op, buffered.popleft(), op.type, f"signal '{op.name}'")
         else:
             self.waits.setdefault(op.name, deque()).append(op)
+
+    def _resolve_decoded(self, op: Op, data: bytes, type_: Any, what: str) -> None:
+        """Resolve with a recorded payload decoded into the type the code asked for; one
+        that does not match resolves the operation with CodecError, which the code sees
+        where it awaits, live and on replay alike (it never escapes into the engine)."""
+        try:
+            value = _decode(data, type_, what)
+        except CodecError as error:
+            self.resolve(op, None, error)
+            return
+        self.resolve(op, value)
 
     def _stuck(self, message: str) -> None:
         self.status = "stuck"
         self.stuck_error = DeterminismError(
             f"run '{self.wid}' (run {self.run_no}) does not match its journal: {message}. "
-            "Deploy code that matches the journal, guard the change with patched(), or "
-            "reset the run to before the step that differs",
+            "The run waits, unchanged: deploy code that matches the journal for runs started "
+            "before the change (branch on ctx.version, and give the changed workflow a new "
+            "version= for new runs), or terminate the run",
             workflow_id=self.wid,
         )
         log.error("%s", self.stuck_error)
@@ -380,7 +425,7 @@ class RunState:
     def _apply_step_done(self, rec: R.StepDone) -> None:
         op = self._verify(rec)
         if isinstance(op, StepOp):
-            self.resolve(op, _decode(rec.value, op.output or codec.return_type(op.fn), f"step '{op.name}'"))
+            self._resolve_decoded(op, rec.value, op.output or codec.return_type(op.fn), f"step '{op.name}'")
 
     def _apply_attempt(self, rec: R.Attempt) -> None:
         op = self._verify(rec)
@@ -431,13 +476,16 @@ class RunState:
         while queue:
             op = queue.popleft()
             if not op.done:
-                self.resolve(op, _decode(rec.value, op.type, f"signal '{rec.name}'"))
+                self._resolve_decoded(op, rec.value, op.type, f"signal '{rec.name}'")
                 return
         self.signals.setdefault(rec.name, deque()).append(rec.value)
 
     def _apply_cancel_requested(self, rec: R.CancelRequested) -> None:
         """Cancellation reaches the code as CancelledError at every operation it waits on;
-        what the code does then (compensate, finish) is its own."""
+        what the code does then (compensate, finish) is its own. Compensations already
+        running are the answer to a cancel: a second one leaves them alone."""
+        if self.compensating:
+            return
         self.cancel_reason = rec.reason or "cancelled"
         for op in list(self.ops.values()):
             if not op.done:
@@ -447,12 +495,11 @@ class RunState:
                 self._cancel_op(watch)
 
     def _cancel_op(self, op: Op) -> None:
-        task = getattr(op, "task", None)
-        if task is not None:
-            task.cancel()
+        _stop_step(op)
         self.resolve(op, None, CancelledError(f"cancelled: {self.cancel_reason}", None, workflow_id=self.wid))
 
     def _apply_update_accepted(self, rec: R.UpdateAccepted) -> None:
+        self.updates_accepted.add(rec.id)
         handler = self.update_handlers.get(rec.name)
         if handler is None:
             self.pending_updates.setdefault(rec.name, []).append(rec)
@@ -514,7 +561,7 @@ class RunState:
             self.resolve(watch, None, ChildError(wid, rec.failure))
         else:
             type_ = op.result_type if isinstance(op, ChildOp) else Any
-            self.resolve(watch, _decode(rec.value or b"null", type_, "child result"))
+            self._resolve_decoded(watch, rec.value or b"null", type_, "child result")
 
     def _apply_delivered(self, rec: R.Delivered) -> None:
         op = self._verify(rec)
@@ -533,8 +580,8 @@ class RunState:
             if rec.failure is not None:
                 self.resolve(op, None, StepError(op.name, rec.failure))
             else:
-                self.resolve(
-                    op, _decode(rec.value or b"null", getattr(op, "output", None), f"completion '{op.name}'")
+                self._resolve_decoded(
+                    op, rec.value or b"null", getattr(op, "output", None), f"completion '{op.name}'"
                 )
 
     def _apply_finished(self, rec: R.Finished) -> None:
@@ -582,9 +629,8 @@ class RunState:
         self.status = rec.status if isinstance(rec, R.Finished) else "continued"
         self.timers.clear()
         for op in self.ops.values():
-            task = getattr(op, "task", None)
-            if task is not None and not op.done:
-                task.cancel()
+            if not op.done:
+                _stop_step(op)
         self.ready.clear()
         self.close_fibers()
         if not self.replaying:
@@ -624,7 +670,8 @@ for _cls in (
 
 
 def _op_of(rec: Any) -> tuple[str, str]:
-    """The operation (kind, name) a record stands for, for determinism messages."""
+    """The operation (kind, identity) a record stands for: what replay compares with the
+    operation the code calls at the same position (`Op.ident`), and what messages name."""
     if isinstance(rec, (R.StepDone, R.Attempt, R.StepFailed)):
         return ("step", rec.name)
     if isinstance(rec, R.TimerStarted):
@@ -634,9 +681,9 @@ def _op_of(rec: Any) -> tuple[str, str]:
     if isinstance(rec, R.Drawn):
         return (rec.op, rec.op)
     if isinstance(rec, (R.ChildRequested,)):
-        return ("child", rec.id)
+        return ("child", f"{rec.type} {rec.id}")
     if isinstance(rec, R.SignalSent):
-        return ("signal_workflow", rec.name)
+        return ("signal_workflow", f"{rec.name} to {rec.target}")
     if isinstance(rec, R.CancelSent):
         return ("cancel_workflow", rec.target)
     if isinstance(rec, (R.CompletionSent,)):
@@ -650,6 +697,17 @@ def _same_op(recorded: tuple[str, str], called: tuple[str, str]) -> bool:
     if recorded[0] in steps and called[0] in steps:
         return recorded[1] == called[1] and (recorded[0] == called[0] or recorded[0] == "step")
     return recorded == called
+
+
+def _stop_step(op: Op) -> None:
+    """Stop a step's attempt: an async one is cancelled; a thread cannot be, so its step
+    context says `cancelled` for the function to see."""
+    task = getattr(op, "task", None)
+    if task is not None:
+        task.cancel()
+    context = getattr(op, "context", None)
+    if context is not None:
+        context.cancelled = True
 
 
 def _decode(data: bytes, type_: Any, what: str) -> Any:
@@ -680,7 +738,8 @@ async def _main(run: RunState, wf: Workflow[Any], input: bytes) -> Any:
         return await wf.fn(ctx)
     except (ContinueAsNew, Stuck, GeneratorExit):
         raise  # GeneratorExit: the run ended (terminate) and its coroutine is being closed
-    except BaseException:
+    except Exception:
+        run.compensating = bool(run.compensations)
         while run.compensations:
             name, fn, options = run.compensations.pop()
             try:

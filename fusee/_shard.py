@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 from fusee import _records as R
 from fusee._errors import (
     AlreadyExistsError,
+    ClosedError,
     Failure,
+    FuseeError,
     IoError,
     NotFoundError,
     RejectedError,
@@ -39,6 +41,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("fusee")
 TICK = -4  # timer entry: the shard's sweep (parking, resends, checkpoints)
 IDLE_DUE_MS = 250
+
+
+def _closed() -> ClosedError:
+    return ClosedError("the engine is closed; open a new one")
 
 
 @dataclass(slots=True)
@@ -69,6 +75,7 @@ class Shard(StepRunner):
         self.gates: deque[tuple[int, Callable[[], None]]] = deque()
         self.flushing = False
         self.failed: BaseException | None = None
+        self.failed_why = ""
         self.waiting: set[asyncio.Future[None]] = set()
         self.timers: list[tuple[int, int, str, int, int]] = []
         self.timer_count = 0
@@ -85,6 +92,7 @@ class Shard(StepRunner):
         self.calls = 0
         self.checkpoint_position = 0
         self.checkpointing = False
+        self.checkpoint_done: asyncio.Future[None] | None = None
         self.closed = False
         self.types_without_code: set[str] = set()
         self.stuck: set[str] = set()
@@ -194,24 +202,53 @@ class Shard(StepRunner):
     def check(self) -> None:
         """Refuse work on a shard that stopped after a failed flush."""
         if self.failed is not None:
-            raise IoError(
-                f"shard {self.index} stopped after a failed flush ({self.failed}); restart the process"
-            )
+            raise self.stopped_error()
 
-    def fail(self, exc: BaseException) -> None:
+    def stopped_error(self) -> IoError:
+        return IoError(
+            f"shard {self.index} {self.failed_why} ({self.failed}); nothing more is acknowledged "
+            "for its workflows: restart the process (what was acknowledged is recovered)"
+        )
+
+    def fail(self, exc: BaseException, why: str = "stopped after a failed flush") -> None:
+        """Stop the shard: nothing more is recorded or acknowledged (the kernel may have
+        dropped the pages of a failed write), every caller waiting on it gets the error,
+        and it leaves the engine, so it holds no timers and counts as neither busy nor
+        idle."""
+        if self.failed is not None:
+            return
         self.failed = exc
-        self.closed = True
+        self.failed_why = why
+        self.abandon()
         self.gates.clear()
-        error = IoError(f"shard {self.index} stopped after a failed flush ({exc}); restart the process")
-        for fut in self.waiting:
+        error = self.stopped_error()
+        waiting: list[asyncio.Future[Any]] = [*self.waiting, *self.loading.values()]
+        for results in self.result_waiters.values():
+            waiting.extend(results)
+        for updates in self.update_waiters.values():
+            waiting.extend(updates)
+        for fut in waiting:
             if not fut.done():
                 fut.set_exception(error)
+                fut.exception()  # a loader nobody awaits must not be reported as unretrieved
         self.waiting.clear()
+        self.result_waiters.clear()
+        self.update_waiters.clear()
+        self.engine.shard_stopped(self)
 
     def _release(self) -> None:
+        """Run what waited for the durable position. Called from the storage's flush
+        callback, which serves every shard: a gate that raises must not reach it (the
+        other shards' waiters behind it would be dropped, and this shard would stay
+        `flushing` for ever), so the error stops this shard alone."""
         gates = self.gates
         while gates and gates[0][0] <= self.durable:
-            gates.popleft()[1]()
+            try:
+                gates.popleft()[1]()
+            except Exception as error:
+                log.exception("shard %d: stopping after an internal error", self.index)
+                self.fail(error, "stopped after an internal error")
+                return
 
     # -- scheduling runs -------------------------------------------------------------------
 
@@ -225,6 +262,16 @@ class Shard(StepRunner):
         self.pump_scheduled = False
         ready, self.ready = self.ready, set()
         for run in ready:
+            # A run that left memory since it was scheduled (parked, replaced, or its shard
+            # closed) is not driven: its coroutines are closed.
+            if not self.closed and self.runs.get(run.wid) is run:
+                run.drive()
+
+    def turn(self, run: RunState) -> None:
+        """Give a scheduled run its turn now: a call (a query, an update) must see the run
+        as its code leaves it after running until it blocks, not before its first turn."""
+        if run in self.ready:
+            self.ready.discard(run)
             if not self.closed:
                 run.drive()
 
@@ -262,7 +309,7 @@ class Shard(StepRunner):
                 if run is not None and run.run_no == run_no and run.timers.get(seq) == due:
                     self._timer_due(run, seq)
         for key in self.index_entries.take_due(now):
-            self.engine._spawn(self.load_key(key))
+            self.engine._spawn(self.wake(key))
         nexts = [d for d in (timers[0][0] if timers else 0, self.index_entries.next_due_ms()) if d]
         if nexts:
             self._arm(min(nexts))
@@ -320,6 +367,7 @@ class Shard(StepRunner):
                 not run.final
                 and run.status == "running"
                 and not run.driving
+                and run not in self.ready
                 and now - run.last_active_ms >= park_after
                 and not run.completions
                 and not run.pending_start
@@ -355,7 +403,9 @@ class Shard(StepRunner):
         its next due time, so the shard knows its timers without loading it."""
         if self.index_entries.collides(run.wid):
             return  # another ID shares its hash: this one stays loaded
-        ref = self.store.put_run(R.encode_frame(R.Frame(run.wid, run.run_no, run.journal)))
+        ref = self.put_frame(run)
+        if ref is None:
+            return
         due = run.next_due()
         self.index_entries.put(run.wid, IndexEntry(run.wid, run.run_no, run.type, "parked", ref, due))
         del self.runs[run.wid]
@@ -363,6 +413,16 @@ class Shard(StepRunner):
         self._forget_timers(run)
         if due:
             self._arm_for(due)
+
+    def put_frame(self, run: RunState) -> int | None:
+        """Write a run's journal to the run store; its offset, or None when the store
+        refused (the shard stops: a frame it cannot write is one it cannot reference)."""
+        try:
+            return self.store.put_run(R.encode_frame(R.Frame(run.wid, run.run_no, run.journal)))
+        except Exception as error:  # noqa: BLE001 - whatever the store raised, the shard stops
+            log.error("shard %d: the run store refused a frame, the shard stops: %s", self.index, error)
+            self.fail(error, "stopped after the run store refused a write")
+            return None
 
     def _forget_timers(self, run: RunState) -> None:
         """A run that leaves memory leaves its heap entries stale; rebuild the heap once
@@ -376,7 +436,7 @@ class Shard(StepRunner):
 
     def idle(self) -> bool:
         """Nothing can make progress here (spec: Idle)."""
-        if self.appended > self.durable or self.calls or self.outbox.pending or self.ready:
+        if self.appended > self.durable or self.calls or self.outbox.pending or self.ready or self.loading:
             return False
         for run in self.runs.values():
             if run.status == "running" and (
@@ -538,15 +598,17 @@ class Shard(StepRunner):
             # signal-with-start: recorded before the code first runs
             run.record(R.SignalReceived(*signal))
         run.last_active_ms = self.now_ms()
+        if started.deadline:
+            run.timers[-1] = started.deadline
+            self.add_timer(started.deadline, run, -1)
         if run.workflow is None:
-            # Another process may hold the code: the run waits, it does not fail.
+            # Another process may hold the code: the run waits, it does not fail (its
+            # deadline still ends it: that needs no code).
             run.status = "waiting_for_code"
             self.types_without_code.add(started.type)
             return run
         for rec in run.journal:
             run.apply(rec)
-        if started.deadline:
-            self.add_timer(started.deadline, run, -1)
         self.schedule(run)
         return run
 
@@ -568,29 +630,53 @@ class Shard(StepRunner):
         return await self._load_entry(entry, "")
 
     async def _load_entry(self, entry: IndexEntry, wid: str) -> RunState | None:
-        waiting = self.loading.get(wid or str(entry.key))
+        name = wid or str(entry.key)
+        waiting = self.loading.get(name)
         if waiting is not None:
             return await waiting
+        self.check()
         fut: asyncio.Future[RunState | None] = asyncio.get_running_loop().create_future()
-        name = wid or str(entry.key)
         self.loading[name] = fut
         try:
-            frame = R.decode_frame(await self.store.get_run(entry.ref))
+            try:
+                frame = R.decode_frame(await self.store.get_run(entry.ref))
+            except Exception as error:  # noqa: BLE001 - an unreadable frame stops the shard
+                log.error(
+                    "shard %d: a run-store frame cannot be read, the shard stops: %s", self.index, error
+                )
+                self.fail(error, "stopped after a run-store frame could not be read")
+                raise self.stopped_error() from None
+            if self.closed:
+                raise self.stopped_error() if self.failed is not None else _closed()
             if wid and frame.wid != wid:
                 run = None  # the hash belongs to another ID: this one has no parked run
             elif frame.wid in self.runs:
                 run = self.runs[frame.wid]
             else:
                 current = self.index_entries.get(frame.wid)
-                if current is None or current.ref != entry.ref:
+                if current is None or current.ref != entry.ref or current.status != entry.status:
                     run = self.runs.get(frame.wid)  # loaded, finished or re-parked meanwhile
                 else:
                     self.index_entries.pop(frame.wid)
                     run = self.revive(frame.wid, frame.run, frame.records)
-            fut.set_result(run)
+            if not fut.done():
+                fut.set_result(run)
             return run
+        except BaseException as error:
+            if not fut.done():
+                fut.set_exception(error)
+                fut.exception()  # retrieved: the caller that raised reports it
+            raise
         finally:
             del self.loading[name]
+
+    async def wake(self, key: int) -> None:
+        """Load a parked run whose timer came due (a task of its own). A stopped or closed
+        shard has nothing to wake; its due time stays in its index and checkpoint."""
+        try:
+            await self.load_key(key)
+        except FuseeError:
+            pass
 
     def revive(self, wid: str, run_no: int, records: list[R.Rec]) -> RunState:
         """Rebuild a run from its journal: replay, then start what was left unfinished."""
@@ -605,6 +691,9 @@ class Shard(StepRunner):
             run.journal = list(records)
             run.status = "waiting_for_code"
             self.types_without_code.add(started.type)
+            if started.deadline and not any(isinstance(r, (R.Finished, R.ContinuedAsNew)) for r in records):
+                run.timers[-1] = started.deadline
+                self.add_timer(started.deadline, run, -1)
             return run
         run.replay(records)
         if run.final:
@@ -615,6 +704,21 @@ class Shard(StepRunner):
             self.add_timer(started.deadline, run, -1)
         run.go_live()
         return run
+
+    async def resume_type(self, type_: str) -> None:
+        """Code for `type_` was registered: its runs waiting for code replay and go on,
+        whether loaded or only in the index."""
+        waiting = [r for r in self.runs.values() if r.status == "waiting_for_code" and r.type == type_]
+        for run in waiting:
+            if self.runs.get(run.wid) is run and not self.closed:
+                del self.runs[run.wid]
+                run.close_fibers()
+                self.revive(run.wid, run.run_no, run.journal)
+        for entry in list(self.index_entries.entries()):
+            if entry.status == "waiting_for_code" and entry.type == type_ and not self.closed:
+                await self._load_entry(entry, "")
+        if not any(r.status == "waiting_for_code" and r.type == type_ for r in self.runs.values()):
+            self.types_without_code.discard(type_)
 
     def prepare_end(self, run: RunState, rec: R.Finished | R.ContinuedAsNew) -> None:
         """Number the messages the end sends: the outcome to a parent, closes to children."""
@@ -640,13 +744,15 @@ class Shard(StepRunner):
                     if not fut.done():
                         fut.set_exception(RejectedError("the workflow ended before the update finished"))
         if isinstance(rec, R.ContinuedAsNew):
+            # The deadline (a start's `timeout=` or the definition's) is the workflow ID's:
+            # it bounds the whole chain of runs, as the caller of `result()` sees one.
             started = R.Started(
                 run.type,
                 rec.version,
                 rec.input,
                 rec.now,
                 rec.seed,
-                0,
+                run.started.deadline,
                 run.started.parent,
             )
             self._begin(run.wid, run.run_no + 1, started)
@@ -658,7 +764,9 @@ class Shard(StepRunner):
                 if not fut.done():
                     fut.set_result(run)
             if self.runs.get(run.wid) is run and not self.index_entries.collides(run.wid):
-                ref = self.store.put_run(R.encode_frame(R.Frame(run.wid, run.run_no, run.journal)))
+                ref = self.put_frame(run)
+                if ref is None:
+                    return
                 self.index_entries.put(run.wid, IndexEntry(run.wid, run.run_no, run.type, run.status, ref))
                 self.runs.pop(run.wid)
                 self._forget_timers(run)
@@ -706,15 +814,23 @@ class Shard(StepRunner):
 
     # -- checkpoints and close --------------------------------------------------------------
 
-    async def checkpoint(self) -> None:
+    async def checkpoint(self, *, wait: bool = False) -> None:
         """Snapshot the shard at the current position, then record it once the log up to
         there is durable. Frames are taken at the same instant, so a record is either in a
-        frame or in the log after the checkpoint, never both."""
-        if self.checkpointing:
-            return
+        frame or in the log after the checkpoint, never both.
+
+        One at a time. A timed checkpoint finding one under way leaves it to finish; with
+        `wait` (a clean close) it waits for it and then takes its own, so the last
+        checkpoint covers the last record (else the close's second copy is skipped and
+        the next open replays what the first one had already covered)."""
+        while self.checkpointing:
+            if not wait or self.checkpoint_done is None:
+                return
+            await asyncio.shield(self.checkpoint_done)
         from fusee._recovery import snapshot
 
         self.checkpointing = True
+        self.checkpoint_done = asyncio.get_running_loop().create_future()
         try:
             position, data = snapshot(self)
             await self.durable_at(position)
@@ -722,12 +838,13 @@ class Shard(StepRunner):
             self.checkpoint_position = position
         finally:
             self.checkpointing = False
+            self.checkpoint_done.set_result(None)
 
     async def close(self, checkpoint: bool = True) -> None:
         """Stop the shard; a clean close flushes, then checkpoints."""
         if checkpoint and not self.closed:
             await self.durable_at(self.appended)
-            await self.checkpoint()
+            await self.checkpoint(wait=True)
         self.abandon()
         await self.store.close()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import logging
 import random
 from collections import deque
 from collections.abc import Callable
@@ -13,10 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from fusee import _codec as codec
 from fusee import _records as R
-from fusee._ctx import Completion, StepContext, current_step, inline_step, step_key, takes_context
+from fusee._ctx import Completion, StepContext, step_key, takes_context
 from fusee._errors import CodecError, Failure, failure_from
-from fusee._ops import ChildOp, Op, SendOp, StepOp, TimerOp, WaitOp
+from fusee._ops import ChildOp, Op, SendOp, StepOp, TimerOp, WaitOp, current_step, inline_step
 from fusee._run import RunState
+
+log = logging.getLogger("fusee")
 
 if TYPE_CHECKING:
     from fusee._clock import Clock
@@ -116,7 +119,8 @@ class StepRunner:
             args = (Completion(self.token(run, op)),)
         elif takes_context(fn):
             # Built only for functions that declare it: `lambda: ...` costs nothing.
-            args = (StepContext(step_key(run, op), op.attempt, run.wid, op.name),)
+            op.context = StepContext(step_key(run, op), op.attempt, run.wid, op.name)
+            args = (op.context,)
         else:
             args = ()
         here = (run, op)
@@ -126,7 +130,9 @@ class StepRunner:
                 context = contextvars.copy_context()
                 current_step.reset(token)
                 loop = asyncio.get_running_loop()
-                pending: Any = loop.run_in_executor(None, lambda: context.run(fn, *args))
+                pending: Any = loop.run_in_executor(
+                    self.engine.step_threads(), lambda: context.run(fn, *args)
+                )
             else:
                 # A synchronous function runs here and now: a plain slot tells ctx.key()
                 # which step runs (a context variable would cost more than the step).
@@ -135,14 +141,16 @@ class StepRunner:
                     pending = fn(*args)
                 finally:
                     inline_step[0] = None
-        except BaseException as exc:  # noqa: BLE001 - a step's failure is its outcome
+        except Exception as exc:  # noqa: BLE001 - a step's failure is its outcome
+            # Only Exception: KeyboardInterrupt and SystemExit stop the process, as they
+            # would anywhere else, instead of being recorded as a retryable failure.
             self._step_outcome(run, op, None, exc)
             return
         if not inspect.isawaitable(pending):
             self._step_outcome(run, op, pending, None)
             return
         token = current_step.set(here)  # the task copies the context it starts in
-        task = asyncio.ensure_future(_attempt(pending, op.timeout_ms))
+        task = asyncio.ensure_future(_attempt(pending, op))
         current_step.reset(token)
         op.task = task
         task.add_done_callback(lambda t: self._task_done(run, op, t))
@@ -153,11 +161,16 @@ class StepRunner:
         if task.cancelled() or op.done or run.final:
             return
         exc = task.exception()
+        if exc is not None and not isinstance(exc, Exception):
+            # KeyboardInterrupt, SystemExit: not the step's failure; let them stop the loop.
+            raise exc
         self._step_outcome(run, op, None if exc else task.result(), exc)
 
     def _step_outcome(self, run: RunState, op: StepOp, value: Any, exc: BaseException | None) -> None:
-        if op.done or run.final:
-            return  # cancelled or terminated meanwhile: the result is discarded
+        if op.done or run.final or self.closed:
+            # Cancelled or terminated meanwhile, or the shard let go of the run (a thread
+            # that outlived a close): the result is discarded, never recorded late.
+            return
         self.steps_run += 1
         rec: R.Rec
         if exc is None:
@@ -193,8 +206,14 @@ class StepRunner:
                 return 0
             if isinstance(kind, str) and kind in names:
                 return 0
-        if policy.retry_if is not None and not policy.retry_if(failure, op.attempt):
-            return 0
+        if policy.retry_if is not None:
+            try:
+                again = policy.retry_if(failure, op.attempt)
+            except Exception as error:  # noqa: BLE001 - a policy that fails decides "final"
+                log.warning("step '%s': retry_if raised %r; the failure is final", op.name, error)
+                return 0
+            if not again:
+                return 0
         now = self.now_ms()
         retry_at = now + policy.delay_ms(op.attempt, random.random())
         if policy.max_elapsed is not None:
@@ -227,7 +246,8 @@ def _chain(failure: Failure | None) -> list[Failure]:
     return out
 
 
-async def _attempt(awaitable: Any, timeout_ms: int | None) -> Any:
+async def _attempt(awaitable: Any, op: StepOp) -> Any:
+    timeout_ms = op.timeout_ms
     if timeout_ms is None:
         return await awaitable
     try:
@@ -235,4 +255,8 @@ async def _attempt(awaitable: Any, timeout_ms: int | None) -> Any:
     except TimeoutError:
         from fusee._errors import TimeoutError as FuseeTimeout
 
+        # A thread cannot be stopped: it keeps its step thread until its function returns
+        # (docs/engine.md); its step context tells it to give up.
+        if op.context is not None:
+            op.context.cancelled = True
         raise FuseeTimeout(f"the attempt took longer than its timeout ({timeout_ms} ms)") from None
