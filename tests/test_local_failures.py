@@ -1,16 +1,21 @@
 """Local mode refuses what it cannot do safely: a second process on a directory, another
-shard count, and any acknowledgment after a failed flush."""
+shard count, any acknowledgment after a failed flush, a record longer than recovery
+reads, and a directory whose damage lost acknowledged records (naming the file)."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
 
 import fusee
+from tests.conftest import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,8 +51,6 @@ async def test_a_second_process_is_told_which_pid_holds_the_directory(tmp_path: 
             """,
             str(data),
         )
-    import os
-
     assert f"open in process {os.getpid()}" in child.stdout, child.stdout + child.stderr
 
 
@@ -57,7 +60,8 @@ async def test_another_shard_count_is_refused_naming_what_to_do(tmp_path: Path) 
         await engine.start(napper, "n-1", 1)
     with pytest.raises(fusee.RejectedError) as refused:
         await fusee.Engine.open(str(data), workflows=[napper], shards=3)
-    assert "shards=2" in str(refused.value) and "reshard" in str(refused.value)
+    # It names what to do, and no command that does not exist.
+    assert "shards=2" in str(refused.value) and "reshard" not in str(refused.value)
     # Without a count, the directory's own is used; nothing was changed by the refusal.
     async with await fusee.Engine.open(str(data), workflows=[napper]) as engine:
         assert len(engine.shards) == 2
@@ -115,8 +119,6 @@ def test_after_a_failed_flush_nothing_more_is_acknowledged(tmp_path: Path) -> No
         async with await fusee.Engine.open(str(data), workflows=[napper]) as engine:
             return {summary.id async for summary in engine.list()}
 
-    import asyncio
-
     present = asyncio.run(reopen())
     assert set(acked) <= present, f"acknowledged but lost: {set(acked) - present}"
 
@@ -158,3 +160,241 @@ async def test_damage_to_acknowledged_records_refuses_to_open_and_releases_the_d
         with pytest.raises(fusee.IoError) as refused:
             await fusee.Engine.open(str(data), workflows=[napper])
         assert "batch 1" in str(refused.value) and "acknowledged" in str(refused.value)
+
+
+# -- regression tests: each failed before its fix --------------------------------------
+
+SMALL = {"segment_bytes_min": 16 << 10, "segment_bytes_max": 32 << 10}
+
+
+async def test_checkpoints_whose_positions_end_in_b_are_read_as_theirs(tmp_path: Path) -> None:
+    """`checkpoint-000000000000039b.fck` was read as the second copy of position 0x39:
+    with both retained positions ending in b, both were declared damaged, the run store
+    was cut to nothing and the log under them (retired) was gone."""
+    from fusee_server.local import LocalStorage
+
+    data = tmp_path / "data"
+    storage = await LocalStorage.open(data, 1, **SMALL)
+    store = await storage.open_shard(0)
+    await store.recover()
+    frame = store.put_run(b"a parked run's frame")
+    for position, state in ((0x39B, b"older"), (0x3AB, b"newer")):
+        while store.next_position < position:
+            store.append(b"record %d" % store.next_position)
+        assert await store.flush() == position
+        await store.checkpoint(position, state)
+    assert storage.log.segment_ids()[0] > 1, "segments under both checkpoints were retired"
+    await storage.close()
+
+    storage = await LocalStorage.open(data, 1, **SMALL)
+    try:
+        store = await storage.open_shard(0)
+        recovered = await store.recover()
+        assert recovered.checkpoint == b"newer"
+        assert recovered.records == []
+        assert await store.get_run(frame) == b"a parked run's frame"
+    finally:
+        await storage.close()
+
+
+async def test_a_record_longer_than_recovery_reads_is_refused_and_the_longest_is_recovered(
+    tmp_path: Path,
+) -> None:
+    """A record over 64 MiB was written and acknowledged, then lost at recovery (which
+    reads no batch that long). Now staging it fails the flush, naming the limit; one of
+    exactly RECORD_BYTES_MAX is written, acknowledged and recovered after a crash."""
+    from fusee_server.local import RECORD_BYTES_MAX, LocalStorage
+
+    longest = bytes(range(256)) * (RECORD_BYTES_MAX // 256) + b"x" * (RECORD_BYTES_MAX % 256)
+    data = tmp_path / "data"
+    storage = await LocalStorage.open(data, 2)
+    store = await storage.open_shard(0)
+    await store.recover()
+    store.append(b"first")
+    store.append(longest)
+    assert await store.flush() == 2
+    await storage.abandon()  # a crash
+
+    storage = await LocalStorage.open(data, 2)
+    try:
+        store = await storage.open_shard(0)
+        recovered = await store.recover()
+        assert len(recovered.records) == 2 and recovered.records[1] == longest
+        other = await storage.open_shard(1)
+        await other.recover()
+        other.append(b"x" * (64 << 20))  # a batch of it alone would be over 64 MiB
+        with pytest.raises(fusee.IoError, match="RECORD_BYTES_MAX"):
+            await other.flush()
+        with pytest.raises(fusee.IoError, match="RECORD_BYTES_MAX"):
+            await other.flush()  # the shard stays stopped
+        store.append(b"the other shard goes on")
+        assert await store.flush() == 3
+    finally:
+        await storage.abandon()
+
+
+async def test_checkpoints_finish_while_other_work_fills_the_default_executor(tmp_path: Path) -> None:
+    """Checkpoints ran on the loop's default executor: once threads of the application
+    filled it, a checkpoint never finished and the close hung."""
+    loop = asyncio.get_running_loop()
+    release = threading.Event()
+    started: list[int] = []
+
+    def hold() -> None:
+        started.append(1)
+        release.wait(60)
+
+    engine = await fusee.Engine.open(str(tmp_path / "data"), workflows=[napper], shards=2)
+    held = [loop.run_in_executor(None, hold) for _ in range(64)]  # more than it has threads
+    try:
+        await eventually(lambda: len(started) >= min(32, (os.cpu_count() or 1) + 4))
+        await engine.start(napper, "n-1", 1)
+        await asyncio.wait_for(engine.close(), 10)
+    finally:
+        release.set()
+        await asyncio.gather(*held)
+    async with await fusee.Engine.open(str(tmp_path / "data"), workflows=[napper]) as engine:
+        assert (await engine.run("n-1").status()).status == "running"
+
+
+@fusee.workflow("stepper")
+async def stepper(ctx: fusee.Ctx, n: int) -> list[int]:
+    return [await ctx.step(f"s{i}", lambda i=i: n * 10 + i) for i in range(3)]
+
+
+HOLDING: list[int] = []  # one entry per holder step that began
+
+
+async def hold_forever() -> None:
+    HOLDING.append(1)
+    await asyncio.Event().wait()
+
+
+@fusee.workflow("holder")
+async def holder(ctx: fusee.Ctx) -> None:
+    # A run in a step keeps its shard from going idle (an idle shard checkpoints).
+    await ctx.step("hold", hold_forever)
+
+
+async def written_dir(data: Path, crash: bool) -> dict[str, list[int]]:
+    """Two shards of runs in small segments: parked runs and finished ones. `crash`:
+    the process stops without a checkpoint (a held run keeps the shards busy), so the
+    log holds every record in several live segments; else a clean close, after which
+    checkpoints hold everything and the log moved to an empty segment."""
+    from fusee_server.local import LocalStorage
+
+    storage = await LocalStorage.open(data, 2, **SMALL)
+    engine = await fusee.Engine.open(workflows=[napper, stepper, holder], storage=storage, park_after="1h")
+    results: dict[str, list[int]] = {}
+    held = len(HOLDING)
+    await engine.start(holder, "holder")
+    await eventually(lambda: len(HOLDING) > held)  # its step began: nothing left unawaited
+    for i in range(6):
+        await engine.start(napper, f"nap-{i}", i)
+        results[f"step-{i}"] = await (await engine.start(stepper, f"step-{i}", i)).result()
+    if crash:
+        engine.abandon()
+        await storage.abandon()
+    else:
+        await engine.close()
+    return results
+
+
+def segments(data: Path) -> list[Path]:
+    return sorted(p for p in (data / "wal").iterdir() if not p.name.startswith("spare-"))
+
+
+def flip(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ 0x55]))
+
+
+def last_batch(segment: Path, end: int) -> int:
+    """The offset of the last batch before `end` in a segment (each starts a block)."""
+    data = segment.read_bytes()
+    return max(at for at in range(4096, end, 4096) if data[at : at + 4] == b"FBAT")
+
+
+def damage(data: Path, case: str) -> str:
+    """Damage the directory as `case` says; returns the name the refusal must give."""
+    import json
+    import shutil
+
+    from fusee_server import _native
+
+    if case == "both checkpoints deleted":
+        for checkpoint in (data / "shard-000").glob("checkpoint-*"):
+            checkpoint.unlink()
+        return "shard-000"
+    if case == "shard folder deleted":
+        shutil.rmtree(data / "shard-001")
+        return "shard-001"
+    if case == "oldest segment deleted":
+        oldest = segments(data)[0]
+        oldest.unlink()
+        return oldest.name
+    if case == "oldest segment header zeroed":
+        oldest = segments(data)[0]
+        with open(oldest, "r+b") as f:
+            f.write(bytes(4096))
+        return oldest.name
+    if case == "newest segment deleted":
+        newest = segments(data)[-1]
+        newest.unlink()
+        return newest.name
+    if case == "last batch flipped":
+        report = json.loads(_native.inspect(str(data)))
+        newest = segments(data)[-1]
+        flip(newest, last_batch(newest, report["log"]["end_offset"]) + 100)
+        return newest.name
+    if case == "wal deleted":
+        shutil.rmtree(data / "wal")
+        return "wal/"
+    if case == "meta deleted":
+        (data / "fusee.meta").unlink()
+        return "fusee.meta"
+    if case == "meta shard count changed":
+        meta = data / "fusee.meta"
+        meta.write_text(meta.read_text().replace("shards=2", "shards=3"))
+        return "fusee.meta"
+    if case == "meta garbage":
+        (data / "fusee.meta").write_bytes(b"\x00garbage\xff")
+        return "fusee.meta"
+    if case == "referenced run frame flipped":
+        flip(data / "shard-000" / "runs-1.dat", 20)
+        return "runs-1.dat"
+    raise AssertionError(case)
+
+
+DAMAGE = {
+    "both checkpoints deleted": False,
+    "shard folder deleted": False,
+    "oldest segment deleted": True,
+    "oldest segment header zeroed": True,
+    "newest segment deleted": True,
+    "last batch flipped": True,
+    "wal deleted": True,
+    "meta deleted": False,
+    "meta shard count changed": False,
+    "meta garbage": False,
+    "referenced run frame flipped": False,
+}
+
+
+@pytest.mark.parametrize("case", DAMAGE)
+async def test_damage_that_loses_acknowledged_records_refuses_naming_the_file(
+    tmp_path: Path, case: str
+) -> None:
+    """Each of these opened, silently without acknowledged records (or a run frame
+    damaged, found only when the run was loaded)."""
+    data = tmp_path / "data"
+    await written_dir(data, crash=DAMAGE[case])
+    name = damage(data, case)
+    for _ in range(2):  # a refused open releases the directory: the next gets the same answer
+        with pytest.raises(fusee.FuseeError) as refused:
+            await fusee.Engine.open(str(data), workflows=[napper, stepper, holder])
+        assert name in str(refused.value), refused.value
+        assert isinstance(refused.value, fusee.IoError | fusee.RejectedError)

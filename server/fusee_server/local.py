@@ -4,11 +4,17 @@ Every shard's records go to the directory's one shared log. A shard asking for a
 joins the write in flight or starts the next one, which takes every shard's staged
 records as one batch with one durable flush (group commit). Writes run on one dedicated
 thread with the GIL released, so the event loop never waits on the disk.
+
+The other disk work (recovery, shard opens, retirement, checkpoints) runs on the
+storage's own small executors, never on the loop's default one: user step functions run
+there, and once they fill it a checkpoint queued behind them would never finish (nor
+would a close waiting on it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +24,11 @@ from fusee._errors import IoError, RejectedError
 from fusee._storage import Durability, Recovered
 from fusee_server import _native
 
+logger = logging.getLogger("fusee.local")
+
 FRAME_HEADER = 8  # a run-store frame: length and checksum, then the bytes
+CHECKPOINT_THREADS_MAX = 4  # checkpoints of different shards run side by side, up to this
+RECORD_BYTES_MAX = _native.RECORD_BYTES_MAX
 
 
 class LocalStorage:
@@ -33,7 +43,11 @@ class LocalStorage:
         self.directory = directory
         self.log = log
         self.shards = directory.shards
-        self.executor = executor
+        self.executor = executor  # recovery, shard opens, retirement: one at a time
+        # Checkpoints: bounded, and apart from the loop's default executor (see above).
+        self.checkpoints = ThreadPoolExecutor(
+            max_workers=min(CHECKPOINT_THREADS_MAX, self.shards), thread_name_prefix="fusee-checkpoint"
+        )
         self.stores: dict[int, LocalShardStore] = {}
         self.waiters: list[tuple[int, int, asyncio.Future[int] | Callable[[int | BaseException], None]]] = []
         self.notify_fd = -1
@@ -49,14 +63,16 @@ class LocalStorage:
         segment_bytes_min: int = 1 << 20,
         segment_bytes_max: int = 64 << 20,
     ) -> LocalStorage:
-        """Lock the directory, check its shard count, and recover its log (on the log's
-        thread: recovery reads every segment)."""
+        """Lock the directory, check its meta and shard count (or create it: its log
+        first, the meta last), and recover its log (on the log's thread: recovery reads
+        every segment). Damage that loses acknowledged records refuses with IoError
+        naming the file."""
         root = Path(root)
         try:
-            directory = _native.Directory(root, shards)
+            directory = _native.Directory(root, shards, segment_bytes_min)
         except _native.DirectoryError as error:
             raise RejectedError(f"{root}: {error}") from None
-        except OSError as error:
+        except (_native.CorruptionError, OSError) as error:
             raise IoError(f"{root}: {error}") from None
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fusee-log")
         loop = asyncio.get_running_loop()
@@ -82,8 +98,10 @@ class LocalStorage:
     async def open_shard(self, index: int) -> LocalShardStore:
         loop = asyncio.get_running_loop()
         try:
-            files = await loop.run_in_executor(self.executor, _native.Shard, str(self.root), index)
-        except _native.CorruptionError as error:
+            # Checks the shard's checkpoint against the log and every run-store frame it
+            # references, before anything is changed.
+            files = await loop.run_in_executor(self.executor, _native.Shard, str(self.root), index, self.log)
+        except (_native.CorruptionError, OSError) as error:
             raise IoError(f"{self.root}: {error}") from None
         store = LocalShardStore(self, index, files)
         self.stores[index] = store
@@ -176,15 +194,21 @@ class LocalStorage:
         next open began writing."""
         self.failed = RuntimeError("abandoned")
         self._stop_writer()
-        self.executor.shutdown(wait=True)
+        self._shutdown()
         self.directory.release()
+
+    def _shutdown(self) -> None:
+        # A checkpoint under way finishes before the lock is released, so it cannot land
+        # after the next open began reading the shard's files.
+        self.checkpoints.shutdown(wait=True)
+        self.executor.shutdown(wait=True)
 
     async def close(self) -> None:
         self._stop_writer()  # lets a write under way finish
         self._written()
         if self.failed is None and len(self.stores) == self.shards:
             await self.retire(fresh=True)
-        self.executor.shutdown(wait=True)
+        self._shutdown()
         self.directory.release()
 
 
@@ -201,8 +225,10 @@ class LocalShardStore:
         self.log = storage.log
         self.runs_len = files.runs_len
         self.last_checkpoint: tuple[int, bytes] | None = None
+        self.writing: asyncio.Future[None] | None = None  # the checkpoint being written
         self.pending: list[bytes] = []
         self.next_position = 0  # set by recover()
+        self.stopped: IoError | None = None
 
     def append(self, entry: bytes) -> int:
         # Kept here until the shard flushes: the engine flushes between turns of the
@@ -214,9 +240,18 @@ class LocalShardStore:
         return self.next_position
 
     def _hand_over(self) -> None:
+        if self.stopped is not None:
+            raise self.stopped
         if self.pending:
             pending, self.pending = self.pending, []
-            last = self.log.stage_many(self.index, pending)
+            try:
+                last = self.log.stage_many(self.index, pending)
+            except ValueError as error:
+                # A record longer than the log takes (recovery would refuse its batch):
+                # it was never staged, so its position and every later one are holes.
+                # The shard stops as after a failed flush; nothing is acknowledged.
+                self.stopped = IoError(f"{self.storage.root}: shard {self.index}: {error}")
+                raise self.stopped from None
             if last != self.next_position:
                 raise IoError(f"shard {self.index}: log position {last}, expected {self.next_position}")
 
@@ -257,17 +292,42 @@ class LocalShardStore:
         return Recovered(data, self.log.take_recovered(self.index, position))
 
     async def checkpoint(self, position: int, data: bytes) -> None:
-        loop = asyncio.get_running_loop()
-        # Not on the log's thread: a checkpoint's flushes must not delay log writes.
-        await loop.run_in_executor(None, self.files.checkpoint, position, data)
-        self.last_checkpoint = (position, data)
+        await self._write_checkpoint(position, data)
         await self.storage.retire()
+
+    async def _write_checkpoint(self, position: int, data: bytes) -> None:
+        loop = asyncio.get_running_loop()
+        # On the storage's checkpoint executor: not the log's (a checkpoint's flushes
+        # must not delay retirement), not the loop's default (step threads fill it).
+        writing = loop.run_in_executor(self.storage.checkpoints, self.files.checkpoint, position, data)
+        self.writing = writing
+        try:
+            await writing
+        finally:
+            if self.writing is writing:
+                self.writing = None
+        self.last_checkpoint = (position, data)
 
     async def close(self) -> None:
         """After the engine's closing checkpoint, a second copy of it: with every record
         covered by two checkpoints, the next open replays nothing and the log under them
-        can be retired."""
+        can be retired. A checkpoint still being written finishes first (the engine may
+        have started one that its close did not wait for); the copy is made only of a
+        checkpoint that covers every record, and only once."""
+        writing = self.writing
+        if writing is not None:
+            await asyncio.wait([writing])
         last = self.last_checkpoint
-        if last is not None and last[0] == self.next_position and self.storage.failed is None:
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(None, self.files.checkpoint, last[0], last[1])
+        if last is None or self.storage.failed is not None or self.stopped is not None:
+            return
+        position, data = last
+        if position != self.next_position or self.files.checkpoint_positions() == [position, position]:
+            return
+        try:
+            await self._write_checkpoint(position, data)
+        except OSError as error:
+            # The first copy is durable: the next open uses it and replays nothing
+            # lost; only the log under it stays until the next close.
+            logger.warning(
+                "shard %d: the second copy of its closing checkpoint failed: %s", self.index, error
+            )

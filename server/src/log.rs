@@ -1,9 +1,12 @@
 //! The shared log: one log for every shard of a directory, written in batches with one
 //! durable flush each (group commit).
 
-use crate::format::{align_up, encode_batch, Section, SegmentHeader, BATCH_BYTES_MAX, BATCH_HEADER, SEGMENT_HEADER};
+use crate::format::{
+    encode_batch, Seal, Section, SegmentHeader, BATCH_BYTES_MAX, BATCH_HEADER, BLOCK, RECORD_BYTES_MAX, SEAL_BYTES,
+    SEGMENT_HEADER,
+};
 use crate::io::{sync_dir, LogFile};
-use crate::recovery::{recover, RecoveryError, SegmentImage};
+use crate::recovery::{recover, RecoveryError, SegmentImage, ShardBounds, Tail};
 use std::fs;
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -31,6 +34,8 @@ pub enum LogError {
     Recovery(RecoveryError),
     /// A flush failed earlier: nothing is written or acknowledged any more.
     Stopped(String),
+    /// A record longer than `RECORD_BYTES_MAX` was staged: refused, nothing of it staged.
+    RecordTooLong(usize),
 }
 
 impl std::fmt::Display for LogError {
@@ -39,6 +44,11 @@ impl std::fmt::Display for LogError {
             LogError::Io(e) => write!(f, "{e}"),
             LogError::Recovery(e) => write!(f, "{e}"),
             LogError::Stopped(why) => write!(f, "the log stopped after a failed flush ({why}); restart the process"),
+            LogError::RecordTooLong(len) => write!(
+                f,
+                "a log record of {len} bytes is longer than the log takes (RECORD_BYTES_MAX, {RECORD_BYTES_MAX} \
+                 bytes); it was not written"
+            ),
         }
     }
 }
@@ -55,6 +65,8 @@ struct Segment {
     id: u64,
     path: PathBuf,
     size: u64,
+    /// Its header's positions: per shard, the highest position before this segment.
+    positions: Vec<u64>,
     /// The highest position of each shard in this segment (0: none).
     max_pos: Vec<u64>,
 }
@@ -75,6 +87,10 @@ struct Writer {
     prev: u32,
     segments: Vec<Segment>,
     spares: Vec<PathBuf>,
+    /// Segment files older than the chain with no readable header (a retirement cut
+    /// short by a crash, or damage to a segment whose records checkpoints cover): they
+    /// become spares at the first retirement, once the open has succeeded.
+    headerless: Vec<PathBuf>,
     next_id: u64,
     next_size: u64,
 }
@@ -85,7 +101,7 @@ pub struct OpenReport {
     pub batches: u64,
     pub first_seq: u64,
     pub next_seq: u64,
-    pub torn_tail: bool,
+    pub tail: Option<Tail>,
     pub segments: Vec<(u64, u64, u64)>, // id, first batch seq, batches
     pub records: Vec<u64>,              // per shard
     pub spares: usize,
@@ -101,6 +117,7 @@ pub struct SharedLog {
     recovered: Mutex<Vec<Recovered>>,
     failed: Mutex<Option<String>>,
     last_write_ns: AtomicU64,
+    bounds: Vec<ShardBounds>,
     pub report: OpenReport,
 }
 
@@ -108,27 +125,44 @@ fn segment_name(id: u64) -> String {
     format!("{id:016x}.wal")
 }
 
+/// Create `wal` with its first segment (id 1), the header durable, for a new directory
+/// of `shards` shards. The directory's meta is written after this returns: a directory
+/// is complete only with its meta, so a crash before it leaves an empty log that the
+/// next open finishes creating.
+pub fn create_log(wal: &Path, shards: usize, segment_bytes: u64) -> io::Result<()> {
+    fs::create_dir_all(wal)?;
+    // The `wal` entry itself must survive a crash before the meta names the directory
+    // complete.
+    sync_dir(wal.parent().unwrap_or(Path::new(".")))?;
+    let size = segment_size(segment_bytes, 0);
+    let path = wal.join(segment_name(1));
+    let file = fs::OpenOptions::new().write(true).create(true).truncate(true).open(&path)?;
+    zero_fill(&file, size)?;
+    let header = SegmentHeader { id: 1, size, first_seq: 1, first_prev: 0, positions: vec![0; shards] };
+    file.write_all_at(&header.encode(), 0)?;
+    file.sync_all()?;
+    sync_dir(wal)
+}
+
+/// A segment's size: at least `wanted`, and room for the header, a batch of
+/// `batch_disk` bytes and the seal block reserved at its end, in whole blocks.
+fn segment_size(wanted: u64, batch_disk: u64) -> u64 {
+    let least = (SEGMENT_HEADER + SEAL_BYTES) as u64 + batch_disk;
+    wanted.max(least).div_ceil(BLOCK as u64) * BLOCK as u64
+}
+
 impl SharedLog {
-    /// Open (creating) `<dir>/wal` and recover its chain.
+    /// Create `wal` (see `create_log`) and open it.
+    pub fn create(wal: &Path, shards: usize, options: LogOptions) -> Result<SharedLog, LogError> {
+        create_log(wal, shards, options.segment_bytes_min)?;
+        SharedLog::open(wal, shards, options)
+    }
+
+    /// Open `<dir>/wal` of a directory of `shards` shards and recover its chain. A
+    /// missing or empty `wal` refuses: the directory's meta exists, so the log did too.
     pub fn open(wal: &Path, shards: usize, options: LogOptions) -> Result<SharedLog, LogError> {
-        fs::create_dir_all(wal)?;
-        let mut images = Vec::new();
-        let mut spares = Vec::new();
-        let mut names: Vec<_> = fs::read_dir(wal)?.filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
-        names.sort();
-        for name in names {
-            let name = name.to_string_lossy().into_owned();
-            if !name.ends_with(".wal") {
-                continue;
-            }
-            let path = wal.join(&name);
-            if name.starts_with("spare-") {
-                spares.push(path);
-                continue;
-            }
-            images.push(SegmentImage { name, bytes: fs::read(&path)? });
-        }
-        let chain = recover(&images).map_err(LogError::Recovery)?;
+        let (images, spares) = read_wal(wal)?;
+        let chain = recover(&images, shards).map_err(LogError::Recovery)?;
         let mut records: Vec<Recovered> = vec![Vec::new(); shards];
         let mut segments: Vec<Segment> = chain
             .live
@@ -137,11 +171,11 @@ impl SharedLog {
                 id: h.id,
                 path: wal.join(&images[*i].name),
                 size: h.size,
+                positions: h.positions.clone(),
                 max_pos: vec![0; shards],
             })
             .collect();
         let mut report = OpenReport { records: vec![0; shards], ..OpenReport::default() };
-        let mut next = vec![1u64; shards];
         for located in &chain.batches {
             let segment = segments.iter_mut().find(|s| s.id == located.segment).expect("chain segment");
             for section in &located.sections {
@@ -156,7 +190,6 @@ impl SharedLog {
                     let pos = section.first + i as u64;
                     records[shard].push((pos, record.clone()));
                     segment.max_pos[shard] = segment.max_pos[shard].max(pos);
-                    next[shard] = next[shard].max(pos + 1);
                 }
                 report.records[shard] += section.records.len() as u64;
             }
@@ -167,40 +200,59 @@ impl SharedLog {
             let in_seg: Vec<_> = chain.batches.iter().filter(|b| b.segment == s.id).collect();
             report.segments.push((s.id, in_seg.first().map_or(0, |b| b.header.seq), in_seg.len() as u64));
         }
-        // Segments past the end never got a durable batch: they become spares.
-        for index in chain.beyond.iter().rev() {
-            let segment = segments.remove(*index);
-            spares.push(retire_file(wal, &segment)?);
+        // A roll cut short between the new header and the seal: write the seal now, so
+        // that a later loss of that segment is detected rather than read as the log's end.
+        for (k, offset, seal) in &chain.unsealed {
+            LogFile::open(&segments[*k].path, options.direct_io)?.write_durable(*offset, &seal.encode())?;
         }
-        let (file, offset, seq, prev) = match &chain.end {
-            Some(end) => {
-                report.torn_tail = end.torn_tail;
-                let segment = &segments[end.segment];
-                let file = LogFile::open(&segment.path, options.direct_io)?;
-                (Some(file), end.offset, end.next_seq, end.prev)
-            }
-            None => (None, 0, 1, 0),
-        };
-        report.next_seq = seq;
+        let oldest = segments[0].id;
+        let headerless = chain
+            .unreadable
+            .iter()
+            .filter(|name| parse_segment_name(name).is_some_and(|id| id < oldest))
+            .map(|name| wal.join(name))
+            .collect();
+        let end = &chain.end;
+        report.tail = Some(end.tail);
+        let file = LogFile::open(&segments[end.segment].path, options.direct_io)?;
+        report.next_seq = end.next_seq;
         report.spares = spares.len();
         let next_id = segments.last().map_or(1, |s| s.id + 1);
         let next_size =
             segments.last().map_or(options.segment_bytes_min, |s| (s.size * 2).min(options.segment_bytes_max));
+        // A shard's records continue after the highest position the log knows of, from
+        // its records or from the newest header (whose records may all be retired).
+        let known: Vec<u64> = chain.bounds.iter().map(|b| b.end).collect();
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        let writer = Writer {
+            file: Some(file),
+            offset: end.offset,
+            seq: end.next_seq,
+            prev: end.prev,
+            segments,
+            spares,
+            headerless,
+            next_id,
+            next_size,
+        };
         Ok(SharedLog {
             wal: wal.to_owned(),
             nonce: now ^ ((std::process::id() as u64) << 40),
-            stage: Mutex::new(
-                (0..shards).map(|s| Stage { next: next[s], first: next[s], records: Vec::new() }).collect(),
-            ),
-            writer: Mutex::new(Writer { file, offset, seq, prev, segments, spares, next_id, next_size }),
-            durable: next.iter().map(|n| AtomicU64::new(n - 1)).collect(),
+            stage: Mutex::new(known.iter().map(|k| Stage { next: k + 1, first: k + 1, records: Vec::new() }).collect()),
+            writer: Mutex::new(writer),
+            durable: known.iter().map(|k| AtomicU64::new(*k)).collect(),
             recovered: Mutex::new(records),
             failed: Mutex::new(None),
             last_write_ns: AtomicU64::new(0),
+            bounds: chain.bounds,
             options,
             report,
         })
+    }
+
+    /// The span of `shard` in the log at open, to check its checkpoint against.
+    pub fn bounds(&self, shard: usize) -> &ShardBounds {
+        &self.bounds[shard]
     }
 
     pub fn shards(&self) -> usize {
@@ -225,22 +277,18 @@ impl SharedLog {
         }
     }
 
-    /// Stage a record; returns its position. Never waits for the disk.
-    pub fn stage(&self, shard: usize, record: Vec<u8>) -> u64 {
-        let mut stage = self.stage.lock().expect("stage");
-        let s = &mut stage[shard];
-        if s.records.is_empty() {
-            s.first = s.next;
-        }
-        let pos = s.next;
-        s.next += 1;
-        s.records.push(record);
-        pos
+    /// Stage a record; returns its position. Never waits for the disk. A record longer
+    /// than `RECORD_BYTES_MAX` is refused: recovery would refuse the batch carrying it.
+    pub fn stage(&self, shard: usize, record: Vec<u8>) -> Result<u64, LogError> {
+        self.stage_many(shard, vec![record])
     }
 
     /// Stage several records of one shard at once: they go into the same batch. Returns
-    /// the last one's position.
-    pub fn stage_many(&self, shard: usize, records: Vec<Vec<u8>>) -> u64 {
+    /// the last one's position. One record too long refuses them all, none staged.
+    pub fn stage_many(&self, shard: usize, records: Vec<Vec<u8>>) -> Result<u64, LogError> {
+        if let Some(long) = records.iter().find(|r| r.len() > RECORD_BYTES_MAX) {
+            return Err(LogError::RecordTooLong(long.len()));
+        }
         let mut stage = self.stage.lock().expect("stage");
         let s = &mut stage[shard];
         if s.records.is_empty() {
@@ -248,7 +296,7 @@ impl SharedLog {
         }
         s.next += records.len() as u64;
         s.records.extend(records);
-        s.next - 1
+        Ok(s.next - 1)
     }
 
     pub fn appended(&self, shard: usize) -> u64 {
@@ -312,7 +360,9 @@ impl SharedLog {
         // batch's `acked` says (recovery uses it to prove an acknowledged batch was lost).
         let acked = w.seq - 1;
         let (bytes, crc) = encode_batch(w.seq, w.prev, acked, self.nonce, sections);
-        let fits = w.file.is_some() && w.segments.last().is_some_and(|s| w.offset + bytes.len() as u64 <= s.size);
+        // The segment's last block stays free for the seal a roll writes there.
+        let fits = w.file.is_some()
+            && w.segments.last().is_some_and(|s| w.offset + (bytes.len() + SEAL_BYTES) as u64 <= s.size);
         if !fits {
             self.roll(w, bytes.len() as u64)?;
         }
@@ -330,12 +380,11 @@ impl SharedLog {
     }
 
     /// Start the next segment (reusing a spare when there is one). Its header, written
-    /// durably before any batch, names the batch that must come first in it.
-    fn roll(&self, w: &mut Writer, needed: u64) -> Result<(), LogError> {
+    /// durably before any batch, names the batch that must come first in it and, per
+    /// shard, the highest position already durable; then the old segment is sealed.
+    fn roll(&self, w: &mut Writer, batch_disk: u64) -> Result<(), LogError> {
         let id = w.next_id;
-        let size = (w.next_size.max(SEGMENT_HEADER as u64 + align_up(needed as usize) as u64) as usize)
-            .div_ceil(SEGMENT_HEADER) as u64
-            * SEGMENT_HEADER as u64;
+        let size = segment_size(w.next_size, batch_disk);
         let path = self.wal.join(segment_name(id));
         let reused = w.spares.pop();
         if let Some(spare) = &reused {
@@ -343,25 +392,35 @@ impl SharedLog {
         } else {
             fs::File::create(&path)?;
         }
+        let positions: Vec<u64> = self.durable.iter().map(|d| d.load(Ordering::Acquire)).collect();
         {
             let file = fs::OpenOptions::new().write(true).open(&path)?;
             if reused.is_none() || file.metadata()?.len() < size {
                 // Zero-fill a new segment once: a durable write into a hole (or into an
                 // unwritten extent) also commits the filesystem's metadata, doubling
-                // every flush. A reused spare is overwritten in place.
+                // every flush. A reused spare is overwritten in place: its earlier life's
+                // sectors carry older stamps, which recovery tells from this life's.
                 zero_fill(&file, size)?;
             }
             file.set_len(size)?;
-            let header = SegmentHeader { id, size, first_seq: w.seq, first_prev: w.prev };
+            let header = SegmentHeader { id, size, first_seq: w.seq, first_prev: w.prev, positions: positions.clone() };
             file.write_all_at(&header.encode(), 0)?;
-            // The header must be durable before a batch in this segment is acknowledged:
-            // recovery finds the chain's continuation through it.
+            // The header must be durable before the seal names this segment and before a
+            // batch in it is acknowledged: recovery finds the chain's continuation
+            // through it.
             file.sync_all()?;
         }
         sync_dir(&self.wal)?;
+        if let Some(old) = w.file.as_mut() {
+            // The seal, durable before any batch goes to the new segment: should that
+            // segment be lost later, the chain ends at a seal naming it and the open
+            // refuses, instead of reading the old segment's end as the log's.
+            let seal = Seal { next_id: id, next_seq: w.seq, prev: w.prev };
+            old.write_durable(w.offset, &seal.encode())?;
+        }
         w.file = Some(LogFile::open(&path, self.options.direct_io)?);
         w.offset = SEGMENT_HEADER as u64;
-        w.segments.push(Segment { id, path, size, max_pos: vec![0; self.shards()] });
+        w.segments.push(Segment { id, path, size, positions, max_pos: vec![0; self.shards()] });
         w.next_id = id + 1;
         w.next_size = (size * 2).min(self.options.segment_bytes_max.max(size));
         Ok(())
@@ -371,23 +430,28 @@ impl SharedLog {
     /// cover (`covered[shard]`: the older of its two newest checkpoints' positions). The
     /// segment being written is never retired. Returns the retired segment ids.
     ///
+    /// A segment is retired only when the next one's header positions are covered too:
+    /// recovery refuses a checkpoint older than the oldest live header, and either
+    /// retained checkpoint must remain usable (a damaged newest falls back to the older).
+    ///
     /// With `fresh` (a clean close), a log that checkpoints cover entirely moves to an
     /// empty segment first, so every older one is retired and the next open reads one
     /// header and no batch, however long the log had grown.
     pub fn retire(&self, covered: &[u64], fresh: bool) -> Result<Vec<u64>, LogError> {
         let mut w = self.writer.lock().expect("writer");
-        let all_covered = |segments: &[Segment]| {
-            segments.iter().all(|s| s.max_pos.iter().zip(covered).all(|(max, cover)| max <= cover))
-        };
-        if fresh && w.offset > SEGMENT_HEADER as u64 && all_covered(&w.segments) {
+        for path in std::mem::take(&mut w.headerless) {
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let spare = self.wal.join(format!("spare-{name}"));
+            fs::rename(&path, &spare)?;
+            w.spares.push(spare);
+        }
+        let under = |positions: &[u64]| positions.iter().zip(covered).all(|(p, cover)| p <= cover);
+        let durable: Vec<u64> = self.durable.iter().map(|d| d.load(Ordering::Acquire)).collect();
+        if fresh && w.offset > SEGMENT_HEADER as u64 && under(&durable) {
             self.roll(&mut w, 0)?;
         }
         let mut retired = Vec::new();
-        while w.segments.len() > 1 {
-            let oldest = &w.segments[0];
-            if oldest.max_pos.iter().zip(covered).any(|(max, cover)| max > cover) {
-                break;
-            }
+        while w.segments.len() > 1 && under(&w.segments[0].max_pos) && under(&w.segments[1].positions) {
             let segment = w.segments.remove(0);
             let spare = retire_file(&self.wal, &segment)?;
             w.spares.push(spare);
@@ -404,6 +468,41 @@ impl SharedLog {
     pub fn segment_ids(&self) -> Vec<u64> {
         self.writer.lock().expect("writer").segments.iter().map(|s| s.id).collect()
     }
+}
+
+/// The segment files of `wal` (`<id>.wal`, spares apart). A missing `wal` holds none.
+pub fn read_wal(wal: &Path) -> io::Result<(Vec<SegmentImage>, Vec<PathBuf>)> {
+    let mut images = Vec::new();
+    let mut spares = Vec::new();
+    let entries = match fs::read_dir(wal) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((images, spares)),
+        Err(e) => return Err(e),
+    };
+    let mut names: Vec<_> = entries.filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
+    names.sort();
+    for name in names {
+        let name = name.to_string_lossy().into_owned();
+        if !name.ends_with(".wal") {
+            continue;
+        }
+        let path = wal.join(&name);
+        if name.starts_with("spare-") {
+            spares.push(path);
+            continue;
+        }
+        images.push(SegmentImage { name, bytes: fs::read(&path)? });
+    }
+    Ok((images, spares))
+}
+
+/// The id of a segment file name `<id:016x>.wal`.
+pub fn parse_segment_name(name: &str) -> Option<u64> {
+    let hex = name.strip_suffix(".wal")?;
+    if hex.len() != 16 || !hex.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)) {
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok()
 }
 
 fn zero_fill(file: &fs::File, size: u64) -> io::Result<()> {
@@ -430,7 +529,7 @@ fn retire_file(wal: &Path, segment: &Segment) -> io::Result<PathBuf> {
 }
 
 /// Cut sections into batches of at most `BATCH_BYTES_MAX`, at record boundaries (one
-/// record at least per batch, whatever its size).
+/// record at least per batch: `stage` refuses a record that would not fit alone).
 fn split(sections: Vec<Section>) -> Vec<Vec<Section>> {
     let mut batches = vec![Vec::new()];
     let mut size = BATCH_HEADER;

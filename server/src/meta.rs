@@ -1,13 +1,23 @@
-//! The data directory: `fusee.meta` (format and shard count) and the lock that lets one
-//! process at a time write it.
+//! The data directory: `fusee.meta` (format and shard count, with a checksum) and the
+//! lock that lets one process at a time write it.
+//!
+//! A directory is complete only with its meta: creation writes `wal/` and the first
+//! segment (its header durable) first, the meta last. So a missing meta beside an empty
+//! log is an interrupted creation, finished at the next open, and a missing meta beside
+//! anything written (a batch, a checkpoint, a run store with bytes) is damage: recreating
+//! it with a default shard count would make every run unreachable by its ID.
 
+use crate::format::{LOG_FORMAT, SEGMENT_HEADER, SHARDS_MAX};
 use crate::io::write_file_durably;
+use crate::log::create_log;
+use crate::recovery::WHAT_TO_DO;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
-pub const DIR_FORMAT: u32 = 1;
+pub const DIR_FORMAT: u32 = 2;
+pub const META: &str = "fusee.meta";
 
 #[derive(Debug)]
 pub enum DirError {
@@ -21,7 +31,10 @@ pub enum DirError {
         have: u32,
         asked: u32,
     },
-    Format(String),
+    /// A shard count no directory can have.
+    Shards(u32),
+    /// The meta is damaged, missing beside written data, or of another format.
+    Damaged(String),
 }
 
 impl std::fmt::Display for DirError {
@@ -30,15 +43,18 @@ impl std::fmt::Display for DirError {
             DirError::Io(e) => write!(f, "{e}"),
             DirError::Locked { pid } => write!(
                 f,
-                "the directory is open in process {pid}: one process writes a directory at a time (use server mode \
-                 for several)"
+                "the directory is open in process {pid}: one process writes a directory at a time; close it there \
+                 first"
             ),
             DirError::ShardCount { have, asked } => write!(
                 f,
                 "the directory has {have} shards and was opened with shards={asked}: open it with shards={have} (or \
-                 without shards=); changing the count of a closed directory is `fusee reshard <dir> <shards>`"
+                 without shards=); the shard count of a directory is fixed when it is created"
             ),
-            DirError::Format(why) => write!(f, "{why}"),
+            DirError::Shards(count) => {
+                write!(f, "shards={count}: a directory has between 1 and {SHARDS_MAX} shards")
+            }
+            DirError::Damaged(why) => write!(f, "{why}"),
         }
     }
 }
@@ -55,8 +71,62 @@ pub struct DirLock {
     _file: File,
 }
 
-/// Lock `root` and read (or create) its meta. Returns the lock and the shard count.
-pub fn open_dir(root: &Path, shards: Option<u32>) -> Result<(DirLock, u32), DirError> {
+/// The meta's text: `key=value` lines, the last one a CRC-32C of the lines before it.
+pub fn encode_meta(shards: u32) -> String {
+    let body = format!("format={DIR_FORMAT}\nshards={shards}\nlog_format={LOG_FORMAT}\n");
+    let crc = crc32c::crc32c(body.as_bytes());
+    format!("{body}checksum={crc:08x}\n")
+}
+
+/// The shard count from the meta's text, checksum and format checked.
+pub fn parse_meta(text: &str) -> Result<u32, DirError> {
+    let damaged = |why: &str| {
+        DirError::Damaged(format!(
+            "{META} is damaged ({why}): it names the directory's shard count, without which no run can be found. \
+             {WHAT_TO_DO}"
+        ))
+    };
+    let body_len = text.rfind("checksum=").ok_or_else(|| damaged("no checksum line"))?;
+    let (body, sum) = text.split_at(body_len);
+    let sum = sum.strip_prefix("checksum=").unwrap_or_default().trim_end_matches('\n');
+    let crc = u32::from_str_radix(sum, 16).map_err(|_| damaged("its checksum line does not parse"))?;
+    if sum.len() != 8 || crc != crc32c::crc32c(body.as_bytes()) {
+        return Err(damaged("its checksum does not match"));
+    }
+    let mut format = None;
+    let mut shards = None;
+    for line in body.lines() {
+        match line.split_once('=') {
+            Some(("format", v)) => format = v.parse::<u32>().ok(),
+            Some(("shards", v)) => shards = v.parse::<u32>().ok(),
+            _ => {}
+        }
+    }
+    match (format, shards) {
+        (Some(DIR_FORMAT), Some(s)) if (1..=SHARDS_MAX as u32).contains(&s) => Ok(s),
+        (Some(DIR_FORMAT), _) => Err(damaged("no valid shard count")),
+        (Some(other), _) => Err(DirError::Damaged(format!(
+            "{META} is of directory format {other}; this build reads format {DIR_FORMAT}"
+        ))),
+        (None, _) => Err(damaged("no format line")),
+    }
+}
+
+/// Read and check `<root>/fusee.meta`: the shard count, or None when it does not exist.
+pub fn read_meta(root: &Path) -> Result<Option<u32>, DirError> {
+    match fs::read(root.join(META)) {
+        Ok(bytes) => match String::from_utf8(bytes) {
+            Ok(text) => parse_meta(&text).map(Some),
+            Err(_) => Err(parse_meta("").expect_err("no checksum line")),
+        },
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Lock `root` and read (or create) its meta. Returns the lock and the shard count. A new
+/// directory's first segment is `segment_bytes` long.
+pub fn open_dir(root: &Path, shards: Option<u32>, segment_bytes: u64) -> Result<(DirLock, u32), DirError> {
     fs::create_dir_all(root)?;
     let mut file =
         OpenOptions::new().read(true).write(true).create(true).truncate(false).open(root.join("fusee.lock"))?;
@@ -69,16 +139,8 @@ pub fn open_dir(root: &Path, shards: Option<u32>) -> Result<(DirLock, u32), DirE
     file.set_len(0)?;
     file.seek(SeekFrom::Start(0))?;
     write!(file, "{}", std::process::id())?;
-    let meta_path = root.join("fusee.meta");
-    let count = match fs::read_to_string(&meta_path) {
-        Ok(text) => {
-            let (format, have) = parse_meta(&text)?;
-            if format != DIR_FORMAT {
-                return Err(DirError::Format(format!(
-                    "{} is of format {format}; this build reads format {DIR_FORMAT}",
-                    meta_path.display()
-                )));
-            }
+    let count = match read_meta(root)? {
+        Some(have) => {
             if let Some(asked) = shards {
                 if asked != have {
                     return Err(DirError::ShardCount { have, asked });
@@ -86,32 +148,71 @@ pub fn open_dir(root: &Path, shards: Option<u32>) -> Result<(DirLock, u32), DirE
             }
             have
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            let count = shards.unwrap_or(4);
-            if count == 0 {
-                return Err(DirError::Format("shards=0: a directory needs at least one shard".into()));
+        None => {
+            if let Some(what) = written_data(root)? {
+                return Err(DirError::Damaged(format!(
+                    "{META} is missing, but the directory holds data ({what}): without it the shard count, and so \
+                     every run, is unknown. {WHAT_TO_DO}"
+                )));
             }
-            write_file_durably(&meta_path, format!("format={DIR_FORMAT}\nshards={count}\nlog_format=3\n").as_bytes())?;
+            let count = shards.unwrap_or(4);
+            if count == 0 || count as usize > SHARDS_MAX {
+                return Err(DirError::Shards(count));
+            }
+            // An interrupted creation left at most an empty log: start it again.
+            let wal = root.join("wal");
+            if wal.exists() {
+                fs::remove_dir_all(&wal)?;
+            }
+            create_log(&wal, count as usize, segment_bytes)?;
+            // Last: the meta makes the directory complete (see the module's note).
+            write_file_durably(&root.join(META), encode_meta(count).as_bytes())?;
             count
         }
-        Err(e) => return Err(e.into()),
     };
     Ok((DirLock { _file: file }, count))
 }
 
-/// (format, shards) from the meta's `key=value` lines.
-pub fn parse_meta(text: &str) -> Result<(u32, u32), DirError> {
-    let mut format = None;
-    let mut shards = None;
-    for line in text.lines() {
-        match line.split_once('=') {
-            Some(("format", v)) => format = v.trim().parse().ok(),
-            Some(("shards", v)) => shards = v.trim().parse().ok(),
-            _ => {}
+/// What a directory without its meta holds that creation alone does not write: a
+/// segment with bytes after its header, a spare (a retired segment), a checkpoint, or a
+/// run store with bytes. None for an empty log (an interrupted creation) or nothing.
+pub fn written_data(root: &Path) -> io::Result<Option<String>> {
+    let listed = |dir: &Path| -> io::Result<Vec<String>> {
+        match fs::read_dir(dir) {
+            Ok(entries) => {
+                let mut names: Vec<String> =
+                    entries.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+                names.sort();
+                Ok(names)
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    };
+    let wal = root.join("wal");
+    for name in listed(&wal)? {
+        if name.starts_with("spare-") {
+            return Ok(Some(format!("a retired log segment, wal/{name}")));
+        }
+        if name.ends_with(".wal") {
+            // Only bytes after the header count: creation writes the header, and a crash
+            // may tear that write.
+            let bytes = fs::read(wal.join(&name))?;
+            if bytes.get(SEGMENT_HEADER..).is_some_and(|rest| rest.iter().any(|&b| b != 0)) {
+                return Ok(Some(format!("log segment wal/{name} holds batches")));
+            }
         }
     }
-    match (format, shards) {
-        (Some(f), Some(s)) => Ok((f, s)),
-        _ => Err(DirError::Format(format!("fusee.meta is unreadable: {text:?}"))),
+    for shard in listed(root)?.into_iter().filter(|n| n.starts_with("shard-")) {
+        for name in listed(&root.join(&shard))? {
+            let path = root.join(&shard).join(&name);
+            if name.starts_with("checkpoint-") {
+                return Ok(Some(format!("checkpoint {shard}/{name}")));
+            }
+            if name.starts_with("runs-") && fs::metadata(&path)?.len() > 0 {
+                return Ok(Some(format!("run store {shard}/{name}")));
+            }
+        }
     }
+    Ok(None)
 }

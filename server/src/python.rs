@@ -30,6 +30,7 @@ fn log_err(e: LogError) -> PyErr {
     match e {
         LogError::Recovery(r) => CorruptionError::new_err(r.to_string()),
         LogError::Stopped(_) => StoppedError::new_err(e.to_string()),
+        LogError::RecordTooLong(_) => PyValueError::new_err(e.to_string()),
         LogError::Io(io) => PyOSError::new_err(io.to_string()),
     }
 }
@@ -66,12 +67,15 @@ impl Log {
         Ok(Log { inner: Arc::new(log), writer: Mutex::new(None) })
     }
 
-    fn stage(&self, shard: usize, record: &[u8]) -> u64 {
-        self.inner.stage(shard, record.to_vec())
+    /// Stage a record; ValueError when it is longer than RECORD_BYTES_MAX.
+    fn stage(&self, shard: usize, record: &[u8]) -> PyResult<u64> {
+        self.inner.stage(shard, record.to_vec()).map_err(log_err)
     }
 
-    fn stage_many(&self, shard: usize, records: Vec<Vec<u8>>) -> u64 {
-        self.inner.stage_many(shard, records)
+    /// Stage records of one shard together; ValueError (none staged) when one is longer
+    /// than RECORD_BYTES_MAX.
+    fn stage_many(&self, shard: usize, records: Vec<Vec<u8>>) -> PyResult<u64> {
+        self.inner.stage_many(shard, records).map_err(log_err)
     }
 
     /// Write everything staged, with the GIL released. False when nothing was staged.
@@ -148,9 +152,11 @@ impl Log {
         self.inner.last_write_ns()
     }
 
+    /// What the open found where the chain ends: "clean", "torn" (an unfinished write,
+    /// discarded) or "stale" (bytes of no use, discarded).
     #[getter]
-    fn torn_tail(&self) -> bool {
-        self.inner.report.torn_tail
+    fn tail(&self) -> &'static str {
+        crate::tools::tail_name(self.inner.report.tail)
     }
 
     #[getter]
@@ -168,9 +174,15 @@ struct Shard {
 
 #[pymethods]
 impl Shard {
+    /// Open a shard's files; its checkpoint is checked against `log`'s span of the shard.
     #[new]
-    fn new(py: Python<'_>, root: PathBuf, shard: u32) -> PyResult<Self> {
-        let (files, checkpoint) = py.detach(|| ShardFiles::open(&root, shard)).map_err(io_err)?;
+    fn new(py: Python<'_>, root: PathBuf, shard: u32, log: &Bound<'_, Log>) -> PyResult<Self> {
+        let log = Arc::clone(&log.get().inner);
+        if shard as usize >= log.shards() {
+            return Err(PyValueError::new_err(format!("shard {shard}: the log has {} shards", log.shards())));
+        }
+        let (files, checkpoint) =
+            py.detach(|| ShardFiles::open(&root, shard, log.bounds(shard as usize))).map_err(io_err)?;
         Ok(Shard { inner: Mutex::new(files), checkpoint: Mutex::new(checkpoint.map(|c| (c.position, c.data))) })
     }
 
@@ -217,11 +229,14 @@ struct Directory {
 
 #[pymethods]
 impl Directory {
+    /// Lock the directory and read its meta, or create the directory (its log first,
+    /// with a first segment of `segment_bytes`, the meta last).
     #[new]
-    #[pyo3(signature = (root, shards=None))]
-    fn new(root: PathBuf, shards: Option<u32>) -> PyResult<Self> {
-        let (lock, shards) = open_dir(&root, shards).map_err(|e| match e {
+    #[pyo3(signature = (root, shards=None, segment_bytes=1<<20))]
+    fn new(root: PathBuf, shards: Option<u32>, segment_bytes: u64) -> PyResult<Self> {
+        let (lock, shards) = open_dir(&root, shards, segment_bytes).map_err(|e| match e {
             DirError::Io(io) => PyOSError::new_err(io.to_string()),
+            DirError::Damaged(why) => CorruptionError::new_err(why),
             other => DirectoryError::new_err(other.to_string()),
         })?;
         Ok(Directory { lock: Some(lock), shards })
@@ -254,5 +269,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CorruptionError", m.py().get_type::<CorruptionError>())?;
     m.add("DirectoryError", m.py().get_type::<DirectoryError>())?;
     m.add("StoppedError", m.py().get_type::<StoppedError>())?;
+    m.add("RECORD_BYTES_MAX", crate::format::RECORD_BYTES_MAX)?;
+    m.add("SHARDS_MAX", crate::format::SHARDS_MAX)?;
     Ok(())
 }

@@ -6,13 +6,14 @@
 //! durable with the next checkpoint, the first thing that references them.
 
 use crate::io::{sync_dir, write_file_durably};
+use crate::recovery::{ShardBounds, WHAT_TO_DO};
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 const CHECKPOINT_MAGIC: &[u8; 4] = b"FCKP";
-const CHECKPOINT_FORMAT: u32 = 1;
+const CHECKPOINT_FORMAT: u32 = 2;
 const FRAME_HEADER: u64 = 8;
 const GENERATION: u32 = 1;
 
@@ -35,6 +36,30 @@ pub struct ShardFiles {
 
 fn err(message: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, message)
+}
+
+pub fn shard_dir_name(shard: u32) -> String {
+    format!("shard-{shard:03}")
+}
+
+pub fn runs_name() -> String {
+    format!("runs-{GENERATION}.dat")
+}
+
+/// (position, second copy) of a checkpoint file name: `checkpoint-`, exactly 16
+/// lowercase hex digits, an optional `b` (the second copy of that position), `.fck`.
+/// A position's own digits may end in `b`: only the 17th character marks a copy.
+pub fn parse_checkpoint_name(name: &str) -> Option<(u64, bool)> {
+    let stem = name.strip_prefix("checkpoint-")?.strip_suffix(".fck")?;
+    let (hex, second) = match stem.len() {
+        16 => (stem, false),
+        17 if stem.ends_with('b') => (&stem[..16], true),
+        _ => return None,
+    };
+    if !hex.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)) {
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok().map(|p| (p, second))
 }
 
 pub fn encode_checkpoint(shard: u32, position: u64, runs_prefix: u64, data: &[u8]) -> Vec<u8> {
@@ -63,58 +88,166 @@ pub fn decode_checkpoint(shard: u32, b: &[u8]) -> Option<(u64, u64, Vec<u8>)> {
         return None;
     }
     let len = field(32) as usize;
-    if b.len() != 40 + len + 4 || crc32c::crc32c(&b[..40 + len]) != word(40 + len) {
+    if b.len() != 40usize.saturating_add(len).saturating_add(4) || crc32c::crc32c(&b[..40 + len]) != word(40 + len) {
         return None;
     }
     Some((field(16), field(24), b[40..40 + len].to_vec()))
 }
 
+/// A run-store frame's checksum: CRC-32C of its length field and payload, so a zeroed
+/// or shifted frame does not pass.
+fn frame_crc(len: u32, payload: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&len.to_le_bytes()), payload)
+}
+
+/// Walk the frames of `store` (a run store's first bytes), which lie end to end: the
+/// offset of the first damaged or cut one, and why.
+pub fn verify_frames(store: &[u8]) -> Result<u64, (u64, &'static str)> {
+    let mut at = 0usize;
+    let mut frames = 0u64;
+    while at < store.len() {
+        let head = FRAME_HEADER as usize;
+        if at + head > store.len() {
+            return Err((at as u64, "a frame header is cut"));
+        }
+        let len = u32::from_le_bytes(store[at..at + 4].try_into().expect("4 bytes"));
+        let crc = u32::from_le_bytes(store[at + 4..at + 8].try_into().expect("4 bytes"));
+        let end = at + head + len as usize;
+        if end > store.len() {
+            return Err((at as u64, "a frame runs past the prefix its checkpoint references"));
+        }
+        if frame_crc(len, &store[at + head..end]) != crc {
+            return Err((at as u64, "a frame's checksum does not match"));
+        }
+        at = end;
+        frames += 1;
+    }
+    Ok(frames)
+}
+
+/// A shard's checkpoint files, newest first read until one is intact.
+#[derive(Debug, Default)]
+pub struct CheckpointScan {
+    /// Every checkpoint file: (position, second copy, path), oldest first.
+    pub files: Vec<(u64, bool, PathBuf)>,
+    pub chosen: Option<Checkpoint>,
+    /// Files newer than the chosen one that do not decode (names).
+    pub damaged: Vec<String>,
+}
+
+pub fn scan_checkpoints(dir: &Path, shard: u32) -> io::Result<CheckpointScan> {
+    let mut scan = CheckpointScan::default();
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(scan),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if let Some((position, second)) = parse_checkpoint_name(&name) {
+            scan.files.push((position, second, dir.join(&name)));
+        }
+    }
+    scan.files.sort();
+    for (position, _, path) in scan.files.iter().rev() {
+        match decode_checkpoint(shard, &fs::read(path)?) {
+            Some((pos, prefix, data)) if pos == *position => {
+                scan.chosen = Some(Checkpoint { position: pos, runs_prefix: prefix, data, file: path.clone() });
+                break;
+            }
+            // A damaged newest checkpoint: the older one and the log after it still
+            // hold everything (segments are retired only under both).
+            _ => scan.damaged.push(format!(
+                "{}/{}",
+                shard_dir_name(shard),
+                path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+            )),
+        }
+    }
+    Ok(scan)
+}
+
+/// Refuse a shard whose chosen checkpoint does not meet the log: records between the
+/// checkpoint and the oldest live segment are in no file (`P < base`), or the checkpoint
+/// saw records the log no longer holds (`P > end`). Shared by the open and `inspect`.
+pub fn check_against_log(shard: u32, folder: bool, scan: &CheckpointScan, bounds: &ShardBounds) -> Result<(), String> {
+    let name = shard_dir_name(shard);
+    let position = scan.chosen.as_ref().map_or(0, |c| c.position);
+    let damaged =
+        if scan.damaged.is_empty() { String::new() } else { format!(" (damaged: {})", scan.damaged.join(", ")) };
+    let checkpoint = match &scan.chosen {
+        Some(c) => format!(
+            "its newest usable checkpoint {name}/{} covers position {position}{damaged}",
+            c.file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+        ),
+        None if !folder => format!("its folder {name} is missing"),
+        None => format!("{name} has no usable checkpoint{damaged}"),
+    };
+    if position < bounds.base {
+        let older = crate::log::parse_segment_name(&bounds.oldest)
+            .filter(|id| *id > 1)
+            .map(|id| format!(" (wal/{:016x}.wal or older)", id - 1))
+            .unwrap_or_default();
+        return Err(format!(
+            "shard {shard}: records {}..{} of it are in no file: {checkpoint}, and the log's oldest segment wal/{}              holds only records after {}. The shard's checkpoints or a log segment before wal/{}{older} were lost              or damaged. {WHAT_TO_DO}",
+            position + 1,
+            bounds.base,
+            bounds.oldest,
+            bounds.base,
+            bounds.oldest
+        ));
+    }
+    if position > bounds.end {
+        let next = crate::log::parse_segment_name(&bounds.newest)
+            .map(|id| format!(" (wal/{:016x}.wal or later)", id + 1))
+            .unwrap_or_default();
+        return Err(format!(
+            "shard {shard}: {checkpoint}, but the log holds its records only up to position {}: log segments after              wal/{}{next} or wal/ itself were lost or replaced. {WHAT_TO_DO}",
+            bounds.end, bounds.newest
+        ));
+    }
+    Ok(())
+}
+
+/// Every check the open of a shard makes, reading only (`fusee inspect` makes the same):
+/// its newest intact checkpoint meets the log (`bounds`) and every run-store frame that
+/// checkpoint references is intact. A refusal is an `InvalidData` error naming the file.
+pub fn verify_shard(root: &Path, shard: u32, bounds: &ShardBounds) -> io::Result<CheckpointScan> {
+    let name = shard_dir_name(shard);
+    let dir = root.join(&name);
+    let scan = scan_checkpoints(&dir, shard)?;
+    check_against_log(shard, dir.is_dir(), &scan, bounds).map_err(err)?;
+    let prefix = scan.chosen.as_ref().map_or(0, |c| c.runs_prefix);
+    if prefix > 0 {
+        check_runs(&dir.join(runs_name()), &format!("{name}/{}", runs_name()), &scan, prefix)?;
+    }
+    Ok(scan)
+}
+
 impl ShardFiles {
-    /// Open `<root>/shard-NNN`, creating it; returns the files and the newest intact
-    /// checkpoint. The run store is cut back to that checkpoint's prefix: frames after it
-    /// were never referenced by anything durable.
-    pub fn open(root: &Path, shard: u32) -> io::Result<(ShardFiles, Option<Checkpoint>)> {
-        let dir = root.join(format!("shard-{shard:03}"));
-        fs::create_dir_all(&dir)?;
-        let mut found: Vec<(u64, bool, PathBuf)> = Vec::new();
-        for entry in fs::read_dir(&dir)? {
-            let name = entry?.file_name().to_string_lossy().into_owned();
-            if let Some(stem) = name.strip_prefix("checkpoint-").and_then(|n| n.strip_suffix(".fck")) {
-                let (hex, second) = match stem.strip_suffix('b') {
-                    Some(h) => (h, true),
-                    None => (stem, false),
-                };
-                if let Ok(position) = u64::from_str_radix(hex, 16) {
-                    found.push((position, second, dir.join(&name)));
-                }
-            }
+    /// Open `<root>/shard-NNN`; returns the files and the newest intact checkpoint, once
+    /// that checkpoint meets the log (`bounds`) and every run-store frame it references
+    /// is intact. Only then is the run store cut back to the checkpoint's prefix (frames
+    /// after it were never referenced by anything durable) and a missing folder created:
+    /// a refused open changes nothing.
+    pub fn open(root: &Path, shard: u32, bounds: &ShardBounds) -> io::Result<(ShardFiles, Option<Checkpoint>)> {
+        let dir = root.join(shard_dir_name(shard));
+        let folder = dir.is_dir();
+        let scan = verify_shard(root, shard, bounds)?;
+        for damaged in &scan.damaged {
+            eprintln!("fusee: shard {shard}: checkpoint {damaged} is damaged; using an older one");
         }
-        found.sort();
-        let mut chosen = None;
-        for (position, _, path) in found.iter().rev() {
-            match decode_checkpoint(shard, &fs::read(path)?) {
-                Some((pos, prefix, data)) if pos == *position => {
-                    chosen = Some(Checkpoint { position: pos, runs_prefix: prefix, data, file: path.clone() });
-                    break;
-                }
-                // A damaged newest checkpoint: the older one and the log after it still
-                // hold everything (segments are retired only under both).
-                _ => eprintln!("fusee: shard {shard}: checkpoint {} is damaged; using an older one", path.display()),
-            }
+        let prefix = scan.chosen.as_ref().map_or(0, |c| c.runs_prefix);
+        if !folder {
+            fs::create_dir_all(&dir)?;
+            // The folder's entry must survive a crash once a checkpoint is written in it.
+            sync_dir(root)?;
         }
-        let runs_path = dir.join(format!("runs-{GENERATION}.dat"));
-        let runs = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&runs_path)?;
-        let prefix = chosen.as_ref().map_or(0, |c| c.runs_prefix);
-        if runs.metadata()?.len() < prefix {
-            return Err(err(format!(
-                "shard {shard}: {} is shorter than its checkpoint says ({} bytes); the run store was damaged",
-                runs_path.display(),
-                prefix
-            )));
-        }
+        let runs =
+            OpenOptions::new().read(true).write(true).create(true).truncate(false).open(dir.join(runs_name()))?;
         runs.set_len(prefix)?;
-        let checkpoints = found.into_iter().map(|(p, _, path)| (p, path)).collect();
-        Ok((ShardFiles { dir, shard, runs, runs_len: prefix, checkpoints }, chosen))
+        let checkpoints = scan.files.into_iter().map(|(p, _, path)| (p, path)).collect();
+        Ok((ShardFiles { dir, shard, runs, runs_len: prefix, checkpoints }, scan.chosen))
     }
 
     pub fn runs_len(&self) -> u64 {
@@ -129,9 +262,10 @@ impl ShardFiles {
                 self.shard, self.runs_len
             )));
         }
+        let len = u32::try_from(frame.len()).map_err(|_| err(format!("a run frame of {} bytes", frame.len())))?;
         let mut b = Vec::with_capacity(frame.len() + FRAME_HEADER as usize);
-        b.extend_from_slice(&(frame.len() as u32).to_le_bytes());
-        b.extend_from_slice(&crc32c::crc32c(frame).to_le_bytes());
+        b.extend_from_slice(&len.to_le_bytes());
+        b.extend_from_slice(&frame_crc(len, frame).to_le_bytes());
         b.extend_from_slice(frame);
         self.runs.write_all_at(&b, offset)?;
         self.runs_len += b.len() as u64;
@@ -141,14 +275,14 @@ impl ShardFiles {
     pub fn read_run(&self, offset: u64) -> io::Result<Vec<u8>> {
         let mut head = [0u8; FRAME_HEADER as usize];
         self.runs.read_exact_at(&mut head, offset)?;
-        let len = u32::from_le_bytes(head[0..4].try_into().expect("4 bytes")) as usize;
+        let len = u32::from_le_bytes(head[0..4].try_into().expect("4 bytes"));
         let crc = u32::from_le_bytes(head[4..8].try_into().expect("4 bytes"));
         if offset + FRAME_HEADER + len as u64 > self.runs_len {
             return Err(err(format!("shard {}: run-store frame at {offset} runs past the store's end", self.shard)));
         }
-        let mut frame = vec![0u8; len];
+        let mut frame = vec![0u8; len as usize];
         self.runs.read_exact_at(&mut frame, offset + FRAME_HEADER)?;
-        if crc32c::crc32c(&frame) != crc {
+        if frame_crc(len, &frame) != crc {
             return Err(err(format!("shard {}: run-store frame at {offset} is damaged (checksum)", self.shard)));
         }
         Ok(frame)
@@ -159,6 +293,8 @@ impl ShardFiles {
     /// durably; the two newest are kept. A second checkpoint of the same position (a
     /// clean close) is kept beside the first, so both retained copies cover it.
     pub fn checkpoint(&mut self, position: u64, data: &[u8]) -> io::Result<()> {
+        // The frames it references must be durable before it is: else a crash leaves a
+        // checkpoint pointing at bytes that never reached the disk.
         self.runs.sync_data()?;
         let same = self.checkpoints.last().is_some_and(|(p, _)| *p == position);
         let name =
@@ -187,4 +323,41 @@ impl ShardFiles {
     pub fn checkpoint_positions(&self) -> Vec<u64> {
         self.checkpoints.iter().map(|(p, _)| *p).collect()
     }
+}
+
+/// Check the run store's first `prefix` bytes (what the chosen checkpoint references):
+/// present, long enough, every frame intact. One read, one pass.
+fn check_runs(path: &Path, shown: &str, scan: &CheckpointScan, prefix: u64) -> io::Result<()> {
+    let checkpoint = scan
+        .chosen
+        .as_ref()
+        .and_then(|c| c.file.file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let runs = match File::open(path) {
+        Ok(runs) => runs,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(err(format!(
+                "run store {shown} is missing, but checkpoint {checkpoint} references {prefix} bytes of it. \
+                 {WHAT_TO_DO}"
+            )))
+        }
+        Err(e) => return Err(e),
+    };
+    let len = runs.metadata()?.len();
+    if len < prefix {
+        return Err(err(format!(
+            "run store {shown} is {len} bytes long, shorter than the {prefix} bytes checkpoint {checkpoint} \
+             references: it was truncated. {WHAT_TO_DO}"
+        )));
+    }
+    let mut bytes = vec![0u8; prefix as usize];
+    runs.read_exact_at(&mut bytes, 0)?;
+    verify_frames(&bytes).map_err(|(offset, why)| {
+        err(format!(
+            "run store {shown} is damaged at offset {offset} ({why}), within the {prefix} bytes checkpoint \
+             {checkpoint} references. {WHAT_TO_DO}"
+        ))
+    })?;
+    Ok(())
 }

@@ -1,9 +1,9 @@
-//! The shared log, run stores, checkpoints and the directory, on real files.
+//! The shared log on real files: writes, rolls, seals, retirement, and what reopening
+//! finds after a crash-like drop and after damage.
 
-use fusee_disk::format::SEGMENT_HEADER;
+use fusee_disk::format::{Seal, BLOCK, RECORD_BYTES_MAX, SEAL_BYTES, SECTOR, SEGMENT_HEADER};
 use fusee_disk::log::{LogError, LogOptions, SharedLog};
-use fusee_disk::meta::{open_dir, DirError};
-use fusee_disk::runstore::ShardFiles;
+use fusee_disk::recovery::{RecoveryError, Tail};
 use std::fs;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -15,7 +15,7 @@ fn small() -> LogOptions {
 fn stage_n(log: &SharedLog, shard: usize, n: usize, tag: &str) -> u64 {
     let mut last = 0;
     for i in 0..n {
-        last = log.stage(shard, format!("{tag}-{shard}-{i}").into_bytes());
+        last = log.stage(shard, format!("{tag}-{shard}-{i}").into_bytes()).unwrap();
     }
     last
 }
@@ -27,13 +27,32 @@ fn segment_files(wal: &Path) -> (usize, usize) {
     (names.len() - spares, spares)
 }
 
+fn segment(wal: &Path, id: u64) -> std::path::PathBuf {
+    wal.join(format!("{id:016x}.wal"))
+}
+
+fn flip(path: &Path, offset: u64) {
+    let file = fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
+    let mut byte = [0u8];
+    file.read_exact_at(&mut byte, offset).unwrap();
+    file.write_all_at(&[byte[0] ^ 0x41], offset).unwrap();
+}
+
+fn refusal(result: Result<SharedLog, LogError>) -> RecoveryError {
+    match result {
+        Err(LogError::Recovery(e)) => e,
+        Err(other) => panic!("unexpected {other}"),
+        Ok(_) => panic!("opened, though acknowledged records are gone"),
+    }
+}
+
 #[test]
 fn records_written_are_recovered_in_order_per_shard() {
     for direct in [true, false] {
         let dir = tempfile::tempdir().unwrap();
         let wal = dir.path().join("wal");
         {
-            let log = SharedLog::open(&wal, 3, LogOptions { direct_io: direct, ..small() }).unwrap();
+            let log = SharedLog::create(&wal, 3, LogOptions { direct_io: direct, ..small() }).unwrap();
             assert_eq!(stage_n(&log, 0, 5, "a"), 5);
             stage_n(&log, 2, 2, "a");
             assert!(log.write().unwrap());
@@ -47,15 +66,25 @@ fn records_written_are_recovered_in_order_per_shard() {
         assert_eq!(shard0.iter().map(|(p, _)| *p).collect::<Vec<_>>(), vec![1, 2, 3, 4, 5, 6]);
         assert_eq!(shard0[5].1, b"b-0-0");
         assert_eq!(log.take_recovered(2, 1).len(), 1, "only records after the position asked");
-        assert_eq!(log.stage(0, b"next".to_vec()), 7, "positions continue");
+        assert_eq!(log.stage(0, b"next".to_vec()).unwrap(), 7, "positions continue");
     }
 }
 
 #[test]
-fn segments_roll_retire_and_are_reused() {
+fn a_missing_or_empty_wal_refuses() {
     let dir = tempfile::tempdir().unwrap();
     let wal = dir.path().join("wal");
-    let log = SharedLog::open(&wal, 2, small()).unwrap();
+    assert!(matches!(refusal(SharedLog::open(&wal, 2, small())), RecoveryError::NoSegment { .. }));
+    fs::create_dir(&wal).unwrap();
+    let error = refusal(SharedLog::open(&wal, 2, small()));
+    assert!(error.to_string().contains("wal/"), "{error}");
+}
+
+#[test]
+fn segments_roll_seal_retire_and_are_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = dir.path().join("wal");
+    let log = SharedLog::create(&wal, 2, small()).unwrap();
     let mut last = [0u64; 2];
     for round in 0..40 {
         for (shard, slot) in last.iter_mut().enumerate() {
@@ -84,11 +113,15 @@ fn segments_roll_retire_and_are_reused() {
     let (live, spares) = segment_files(&wal);
     assert!(live + spares <= files_before + 1, "spares were reused ({live} live, {spares} spare)");
     drop(log);
-    // Reopening follows the chain through reused segments (earlier lives and all).
+    // Reopening follows the chain through sealed, reused segments (earlier lives and all).
     let log = SharedLog::open(&wal, 2, small()).unwrap();
     let recovered = log.take_recovered(0, last[0] - 100);
     assert_eq!(recovered.len(), 100);
     assert_eq!(recovered.last().unwrap().1, b"r69-0-19");
+    // The oldest live header says where the retired records end: no checkpoint older than
+    // that is usable, and the retirement never went past what both checkpoints cover.
+    let bounds = log.bounds(0);
+    assert!(bounds.base <= last[0] - 100 && bounds.end == last[0], "{bounds:?}");
 }
 
 #[test]
@@ -96,7 +129,7 @@ fn a_clean_close_can_leave_a_log_with_nothing_to_replay() {
     let dir = tempfile::tempdir().unwrap();
     let wal = dir.path().join("wal");
     {
-        let log = SharedLog::open(&wal, 1, small()).unwrap();
+        let log = SharedLog::create(&wal, 1, small()).unwrap();
         let last = stage_n(&log, 0, 50, "x");
         log.write().unwrap();
         log.retire(&[last], true).unwrap();
@@ -104,38 +137,68 @@ fn a_clean_close_can_leave_a_log_with_nothing_to_replay() {
     }
     let log = SharedLog::open(&wal, 1, small()).unwrap();
     assert_eq!(log.report.batches, 0, "the next open reads a header and no batch");
-    log.ensure_next(0, 50);
-    assert_eq!(log.stage(0, b"after".to_vec()), 51);
+    assert_eq!(log.bounds(0).end, 50, "the new segment's header holds the shard's position");
+    assert_eq!(log.stage(0, b"after".to_vec()).unwrap(), 51);
+}
+
+/// Tear the write at `at` in `segment`: its first sector landed, the one after did not.
+fn tear(segment: &Path, at: u64) {
+    let file = fs::OpenOptions::new().write(true).open(segment).unwrap();
+    file.write_all_at(&[0u8; SECTOR], at + SECTOR as u64).unwrap();
 }
 
 #[test]
-fn a_torn_tail_on_disk_is_discarded_and_overwritten() {
+fn after_a_torn_tail_the_log_resumes_exactly_where_the_torn_write_began() {
+    // A 1 MiB segment, far from full: a resume one block off would leave the torn write's
+    // first sector in front of the new batches (the chain would end there) or overwrite
+    // an acknowledged batch.
+    let options = LogOptions { direct_io: true, segment_bytes_min: 1 << 20, segment_bytes_max: 1 << 20 };
     let dir = tempfile::tempdir().unwrap();
     let wal = dir.path().join("wal");
-    let tail_at;
+    let long = |tag: &str| format!("{tag}-{}", "x".repeat(1500)).into_bytes(); // 4 sectors each
+    let mut tail_at = 0;
     {
-        let log = SharedLog::open(&wal, 1, small()).unwrap();
+        let log = SharedLog::create(&wal, 1, options.clone()).unwrap();
         for i in 0..3 {
-            stage_n(&log, 0, 2, &format!("t{i}"));
+            log.stage(0, long(&format!("t{i}"))).unwrap();
             log.write().unwrap();
+            if i == 1 {
+                tail_at = SEGMENT_HEADER as u64 + 2 * BLOCK as u64;
+            }
         }
-        tail_at = SEGMENT_HEADER as u64 + 2 * 4096;
-    }
-    let segment = wal.join("0000000000000001.wal");
-    let file = fs::OpenOptions::new().write(true).open(&segment).unwrap();
-    file.write_all_at(&[0u8; 40], tail_at + 30).unwrap(); // the third write was torn
-    drop(file);
+    } // dropped like a crash: nothing else is written
+    tear(&segment(&wal, 1), tail_at);
     {
-        let log = SharedLog::open(&wal, 1, small()).unwrap();
-        assert!(log.report.torn_tail);
-        assert_eq!(log.take_recovered(0, 0).len(), 4);
-        assert_eq!(log.stage(0, b"again".to_vec()), 5);
+        let log = SharedLog::open(&wal, 1, options.clone()).unwrap();
+        assert_eq!(log.report.tail, Some(Tail::Torn));
+        assert_eq!(log.take_recovered(0, 0).len(), 2);
+        assert_eq!(log.stage(0, b"again".to_vec()).unwrap(), 3);
+        log.write().unwrap();
+        assert_eq!(log.stage(0, b"and more".to_vec()).unwrap(), 4);
         log.write().unwrap();
     }
-    let log = SharedLog::open(&wal, 1, small()).unwrap();
-    let records = log.take_recovered(0, 0);
-    assert_eq!(records.len(), 5);
-    assert_eq!(records[4].1, b"again");
+    let log = SharedLog::open(&wal, 1, options).unwrap();
+    assert_eq!(log.report.tail, Some(Tail::Clean));
+    let records: Vec<_> = log.take_recovered(0, 0).into_iter().map(|(_, r)| r).collect();
+    assert_eq!(records, vec![long("t0"), long("t1"), b"again".to_vec(), b"and more".to_vec()]);
+}
+
+#[test]
+fn one_flipped_byte_in_the_last_acknowledged_batch_after_a_crash_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = dir.path().join("wal");
+    let options = LogOptions { direct_io: true, segment_bytes_min: 1 << 20, segment_bytes_max: 1 << 20 };
+    {
+        let log = SharedLog::create(&wal, 1, options.clone()).unwrap();
+        for i in 0..3 {
+            stage_n(&log, 0, 2, &format!("d{i}"));
+            log.write().unwrap();
+        }
+    }
+    flip(&segment(&wal, 1), SEGMENT_HEADER as u64 + 2 * BLOCK as u64 + 30); // inside batch 3, the last
+    let error = refusal(SharedLog::open(&wal, 1, options));
+    assert!(matches!(error, RecoveryError::Damaged { seq: 3, .. }), "{error:?}");
+    assert!(error.to_string().contains("wal/0000000000000001.wal"), "{error}");
 }
 
 #[test]
@@ -143,83 +206,111 @@ fn damage_to_an_acknowledged_batch_on_disk_refuses_to_open() {
     let dir = tempfile::tempdir().unwrap();
     let wal = dir.path().join("wal");
     {
-        let log = SharedLog::open(&wal, 1, small()).unwrap();
+        let log = SharedLog::create(&wal, 1, small()).unwrap();
         for i in 0..3 {
             stage_n(&log, 0, 2, &format!("d{i}"));
             log.write().unwrap();
         }
     }
-    let file = fs::OpenOptions::new().write(true).open(wal.join("0000000000000001.wal")).unwrap();
-    file.write_all_at(b"X", SEGMENT_HEADER as u64 + 4096 + 80).unwrap(); // inside batch 2
+    flip(&segment(&wal, 1), SEGMENT_HEADER as u64 + 4096 + 80); // inside batch 2
+    let error = refusal(SharedLog::open(&wal, 1, small()));
+    assert!(error.to_string().contains("batch 2"), "{error}");
+}
+
+/// A log of two shards rolled over several segments; returns the segment ids.
+fn rolled_log(wal: &Path) -> Vec<u64> {
+    let log = SharedLog::create(wal, 2, small()).unwrap();
+    for round in 0..30 {
+        stage_n(&log, round % 2, 30, &format!("r{round}"));
+        log.write().unwrap();
+    }
+    log.segment_ids()
+}
+
+#[test]
+fn a_deleted_newest_segment_refuses_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = dir.path().join("wal");
+    let ids = rolled_log(&wal);
+    assert!(ids.len() >= 3);
+    let newest = segment(&wal, *ids.last().unwrap());
+    fs::remove_file(&newest).unwrap();
+    let error = refusal(SharedLog::open(&wal, 2, small()));
+    assert!(matches!(error, RecoveryError::SegmentMissing { .. }), "{error:?}");
+    assert!(error.to_string().contains(&newest.file_name().unwrap().to_string_lossy().to_string()), "{error}");
+}
+
+#[test]
+fn a_middle_segment_lost_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = dir.path().join("wal");
+    let ids = rolled_log(&wal);
+    let middle = segment(&wal, ids[1]);
+    let file = fs::OpenOptions::new().write(true).open(&middle).unwrap();
+    file.write_all_at(&[0u8; 64], 0).unwrap(); // its header zeroed
     drop(file);
-    match SharedLog::open(&wal, 1, small()) {
-        Err(LogError::Recovery(e)) => assert!(e.to_string().contains("batch 2"), "{e}"),
-        Err(other) => panic!("unexpected {other}"),
-        Ok(_) => panic!("damaged acknowledged records were accepted"),
-    }
+    let error = refusal(SharedLog::open(&wal, 2, small()));
+    assert!(error.to_string().contains(&middle.file_name().unwrap().to_string_lossy().to_string()), "{error}");
 }
 
 #[test]
-fn run_store_appends_at_stated_offsets_and_checkpoints_keep_two() {
+fn an_open_writes_the_seal_a_crash_kept_from_a_roll() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut files, none) = ShardFiles::open(dir.path(), 0).unwrap();
-    assert!(none.is_none());
-    let a = files.append_run(0, b"frame-a").unwrap();
-    let b = files.append_run(files.runs_len(), b"frame-bb").unwrap();
-    assert_eq!(files.read_run(a).unwrap(), b"frame-a");
-    assert_eq!(files.read_run(b).unwrap(), b"frame-bb");
-    let wrong = files.append_run(3, b"x").expect_err("a mismatched offset stops the shard");
-    assert!(wrong.to_string().contains("offset 3"), "{wrong}");
-    files.checkpoint(10, b"first").unwrap();
-    let after_first = files.runs_len();
-    files.append_run(after_first, b"frame-c").unwrap();
-    files.checkpoint(20, b"second").unwrap();
-    files.append_run(files.runs_len(), b"not yet checkpointed").unwrap();
-    files.checkpoint(30, b"third").unwrap();
-    assert_eq!(files.checkpoint_positions(), vec![20, 30]);
-    assert_eq!(files.covered(), 20);
-    let end_of_third = files.runs_len();
-    files.append_run(end_of_third, b"after the last checkpoint").unwrap();
-    drop(files);
-    let (files, newest) = ShardFiles::open(dir.path(), 0).unwrap();
-    let newest = newest.unwrap();
-    assert_eq!((newest.position, newest.data.as_slice()), (30, b"third".as_slice()));
-    assert_eq!(files.runs_len(), end_of_third, "frames after the checkpoint are dropped");
+    let wal = dir.path().join("wal");
+    let ids = rolled_log(&wal);
+    // Find the seal at the end of the first segment and remove it, as if the crash came
+    // between the next segment's header and the seal.
+    let first = segment(&wal, ids[0]);
+    let bytes = fs::read(&first).unwrap();
+    let seal_at = (SEGMENT_HEADER..bytes.len() - SEAL_BYTES + 1)
+        .step_by(BLOCK)
+        .find(|&at| &bytes[at..at + 4] == b"FSEL")
+        .expect("a seal");
+    let file = fs::OpenOptions::new().write(true).open(&first).unwrap();
+    file.write_all_at(&[0u8; SEAL_BYTES], seal_at as u64).unwrap();
+    drop(file);
+    drop(SharedLog::open(&wal, 2, small()).expect("the next header continues the chain"));
+    let bytes = fs::read(&first).unwrap();
+    let seal = Seal::decode(&bytes[seal_at..seal_at + SECTOR]).expect("the open wrote the seal");
+    assert_eq!(seal.next_id, ids[1]);
+    fs::remove_file(segment(&wal, ids[1])).unwrap();
+    let error = refusal(SharedLog::open(&wal, 2, small()));
+    assert!(matches!(error, RecoveryError::SegmentMissing { .. }), "{error:?}");
 }
 
 #[test]
-fn a_damaged_newest_checkpoint_falls_back_to_the_older_one() {
+fn a_truncated_segment_refuses() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut files, _) = ShardFiles::open(dir.path(), 1).unwrap();
-    files.checkpoint(5, b"older").unwrap();
-    files.append_run(files.runs_len(), b"f").unwrap();
-    files.checkpoint(9, b"newer").unwrap();
-    drop(files);
-    let newest = dir.path().join("shard-001").join(format!("checkpoint-{:016x}.fck", 9));
-    let mut bytes = fs::read(&newest).unwrap();
-    let last = bytes.len() - 6;
-    bytes[last] ^= 0xff;
-    fs::write(&newest, bytes).unwrap();
-    let (_, chosen) = ShardFiles::open(dir.path(), 1).unwrap();
-    let chosen = chosen.unwrap();
-    assert_eq!((chosen.position, chosen.data.as_slice()), (5, b"older".as_slice()));
+    let wal = dir.path().join("wal");
+    let ids = rolled_log(&wal);
+    let newest = segment(&wal, *ids.last().unwrap());
+    let len = fs::metadata(&newest).unwrap().len();
+    fs::OpenOptions::new().write(true).open(&newest).unwrap().set_len(len - 100).unwrap();
+    assert!(matches!(refusal(SharedLog::open(&wal, 2, small())), RecoveryError::Short { .. }));
 }
 
 #[test]
-fn the_directory_refuses_another_shard_count_and_a_second_opener() {
+fn a_record_of_the_maximum_length_is_written_and_recovered_and_a_longer_one_refused() {
+    let options = LogOptions { direct_io: true, segment_bytes_min: 1 << 20, segment_bytes_max: 1 << 20 };
     let dir = tempfile::tempdir().unwrap();
-    let (lock, shards) = open_dir(dir.path(), Some(3)).unwrap();
-    assert_eq!(shards, 3);
-    drop(lock);
-    match open_dir(dir.path(), Some(5)) {
-        Err(e @ DirError::ShardCount { have: 3, asked: 5 }) => assert!(e.to_string().contains("shards=3"), "{e}"),
-        other => panic!("unexpected {:?}", other.err()),
-    }
-    let (_held, shards) = open_dir(dir.path(), None).unwrap();
-    assert_eq!(shards, 3);
-    // flock is per open file description: a second open in this process conflicts too.
-    match open_dir(dir.path(), None) {
-        Err(e @ DirError::Locked { .. }) => assert!(e.to_string().contains(&std::process::id().to_string()), "{e}"),
-        other => panic!("unexpected {:?}", other.err()),
-    }
+    let wal = dir.path().join("wal");
+    let big: Vec<u8> = (0..RECORD_BYTES_MAX).map(|i| (i % 251) as u8).collect();
+    {
+        let log = SharedLog::create(&wal, 1, options.clone()).unwrap();
+        log.stage(0, b"before".to_vec()).unwrap();
+        match log.stage_many(0, vec![b"fine".to_vec(), vec![0u8; RECORD_BYTES_MAX + 1]]) {
+            Err(e @ LogError::RecordTooLong(_)) => assert!(e.to_string().contains("RECORD_BYTES_MAX"), "{e}"),
+            other => panic!("a record longer than the maximum was taken: {:?}", other.map_err(|e| e.to_string())),
+        }
+        assert_eq!(log.stage(0, big.clone()).unwrap(), 2, "nothing of the refused records was staged");
+        log.stage(0, b"after".to_vec()).unwrap();
+        log.write().unwrap();
+        assert_eq!(log.durable(0), 3, "acknowledged");
+    } // a crash: nothing else happens
+    let log = SharedLog::open(&wal, 1, options).unwrap();
+    let records = log.take_recovered(0, 0);
+    assert_eq!(records.len(), 3);
+    assert_eq!(records[1].1.len(), RECORD_BYTES_MAX);
+    assert!(records[1].1 == big);
+    assert_eq!(records[2].1, b"after");
 }
