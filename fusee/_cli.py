@@ -22,7 +22,7 @@ from typing import Any
 import fusee
 
 EXIT_OK = 0
-EXIT_DAMAGED = 1  # inspect: the log holds damage to acknowledged records
+EXIT_DAMAGED = 1  # inspect: the directory would refuse to open (acknowledged records damaged or lost)
 EXIT_USAGE = 2  # bad arguments, not a data directory, fusee-server missing, I/O error
 
 DISK_CHECK_SECONDS = 2.0
@@ -66,8 +66,9 @@ def _parser() -> argparse.ArgumentParser:
         "inspect",
         help="report a data directory's log segments and checkpoints (reads only)",
         description="Report a data directory's shared log (segments, batch ranges, records per "
-        "shard, torn tail, spares) and each shard's checkpoints. Reads only: the directory may be "
-        "open in another process. Exits 1 when the log holds damage to acknowledged records.",
+        "shard, what lies at the log's end, spares) and each shard's checkpoints, after the checks an "
+        "open makes. Reads only: the directory may be open in another process. Exits 1 when an open "
+        "would refuse the directory (acknowledged records damaged or lost), naming the file.",
     )
     inspect.add_argument("dir", type=Path, help="the data directory (holds fusee.meta)")
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -119,12 +120,16 @@ def _native() -> ModuleType:
 
 def _run_inspect(args: argparse.Namespace) -> int:
     root: Path = args.dir
-    if not (root / "fusee.meta").is_file():
+    if not root.is_dir():
         what = "does not exist" if not root.exists() else "is not a Fusee data directory (no fusee.meta)"
         raise _Stop(f"{root} {what}")
     native = _native()
     try:
+        # The same checks as an open, in the same order: whatever an open would refuse,
+        # inspect reports as the directory's error (a missing or damaged fusee.meta too).
         raw: str = native.inspect(str(root))
+    except FileNotFoundError:
+        raise _Stop(f"{root} is not a Fusee data directory (no fusee.meta)") from None
     except OSError as error:
         raise _Stop(f"{root}: {error}") from None
     report: dict[str, Any] = json.loads(raw)
@@ -132,42 +137,54 @@ def _run_inspect(args: argparse.Namespace) -> int:
         print(raw)
     else:
         print("\n".join(_inspect_lines(report)))
-    return EXIT_DAMAGED if report["log"].get("error") is not None else EXIT_OK
+    return EXIT_DAMAGED if report.get("error") is not None else EXIT_OK
 
 
 def _inspect_lines(report: dict[str, Any]) -> list[str]:
     log: dict[str, Any] = report["log"]
-    lines = [f"{report['dir']}: {report['shards']} shards", "", "log (wal/)"]
-    error = log.get("error")
+    lines = [f"{report['dir']}: {report['shards']} shards"]
+    error = report.get("error")
     if error is not None:
-        # The chain could not be followed, so there is no per-segment view to show.
         lines += [
             "  DAMAGED: acknowledged records are lost or unreadable; opening this directory fails with:",
             *textwrap.wrap(error, 96, initial_indent="    ", subsequent_indent="    "),
         ]
+    lines += ["", "log (wal/)"]
+    if log.get("error") is not None:
+        lines.append("  the chain cannot be followed (see above)")
     else:
         segments: list[dict[str, Any]] = log["segments"]
         for seg in segments:
             lines += _segment_lines(seg)
-        if not segments:
-            lines.append("  no segments")
         lines += [
             f"  chain: {_count(log['batches'], 'batch', 'batches')}, next batch seq {log['next_seq']}, "
-            f"ends at offset {log['end_offset']}; {_count(log['spares'], 'spare segment', 'spare segments')}",
+            f"ends at offset {log['end_offset']}: {TAILS[log['tail']]}; "
+            f"{_count(log['spares'], 'spare segment', 'spare segments')}",
             *_per_shard("  records per shard: ", log["records_per_shard"]),
         ]
+        if log["unsealed"]:
+            lines.append(
+                f"  a roll was cut before its seal (written at the next open): {', '.join(log['unsealed'])}"
+            )
     lines += ["", "checkpoints"]
     for shard in report["checkpoints"]:
         lines += _checkpoint_lines(shard)
     return lines
 
 
+TAILS = {
+    "clean": "nothing after it",
+    "torn": "a torn tail (a flush cut by a crash, never acknowledged; discarded at open)",
+    "stale": "stale bytes (a reused segment's earlier life; discarded at open)",
+}
+
+
 def _segment_lines(seg: dict[str, Any]) -> list[str]:
     batches: int = seg["batches"]
     span = f"batches {seg['first_seq']}..{seg['last_seq']} ({batches})" if batches else "no batches"
-    flags = ["in chain" if seg["in_chain"] else "NOT in chain (after the chain's end)"]
-    if seg["torn_tail"]:
-        flags.append("torn tail (an unfinished flush, discarded at open)")
+    flags = ["in chain"]
+    if seg["tail"] != "clean":
+        flags.append(TAILS[seg["tail"]])
     return [
         f"  {seg['file']}  id {seg['id']}  {_size(seg['bytes'])}  {span}  {', '.join(flags)}",
         *_per_shard("    records per shard: ", seg["records_per_shard"]),
@@ -178,8 +195,9 @@ def _checkpoint_lines(shard: dict[str, Any]) -> list[str]:
     files: list[dict[str, Any]] = shard["files"]
     head = f"  shard {shard['shard']:03d}"
     if not files:
-        return [f"{head}  none"]
-    lines = [head]
+        lines = [f"{head}  none"]
+    else:
+        lines = [head]
     for f in files:
         if f["intact"]:
             lines.append(
@@ -188,6 +206,8 @@ def _checkpoint_lines(shard: dict[str, Any]) -> list[str]:
             )
         else:
             lines.append(f"    {f['file']}  DAMAGED (checksum or header does not match; skipped at open)")
+    if shard.get("error") is not None:
+        lines.append("    DAMAGED: see the error above")
     return lines
 
 
