@@ -164,7 +164,7 @@ async def test_damage_to_acknowledged_records_refuses_to_open_and_releases_the_d
 
 # -- regression tests: each failed before its fix --------------------------------------
 
-SMALL = {"segment_bytes_min": 16 << 10, "segment_bytes_max": 32 << 10}
+SEGMENT_BYTES_MIN, SEGMENT_BYTES_MAX = 16 << 10, 32 << 10  # small: many rolls
 
 
 async def test_checkpoints_whose_positions_end_in_b_are_read_as_theirs(tmp_path: Path) -> None:
@@ -174,7 +174,9 @@ async def test_checkpoints_whose_positions_end_in_b_are_read_as_theirs(tmp_path:
     from fusee_server.local import LocalStorage
 
     data = tmp_path / "data"
-    storage = await LocalStorage.open(data, 1, **SMALL)
+    storage = await LocalStorage.open(
+        data, 1, segment_bytes_min=SEGMENT_BYTES_MIN, segment_bytes_max=SEGMENT_BYTES_MAX
+    )
     store = await storage.open_shard(0)
     await store.recover()
     frame = store.put_run(b"a parked run's frame")
@@ -186,7 +188,9 @@ async def test_checkpoints_whose_positions_end_in_b_are_read_as_theirs(tmp_path:
     assert storage.log.segment_ids()[0] > 1, "segments under both checkpoints were retired"
     await storage.close()
 
-    storage = await LocalStorage.open(data, 1, **SMALL)
+    storage = await LocalStorage.open(
+        data, 1, segment_bytes_min=SEGMENT_BYTES_MIN, segment_bytes_max=SEGMENT_BYTES_MAX
+    )
     try:
         store = await storage.open_shard(0)
         recovered = await store.recover()
@@ -283,7 +287,9 @@ async def written_dir(data: Path, crash: bool) -> dict[str, list[int]]:
     checkpoints hold everything and the log moved to an empty segment."""
     from fusee_server.local import LocalStorage
 
-    storage = await LocalStorage.open(data, 2, **SMALL)
+    storage = await LocalStorage.open(
+        data, 2, segment_bytes_min=SEGMENT_BYTES_MIN, segment_bytes_max=SEGMENT_BYTES_MAX
+    )
     engine = await fusee.Engine.open(workflows=[napper, stepper, holder], storage=storage, park_after="1h")
     results: dict[str, list[int]] = {}
     held = len(HOLDING)
