@@ -8,7 +8,13 @@ Files it appends to (one line per event, O_APPEND writes, which a SIGKILL does n
   startup, after recovery;
 - results:  `result <id> <json>` for every run result it obtains.
 
-Usage: python -m tests.crash.child DIR FILES_PREFIX [--drain] [--runs N]
+With `--churn`, the directory gets small segments (64 KiB at most) and a checkpoint
+every few records, runs park (their sleep outlasts `park_after`), and the child closes
+the engine cleanly and opens it again every `--cycle` seconds: rolls, retirements,
+checkpoints, closes and recoveries happen many times per life, so kills land in all of
+them.
+
+Usage: python -m tests.crash.child DIR FILES_PREFIX [--drain] [--runs N] [--churn]
 """
 
 from __future__ import annotations
@@ -19,12 +25,16 @@ import json
 import os
 import uuid
 from pathlib import Path
+from typing import Any
 
 import fusee
 from fusee import _records as R
 
 PID = os.getpid()
 files: dict[str, int] = {}
+NAP = {"plain": "30ms", "churn": "60ms"}  # churn: longer than park_after, so runs park
+PARK_AFTER = {"plain": "100ms", "churn": "20ms"}
+mode = "plain"
 
 
 def emit(kind: str, line: str) -> None:
@@ -43,7 +53,7 @@ async def crashy(ctx: fusee.Ctx, n: int) -> list[str]:
     for i in range(4):
         values.append(await ctx.step(f"s{i}", effect))
         if i == 1:
-            await ctx.sleep("nap", "30ms")
+            await ctx.sleep("nap", NAP[mode])
     return values
 
 
@@ -59,36 +69,70 @@ async def wait_result(engine: fusee.Engine, wid: str) -> None:
     emit("results", f"result {wid} {json.dumps(result)}")
 
 
+async def open_engine(args: argparse.Namespace) -> fusee.Engine:
+    if not args.churn:
+        return await fusee.Engine.open(args.dir, workflows=[crashy], shards=4, park_after=PARK_AFTER[mode])
+    from fusee_server.local import LocalStorage
+
+    storage = await LocalStorage.open(args.dir, 4, segment_bytes_min=16 << 10, segment_bytes_max=64 << 10)
+    engine = await fusee.Engine.open(workflows=[crashy], storage=storage, park_after=PARK_AFTER[mode])
+    engine.checkpoint_records = 16
+    return engine
+
+
+def acked_ids(prefix: str) -> list[str]:
+    acks = Path(f"{prefix}.acks").read_text().splitlines()
+    return list(dict.fromkeys(line.split()[1] for line in acks if line.startswith("started ")))
+
+
 async def main() -> None:
+    global mode
     parser = argparse.ArgumentParser()
     parser.add_argument("dir")
     parser.add_argument("prefix")
     parser.add_argument("--drain", action="store_true")
     parser.add_argument("--runs", type=int, default=10_000)
+    parser.add_argument("--churn", action="store_true")
+    parser.add_argument("--cycle", type=float, default=0.2, help="churn: seconds between close and reopen")
     args = parser.parse_args()
+    mode = "churn" if args.churn else "plain"
     for kind in ("effects", "acks", "observed", "results"):
         files[kind] = os.open(f"{args.prefix}.{kind}", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    acks_path = Path(f"{args.prefix}.acks")
-    acked = [line.split()[1] for line in acks_path.read_text().splitlines() if line.startswith("started ")]
-    engine = await fusee.Engine.open(args.dir, workflows=[crashy], shards=4, park_after="100ms")
-    await observe(engine)
-    waiting = [asyncio.ensure_future(wait_result(engine, wid)) for wid in dict.fromkeys(acked)]
-    if args.drain:
-        await asyncio.wait_for(asyncio.gather(*waiting), timeout=60)
+    while True:
+        engine = await open_engine(args)
+        await observe(engine)
+        acked = acked_ids(args.prefix)
+        waiting = [asyncio.ensure_future(wait_result(engine, wid)) for wid in acked]
+        if args.drain:
+            await asyncio.wait_for(asyncio.gather(*waiting), timeout=60)
+            await engine.close()
+            return
+        await run_starts(engine, args, len(acked), waiting)
+        # Churn: a clean close, then the next life opens the directory again.
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
         await engine.close()
-        return
-    n = len(acked)
+
+
+async def run_starts(engine: fusee.Engine, args: argparse.Namespace, n: int, waiting: list[Any]) -> None:
+    """Start runs, a few at once, until `--runs` (then wait to be killed); with churn,
+    return after `--cycle` seconds."""
     policy = {"running": "use-existing", "finished": "use-existing"}
+    until = asyncio.get_running_loop().time() + args.cycle
 
     async def start(wid: str, number: int) -> None:
         await engine.start(crashy, wid, number, id_policy=policy)
         emit("acks", f"started {wid}")
         waiting.append(asyncio.ensure_future(wait_result(engine, wid)))
 
-    while n < args.runs:
+    while n < args.runs and (not args.churn or asyncio.get_running_loop().time() < until):
         # A few starts at once, so flushes carry several shards' records.
         await asyncio.gather(*(start(f"run-{n + i}", n + i) for i in range(3)))
         n += 3
+    if args.churn:
+        await asyncio.sleep(max(0.0, until - asyncio.get_running_loop().time()))
+        return
     await asyncio.gather(*waiting)
     await asyncio.Event().wait()  # killed by the test, never ends by itself
 

@@ -1,6 +1,9 @@
 """Crash tests: a child process runs workflows in local mode and is killed with SIGKILL at
 random moments, then restarted, again and again (50 kills per CI run; `--run-slow` for
-a longer run). Pass:
+a longer run). A churn variant gives the child small segments and frequent checkpoints,
+parks its runs, and has it close and reopen the directory in a loop; some kills come
+right after the child starts: kills land in rolls, retirements, checkpoints, clean
+closes and recoveries. Pass:
 1. every start the child acknowledged completes;
 2. no recorded step result ever changes (every observation after every restart agrees,
    and the final result is that value);
@@ -19,6 +22,7 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,27 +50,35 @@ def stderr_of(prefix: Path) -> str:
     return Path(f"{prefix}.stderr").read_text()[-3000:]
 
 
-def run_kills(tmp_path: Path, kills: int, seed: int, runs: int = 10_000) -> None:
+def run_kills(tmp_path: Path, kills: int, seed: int, runs: int = 10_000, churn: bool = False) -> None:
     rng = random.Random(seed)
     data, prefix = tmp_path / "data", tmp_path / "run"
     Path(f"{prefix}.acks").touch()
     killed: set[str] = set()
+    extra = ("--churn",) if churn else ()
     for kill in range(kills):
-        child = spawn(data, prefix, runs=runs)
+        child = spawn(data, prefix, *extra, runs=runs)
         killed.add(str(child.pid))
-        time.sleep(rng.uniform(0.25, 0.9))  # startup takes part of it: kills land anywhere
+        if churn and rng.random() < 0.3:
+            delay = rng.uniform(0.05, 0.4)  # during the interpreter's start or the recovery
+        else:
+            delay = rng.uniform(0.25, 0.9)  # startup takes part of it: kills land anywhere
+        time.sleep(delay)
         if child.poll() is not None:
             raise AssertionError(f"the child exited by itself before kill {kill}: {stderr_of(prefix)}")
         child.send_signal(signal.SIGKILL)
         child.wait()
-    drain = spawn(data, prefix, "--drain")
+    drain = spawn(data, prefix, "--drain", *extra)
     assert drain.wait(timeout=120) == 0, f"the draining child failed: {stderr_of(prefix)}"
     check(prefix, kills, killed)
 
 
 def check(prefix: Path, kills: int, killed: set[str]) -> None:
     acked = {parts[1] for parts in lines(prefix, "acks")}
-    results = {parts[1]: json.loads(parts[2]) for parts in lines(prefix, "results", 3)}
+    results: dict[str, Any] = {}
+    for _, wid, text in lines(prefix, "results", 3):
+        # A run's result is read again in each life of the child: always the same.
+        assert results.setdefault(wid, json.loads(text)) == json.loads(text), f"{wid}: results differ"
     assert len(acked) >= kills // 2, f"too few starts acknowledged to mean anything ({len(acked)})"
     # 1. Every acknowledged start completed.
     missing = sorted(acked - set(results))
@@ -109,3 +121,16 @@ def test_sigkill_at_random_moments_loses_nothing_acknowledged(tmp_path: Path) ->
 def test_many_kills(tmp_path: Path) -> None:
     # Past `runs` the child starts nothing new: later kills hit recovery and idle shards.
     run_kills(tmp_path, kills=300, seed=2, runs=20_000)
+
+
+@pytest.mark.timeout(300)
+def test_sigkill_while_segments_roll_checkpoints_retire_and_the_child_closes_and_reopens(
+    tmp_path: Path,
+) -> None:
+    run_kills(tmp_path, kills=int(os.environ.get("FUSEE_CRASH_CHURN_KILLS", "25")), seed=3, churn=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_many_kills_with_churn(tmp_path: Path) -> None:
+    run_kills(tmp_path, kills=300, seed=4, runs=20_000, churn=True)
