@@ -6,7 +6,7 @@ use crate::format::{
     SEGMENT_HEADER,
 };
 use crate::io::{sync_dir, LogFile};
-use crate::recovery::{recover, RecoveryError, SegmentImage, ShardBounds, Tail};
+use crate::recovery::{recover, Chain, RecoveryError, SegmentImage, ShardBounds, Tail};
 use std::fs;
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -163,47 +163,18 @@ impl SharedLog {
     pub fn open(wal: &Path, shards: usize, options: LogOptions) -> Result<SharedLog, LogError> {
         let (images, spares) = read_wal(wal)?;
         let chain = recover(&images, shards).map_err(LogError::Recovery)?;
-        let mut records: Vec<Recovered> = vec![Vec::new(); shards];
-        let mut segments: Vec<Segment> = chain
-            .live
-            .iter()
-            .map(|(i, h)| Segment {
-                id: h.id,
-                path: wal.join(&images[*i].name),
-                size: h.size,
-                positions: h.positions.clone(),
-                max_pos: vec![0; shards],
-            })
-            .collect();
-        let mut report = OpenReport { records: vec![0; shards], ..OpenReport::default() };
-        for located in &chain.batches {
-            let segment = segments.iter_mut().find(|s| s.id == located.segment).expect("chain segment");
-            for section in &located.sections {
-                let shard = section.shard as usize;
-                if shard >= shards {
-                    return Err(LogError::Io(io::Error::other(format!(
-                        "log batch {} holds records of shard {shard}, but the directory has {shards} shards",
-                        located.header.seq
-                    ))));
-                }
-                for (i, record) in section.records.iter().enumerate() {
-                    let pos = section.first + i as u64;
-                    records[shard].push((pos, record.clone()));
-                    segment.max_pos[shard] = segment.max_pos[shard].max(pos);
-                }
-                report.records[shard] += section.records.len() as u64;
-            }
-        }
-        report.batches = chain.batches.len() as u64;
-        report.first_seq = chain.batches.first().map_or(0, |b| b.header.seq);
-        for s in &segments {
-            let in_seg: Vec<_> = chain.batches.iter().filter(|b| b.segment == s.id).collect();
-            report.segments.push((s.id, in_seg.first().map_or(0, |b| b.header.seq), in_seg.len() as u64));
-        }
+        let (segments, records, mut report) = index_chain(wal, &images, &chain, shards)?;
         // A roll cut short between the new header and the seal: write the seal now, so
         // that a later loss of that segment is detected rather than read as the log's end.
         for (k, offset, seal) in &chain.unsealed {
             LogFile::open(&segments[*k].path, options.direct_io)?.write_durable(*offset, &seal.encode())?;
+        }
+        // Leftovers of a torn write of the next batch: zeroed before anything is written
+        // there (see `End::stale_until`).
+        let end = &chain.end;
+        if end.stale_until > end.offset {
+            let zeros = vec![0u8; (end.stale_until - end.offset) as usize];
+            LogFile::open(&segments[end.segment].path, options.direct_io)?.write_durable(end.offset, &zeros)?;
         }
         let oldest = segments[0].id;
         let headerless = chain
@@ -212,7 +183,6 @@ impl SharedLog {
             .filter(|name| parse_segment_name(name).is_some_and(|id| id < oldest))
             .map(|name| wal.join(name))
             .collect();
-        let end = &chain.end;
         report.tail = Some(end.tail);
         let file = LogFile::open(&segments[end.segment].path, options.direct_io)?;
         report.next_seq = end.next_seq;
@@ -468,6 +438,54 @@ impl SharedLog {
     pub fn segment_ids(&self) -> Vec<u64> {
         self.writer.lock().expect("writer").segments.iter().map(|s| s.id).collect()
     }
+}
+
+/// The chain's segments with each shard's highest position in them, every shard's
+/// records in order, and the open's report.
+fn index_chain(
+    wal: &Path,
+    images: &[SegmentImage],
+    chain: &Chain,
+    shards: usize,
+) -> Result<(Vec<Segment>, Vec<Recovered>, OpenReport), LogError> {
+    let mut records: Vec<Recovered> = vec![Vec::new(); shards];
+    let mut segments: Vec<Segment> = chain
+        .live
+        .iter()
+        .map(|(i, h)| Segment {
+            id: h.id,
+            path: wal.join(&images[*i].name),
+            size: h.size,
+            positions: h.positions.clone(),
+            max_pos: vec![0; shards],
+        })
+        .collect();
+    let mut report = OpenReport { records: vec![0; shards], ..OpenReport::default() };
+    for located in &chain.batches {
+        let segment = segments.iter_mut().find(|s| s.id == located.segment).expect("chain segment");
+        for section in &located.sections {
+            let shard = section.shard as usize;
+            if shard >= shards {
+                return Err(LogError::Io(io::Error::other(format!(
+                    "log batch {} holds records of shard {shard}, but the directory has {shards} shards",
+                    located.header.seq
+                ))));
+            }
+            for (i, record) in section.records.iter().enumerate() {
+                let pos = section.first + i as u64;
+                records[shard].push((pos, record.clone()));
+                segment.max_pos[shard] = segment.max_pos[shard].max(pos);
+            }
+            report.records[shard] += section.records.len() as u64;
+        }
+    }
+    report.batches = chain.batches.len() as u64;
+    report.first_seq = chain.batches.first().map_or(0, |b| b.header.seq);
+    for s in &segments {
+        let in_seg: Vec<_> = chain.batches.iter().filter(|b| b.segment == s.id).collect();
+        report.segments.push((s.id, in_seg.first().map_or(0, |b| b.header.seq), in_seg.len() as u64));
+    }
+    Ok((segments, records, report))
 }
 
 /// The segment files of `wal` (`<id>.wal`, spares apart). A missing `wal` holds none.

@@ -65,6 +65,11 @@ pub struct End {
     pub next_seq: u64,
     pub prev: u32,
     pub tail: Tail,
+    /// Where the blocks after `offset` stop holding sectors stamped with `next_seq`
+    /// (leftovers of a torn write of it; `offset` when none). The open zeroes them before
+    /// writing: a second torn write of `next_seq` there must not find sectors of the
+    /// first within its length, which would read as a whole batch failing its checksum.
+    pub stale_until: u64,
 }
 
 /// One shard's span in the log, to check its checkpoint against.
@@ -271,24 +276,45 @@ fn walk(images: &[SegmentImage], live: &[(usize, SegmentHeader)]) -> Result<Walk
                         continue;
                     }
                 }
-                let tail = match other {
-                    Probe::Damaged { at, why } => {
-                        return Err(RecoveryError::Damaged {
-                            seq: expect_seq,
-                            file: image.name.clone(),
-                            offset: (off + at) as u64,
-                            why,
-                        })
-                    }
-                    Probe::Torn => Tail::Torn,
-                    Probe::Batch(..) => Tail::Stale,
-                    _ => tail_at(bytes.get(off..).unwrap_or(&[]), expect_seq),
-                };
-                let end = End { segment: k, offset: off as u64, next_seq: expect_seq, prev: expect_prev, tail };
+                let tail = tail_of(other, bytes, off, expect_seq, &image.name)?;
+                let stale_until = stale_until(bytes, off, expect_seq) as u64;
+                let end =
+                    End { segment: k, offset: off as u64, next_seq: expect_seq, prev: expect_prev, tail, stale_until };
                 return Ok(Walk { batches, end, unsealed });
             }
         }
     }
+}
+
+/// What the chain's end holds, from what was found there; damage refuses.
+fn tail_of(found: Probe, bytes: &[u8], off: usize, seq: u64, file: &str) -> Result<Tail, RecoveryError> {
+    match found {
+        Probe::Damaged { at, why } => {
+            Err(RecoveryError::Damaged { seq, file: file.to_string(), offset: (off + at) as u64, why })
+        }
+        Probe::Torn => Ok(Tail::Torn),
+        // An intact batch that does not continue the chain (the link check failed).
+        Probe::Batch(..) => Ok(Tail::Stale),
+        _ => Ok(tail_at(bytes.get(off..).unwrap_or(&[]), seq)),
+    }
+}
+
+/// The end of the last block from `from` on holding a sector stamped with `seq`.
+fn stale_until(bytes: &[u8], from: usize, seq: u64) -> usize {
+    let mut until = from;
+    let mut at = from;
+    while at + BLOCK <= bytes.len() {
+        let block = &bytes[at..at + BLOCK];
+        // Zeros (most of a segment past its end) cost no checksum.
+        let stamped = block
+            .chunks_exact(SECTOR)
+            .any(|s| s.iter().any(|&b| b != 0) && sector_state(s) == SectorState::Stamped(seq as u32));
+        at += BLOCK;
+        if stamped {
+            until = at;
+        }
+    }
+    until
 }
 
 /// What an unwritten candidate block holds: zeros, sectors of a torn write of `seq`

@@ -184,6 +184,41 @@ fn after_a_torn_tail_the_log_resumes_exactly_where_the_torn_write_began() {
 }
 
 #[test]
+fn a_second_torn_write_of_the_same_batch_is_still_a_torn_write() {
+    // Power lost twice at the same batch: the second write's sectors that did not land
+    // hold what the first left, stamped with the same sequence. Unless the open cleared
+    // those, they would complete the second batch with the first's bytes: every sector
+    // stamped, the checksum failing, read as damage.
+    let options = LogOptions { direct_io: true, segment_bytes_min: 1 << 20, segment_bytes_max: 1 << 20 };
+    let dir = tempfile::tempdir().unwrap();
+    let wal = dir.path().join("wal");
+    let at = SEGMENT_HEADER + BLOCK; // batch 2
+    {
+        let log = SharedLog::create(&wal, 1, options.clone()).unwrap();
+        log.stage(0, b"a".to_vec()).unwrap();
+        log.write().unwrap();
+        log.stage(0, vec![b'x'; 3000]).unwrap();
+        log.write().unwrap();
+    }
+    tear(&segment(&wal, 1), at as u64); // the first write of batch 2 was torn
+    let before = {
+        let log = SharedLog::open(&wal, 1, options.clone()).unwrap();
+        assert_eq!(log.report.tail, Some(Tail::Torn));
+        let before = fs::read(segment(&wal, 1)).unwrap();
+        log.stage(0, vec![b'y'; 3000]).unwrap();
+        log.write().unwrap();
+        before
+    };
+    let mut torn = fs::read(segment(&wal, 1)).unwrap();
+    let sector = at + 2 * SECTOR; // this sector of the second write did not land
+    torn[sector..sector + SECTOR].copy_from_slice(&before[sector..sector + SECTOR]);
+    fs::write(segment(&wal, 1), torn).unwrap();
+    let log = SharedLog::open(&wal, 1, options).expect("a torn write, not damage");
+    assert_eq!(log.report.tail, Some(Tail::Torn));
+    assert_eq!(log.take_recovered(0, 0).into_iter().map(|(_, r)| r).collect::<Vec<_>>(), vec![b"a".to_vec()]);
+}
+
+#[test]
 fn one_flipped_byte_in_the_last_acknowledged_batch_after_a_crash_refuses() {
     let dir = tempfile::tempdir().unwrap();
     let wal = dir.path().join("wal");
