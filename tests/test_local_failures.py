@@ -404,3 +404,11 @@ async def test_damage_that_loses_acknowledged_records_refuses_naming_the_file(
             await fusee.Engine.open(str(data), workflows=[napper, stepper, holder])
         assert name in str(refused.value), refused.value
         assert isinstance(refused.value, fusee.IoError | fusee.RejectedError)
+
+
+async def test_more_shards_than_a_segment_header_holds_are_refused_at_creation(tmp_path: Path) -> None:
+    from fusee_server import _native
+
+    with pytest.raises(fusee.RejectedError, match=f"between 1 and {_native.SHARDS_MAX} shards"):
+        await fusee.Engine.open(str(tmp_path / "data"), shards=_native.SHARDS_MAX + 1)
+    assert not (tmp_path / "data" / "fusee.meta").exists()
