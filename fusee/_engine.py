@@ -8,7 +8,6 @@ import difflib
 import gc
 import hashlib
 import inspect
-import os
 import uuid
 import zlib
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -53,6 +52,7 @@ from fusee._shard import Shard, StoredRun
 from fusee._storage import MemoryStorage, Storage
 
 Out = TypeVar("Out")
+STEP_THREADS = 32
 FINISHED = ("ok", "failed", "cancelled", "timed_out", "terminated")
 
 
@@ -237,12 +237,12 @@ class Engine:
     def step_threads(self) -> ThreadPoolExecutor:
         """The threads `thread=True` steps (and synchronous steps with a timeout) run on:
         the engine's own, so steps that never return cannot starve anything else that uses
-        threads (the disk path has its own). A timed-out synchronous step keeps its thread
-        until its function returns: Python cannot stop a thread."""
+        threads (the disk path has its own, the event loop's default executor is left to
+        the application). A timed-out synchronous step keeps its thread until its function
+        returns (Python cannot stop a thread): once all of them are held so, thread steps
+        wait for one to return (docs/engine.md)."""
         if self._step_threads is None:
-            self._step_threads = ThreadPoolExecutor(
-                max_workers=min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="fusee-step"
-            )
+            self._step_threads = ThreadPoolExecutor(max_workers=STEP_THREADS, thread_name_prefix="fusee-step")
         return self._step_threads
 
     def _stop_step_threads(self) -> None:

@@ -9,6 +9,7 @@ import fusee
 from fusee import _records as R
 from fusee._messages import Msg
 from fusee._storage import MemoryShardStore, MemoryStorage
+from fusee.testing import TestEngine
 from tests.conftest import eventually
 
 effects: list[str] = []
@@ -92,13 +93,17 @@ async def test_a_running_step_keeps_the_shard_busy(kit):
 async def test_parked_runs_cost_an_index_entry_and_wake_on_their_timer(kit):
     effects.clear()
     t = await kit(sleepy, shards=2, park_after="100ms")
+    started = t.now_ms()  # the virtual clock stands still while they start
     for n in range(20):
         await t.start(sleepy, f"p-{n}", n)
     await t.advance("1s")
     assert sum(len(s.runs) for s in t.engine.shards) == 0
     assert sum(len(s.index_entries) for s in t.engine.shards) == 20
-    # The next due time is known without loading a run.
-    assert min(s.next_due_ms() for s in t.engine.shards) <= t.now_ms() + 3_600_000
+    # The next due time is known without loading a run: each shard's is its runs' timer,
+    # early by less than the index's 100 ms bucket.
+    due = started + 3_600_000
+    for shard in t.engine.shards:
+        assert due - 100 < shard.next_due_ms() <= due
     for n in range(20):
         assert await t.result(f"p-{n}") == n
     assert sorted(e for e in effects if e.startswith("after")) == sorted(f"after-{n}" for n in range(20))
@@ -244,3 +249,78 @@ async def test_recovered_journal_records_are_the_same(kit):
     await t.crash()
     assert await t.journal("j-1") == before
     assert isinstance((await t.engine.run("j-1").describe()).journal[0], R.Started)
+
+
+@fusee.workflow("opener")
+async def opener(ctx: fusee.Ctx, kid_id: str) -> int:
+    result: int = await ctx.child(kid, kid_id, 1)
+    return result
+
+
+async def test_a_revived_run_takes_a_message_number_after_every_number_the_log_holds():
+    """Run a's child request was lost in a crash; run b's, numbered after it, is durable.
+    Revived first, a must not take b's number: the receiver would drop one start as a
+    duplicate of the other and a child would never start."""
+    t = await TestEngine.open([opener, kid], shards=2)
+    a = "a-0"
+    b = next(f"b-{i}" for i in range(100) if t.engine.shard_index(f"b-{i}") == t.engine.shard_index(a))
+    index = t.engine.shard_index(a)
+    now = t.now_ms()
+    store = t.storage.stores[index]
+    for entry in (
+        R.Entry(a, 1, R.Started("opener", 1, b'"kid-a"', now, 1)),
+        R.Entry(b, 1, R.Started("opener", 1, b'"kid-b"', now, 2)),
+        R.Entry(b, 1, R.ChildRequested(0, "kid", "kid-b", b"1", 1)),
+    ):
+        store.append(R.encode_entry(entry))
+    await t.crash()
+    assert await t.result(a) == 2
+    assert await t.result(b) == 2
+    await t.close()
+
+
+async def test_a_wake_up_taken_just_before_a_clean_close_is_not_lost(kit):
+    effects.clear()
+    t = await kit(sleepy)
+    await t.start(sleepy, "s-1", 1)
+    await t.advance("5s")  # parked, due in an hour
+    assert not t.engine.shard_of("s-1").runs
+    t.clock.set(t.now_ms() + 3_600_000)  # due: its wake-up is spawned, not yet run
+    await t.restart()  # a clean close right then checkpoints the index
+    assert await t.result("s-1") == 1
+
+
+async def test_a_wake_up_taken_just_before_a_checkpoint_is_not_lost(kit):
+    effects.clear()
+    t = await kit(sleepy)
+    await t.start(sleepy, "s-1", 1)
+    await t.advance("5s")
+    shard = t.engine.shard_of("s-1")
+    t.clock.set(t.now_ms() + 3_600_000)
+    await shard.checkpoint(wait=True)
+    await t.crash(settle=False)
+    assert await t.result("s-1") == 1
+
+
+async def test_a_finished_run_leaves_no_timer_behind_as_next_due(kit):
+    effects.clear()
+    t = await kit(sleepy)
+    run = await t.start(sleepy, "s-1", 1)
+    await t.advance("5s")  # parked with its hour-long timer
+    await run.terminate()
+    await t.settle()
+    assert t.engine.shard_of("s-1").next_due_ms() == 0
+
+
+async def test_an_unacknowledged_message_makes_its_resend_the_next_due_time():
+    clock = fusee.VirtualClock()
+    storage = MemoryStorage(2)
+    engine = await fusee.Engine.open(workflows=[mother, kid], storage=storage, clock=clock, shard_ids=[0])
+    parent = next(f"m-{i}" for i in range(100) if engine.shard_index(f"m-{i}") == 0)
+    child = next(f"k-{i}" for i in range(100) if engine.shard_index(f"k-{i}") == 1)
+    await engine.start(mother, parent, child)
+    await eventually(lambda: engine.unrouted)  # the start of a child on shard 1, not held here
+    shard = engine.by_index[0]
+    assert shard.next_due_ms() == clock.now_ms() + 1000
+    assert not shard.idle()
+    await engine.close()
