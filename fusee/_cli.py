@@ -128,8 +128,6 @@ def _run_inspect(args: argparse.Namespace) -> int:
         # The same checks as an open, in the same order: whatever an open would refuse,
         # inspect reports as the directory's error (a missing or damaged fusee.meta too).
         raw: str = native.inspect(str(root))
-    except FileNotFoundError:
-        raise _Stop(f"{root} is not a Fusee data directory (no fusee.meta)") from None
     except OSError as error:
         raise _Stop(f"{root}: {error}") from None
     report: dict[str, Any] = json.loads(raw)

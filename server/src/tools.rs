@@ -70,7 +70,7 @@ pub fn inspect(root: &Path) -> io::Result<String> {
             if !anything {
                 return Err(io::Error::new(
                     io::ErrorKind::NotFound,
-                    format!("{} is not a Fusee data directory (no {META})", root.display()),
+                    format!("not a Fusee data directory (no {META}, no log, no shard folder)"),
                 ));
             }
             if let Some(what) = written {
