@@ -412,3 +412,23 @@ async def test_more_shards_than_a_segment_header_holds_are_refused_at_creation(t
     with pytest.raises(fusee.RejectedError, match=f"between 1 and {_native.SHARDS_MAX} shards"):
         await fusee.Engine.open(str(tmp_path / "data"), shards=_native.SHARDS_MAX + 1)
     assert not (tmp_path / "data" / "fusee.meta").exists()
+
+
+async def test_a_shard_closed_during_its_checkpoint_still_gets_the_second_copy(tmp_path: Path) -> None:
+    """A close that came while a checkpoint was being written saw no checkpoint yet and
+    skipped the second copy: the log under it could not be retired at the close."""
+    from fusee_server.local import LocalStorage
+
+    storage = await LocalStorage.open(tmp_path / "data", 1)
+    store = await storage.open_shard(0)
+    await store.recover()
+    for i in range(5):
+        store.append(b"record %d" % i)
+    assert await store.flush() == 5
+    writing = asyncio.ensure_future(store.checkpoint(5, b"state"))
+    await asyncio.sleep(0)  # under way, not finished
+    await store.close()
+    await writing
+    assert store.files.checkpoint_positions() == [5, 5]
+    await storage.close()
+    assert storage.log.segment_ids() == [2], "the log moved to an empty segment"
