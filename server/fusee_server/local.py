@@ -6,9 +6,9 @@ records as one batch with one durable flush (group commit). Writes run on one de
 thread with the GIL released, so the event loop never waits on the disk.
 
 The other disk work (recovery, shard opens, retirement, checkpoints) runs on the
-storage's own small executors, never on the loop's default one: user step functions run
-there, and once they fill it a checkpoint queued behind them would never finish (nor
-would a close waiting on it).
+storage's own small executors, never on the loop's default one: the application's threads
+may fill that one, and a checkpoint queued behind them would never finish (nor would a
+close waiting on it).
 """
 
 from __future__ import annotations
@@ -298,15 +298,21 @@ class LocalShardStore:
     async def _write_checkpoint(self, position: int, data: bytes) -> None:
         loop = asyncio.get_running_loop()
         # On the storage's checkpoint executor: not the log's (a checkpoint's flushes
-        # must not delay retirement), not the loop's default (step threads fill it).
+        # must not delay retirement), not the loop's default (threads of the application
+        # may fill it).
         writing = loop.run_in_executor(self.storage.checkpoints, self.files.checkpoint, position, data)
-        self.writing = writing
-        try:
-            await writing
-        finally:
-            if self.writing is writing:
+
+        def written(done: asyncio.Future[None]) -> None:
+            # Recorded as the write completes, before anyone awaiting it resumes: a close
+            # waiting on it sees this checkpoint.
+            if not done.cancelled() and done.exception() is None:
+                self.last_checkpoint = (position, data)
+            if self.writing is done:
                 self.writing = None
-        self.last_checkpoint = (position, data)
+
+        writing.add_done_callback(written)
+        self.writing = writing
+        await writing
 
     async def close(self) -> None:
         """After the engine's closing checkpoint, a second copy of it: with every record
