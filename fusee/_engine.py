@@ -684,8 +684,10 @@ class Run(Generic[Out]):
             state: Any = shard.runs.get(self.id)
             if state is None:
                 state = await shard.finished_run(self.id)
-                if state is None:
-                    state = await shard.load(self.id)
+                if state is None or state.status not in FINISHED:
+                    # Parked or waiting for code: loaded, so a run whose code no longer
+                    # matches its journal is found stuck rather than waited on for ever.
+                    state = await shard.load(self.id) or state
                 if state is None:
                     await self._refuse(shard, NotFoundError(f"no workflow '{self.id}'", workflow_id=self.id))
             if state.status in FINISHED:

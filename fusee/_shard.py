@@ -464,21 +464,24 @@ class Shard(StepRunner):
         self.engine.route(msg)
 
     async def receive(self, msg: Msg) -> None:
-        """Apply a message from another shard (or this one), once in effect."""
+        """Apply a message from another shard (or this one), once in effect: a resend, or
+        a duplicate that arrived while this one loaded its run, gets the recorded answer."""
         key = (msg.src, msg.seq)
-        if key in self.outbox.received:
-            failure = self.outbox.received[key]
-            await self.durable_at(self.appended)
-            self.engine.route_ack(msg.src, Ack(msg.src, msg.seq, failure))
-            return
-        failure = await self._apply_msg(msg)
-        if key in self.outbox.received:
-            return  # a duplicate that arrived while this one was loading the run
-        lsn = self.append_shard(R.Received(msg.src, msg.seq, failure))
-        await self.durable_at(lsn)
+        if key not in self.outbox.received:
+            # The run is loaded first; from the check after the load to the Received
+            # record nothing awaits, so two copies can never both be applied.
+            run = await self.load(msg.target) if msg.kind != "start" else None
+            if key not in self.outbox.received:
+                failure = self._apply_msg(msg, run)
+                lsn = self.append_shard(R.Received(msg.src, msg.seq, failure))
+                await self.durable_at(lsn)
+                self.engine.route_ack(msg.src, Ack(msg.src, msg.seq, failure))
+                return
+        failure = self.outbox.received[key]
+        await self.durable_at(self.appended)
         self.engine.route_ack(msg.src, Ack(msg.src, msg.seq, failure))
 
-    async def _apply_msg(self, msg: Msg) -> Failure | None:
+    def _apply_msg(self, msg: Msg, run: RunState | None) -> Failure | None:
         if msg.kind == "start":
             try:
                 self.start(
@@ -491,7 +494,6 @@ class Shard(StepRunner):
             except AlreadyExistsError as error:
                 return failure_from(error)
             return None
-        run = await self.load(msg.target)
         if msg.kind == "result":
             if run is not None and run.run_no == msg.run and not run.final:
                 run.event(R.ChildResult(msg.op, msg.value, msg.failure))

@@ -115,7 +115,13 @@ def test_a_retry_policy_is_checked_when_it_is_made(options):
 
 @pytest.mark.parametrize(
     ("wid", "words"),
-    [(None, "expected a str"), (7, "expected a str"), ("", "empty"), ("a\ud800b", "Unicode"), ("x" * 2000, "longer")],
+    [
+        (None, "expected a str"),
+        (7, "expected a str"),
+        ("", "empty"),
+        ("a\ud800b", "Unicode"),
+        ("x" * 2000, "longer"),
+    ],
 )
 async def test_a_start_with_an_id_that_is_not_a_real_string_is_refused(kit, wid, words):
     t = await kit(healthy)
@@ -126,7 +132,7 @@ async def test_a_start_with_an_id_that_is_not_a_real_string_is_refused(kit, wid,
 
 async def test_a_start_of_none_is_refused(kit):
     t = await kit(healthy)
-    with pytest.raises(fusee.RejectedError, match="@fusee.workflow"):
+    with pytest.raises(fusee.RejectedError, match=r"@fusee\.workflow"):
         await t.start(None, "h-1", 1)  # type: ignore[arg-type]
 
 

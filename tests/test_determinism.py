@@ -345,3 +345,77 @@ def test_replayer_on_hand_made_records():
     # An unfinished journal that matches so far is fine.
     Replayer([pay_v1]).replay(records[:3])
     assert calls == []
+
+
+# -- the same kind of operation, another identity -----------------------------------------
+
+
+def _v(name: str, body):
+    @fusee.workflow(name)
+    async def wf(ctx: fusee.Ctx, version: int) -> str:
+        await body(ctx, version)
+        await ctx.wait_for("finish")
+        return "done"
+
+    return wf
+
+
+async def _sleep_named(ctx: fusee.Ctx, v: int) -> None:
+    await ctx.sleep("nap" if v == 1 else "doze", "1s")
+
+
+async def _wait_named(ctx: fusee.Ctx, v: int) -> None:
+    await ctx.wait_for("approve" if v == 1 else "confirm", timeout="1s")
+
+
+async def _child_id(ctx: fusee.Ctx, v: int) -> None:
+    await ctx.child(helper, "kid-a" if v == 1 else "kid-b")
+
+
+async def _child_type(ctx: fusee.Ctx, v: int) -> None:
+    await ctx.child(helper if v == 1 else other_helper, "kid-a")
+
+
+async def _signal_target(ctx: fusee.Ctx, v: int) -> None:
+    await ctx.signal_workflow("peer-a" if v == 1 else "peer-b", "poke", 1)
+
+
+@fusee.workflow("det.helper")
+async def helper(ctx: fusee.Ctx) -> int:
+    return 1
+
+
+@fusee.workflow("det.other_helper")
+async def other_helper(ctx: fusee.Ctx) -> int:
+    return 2
+
+
+@fusee.workflow("det.peer")
+async def peer(ctx: fusee.Ctx) -> None:
+    await ctx.wait_for("poke")
+
+
+@pytest.mark.parametrize(
+    ("body", "recorded", "called"),
+    [
+        (_sleep_named, "sleep 'nap'", "sleep 'doze'"),
+        (_wait_named, "wait_for 'approve'", "wait_for 'confirm'"),
+        (_child_id, "child 'det.helper kid-a'", "child 'det.helper kid-b'"),
+        (_child_type, "child 'det.helper kid-a'", "child 'det.other_helper kid-a'"),
+        (_signal_target, "signal_workflow 'poke to peer-a'", "signal_workflow 'poke to peer-b'"),
+    ],
+)
+async def test_the_same_kind_of_operation_with_another_name_or_target_is_a_determinism_error(
+    kit, body, recorded, called
+):
+    wf = _v("det.same_kind", body)
+    t = await kit(wf, helper, other_helper, peer)
+    for target in ("peer-a", "peer-b"):
+        await t.start(peer, target)
+    await t.start(wf, "d-1", 1)
+    await t.advance("5s")  # the operation of version 1 is recorded and done
+    assert any(type(r).__name__ != "Started" for r in (await t.engine.run("d-1").describe()).journal)
+    wf2 = _v("det.same_kind", lambda ctx, v: body(ctx, 2))
+    await _deploy(t, wf2, helper, other_helper, peer)
+    error = await _stuck_error(t, "d-1")
+    assert recorded in str(error) and called in str(error)

@@ -525,3 +525,33 @@ async def test_typed_signal_between_workflows_decodes_to_the_dataclass(kit, wher
     await t.crash()
     assert await t.result(r) == ["Order", "sku-7", 3]
     await t.check()
+
+
+@fusee.workflow("msg.dup_collector")
+async def dup_collector(ctx: fusee.Ctx) -> list[str]:
+    got: list[str] = []
+    while len(got) < 2:
+        got.append(await ctx.wait_for("s"))
+    return got
+
+
+async def test_a_duplicate_arriving_while_its_run_loads_is_applied_once():
+    """Two copies of one message (a resend) reach a parked run whose frame takes a while to
+    read: both wait for the same load; only one may be applied."""
+    from fusee._messages import Msg
+    from tests.test_shard_failures import SlowReads
+
+    clock = fusee.VirtualClock()
+    engine = await fusee.Engine.open(workflows=[dup_collector], storage=SlowReads(1), clock=clock)
+    await engine.start(dup_collector, "c-1")
+    await asyncio.sleep(0)
+    clock.set(clock.now_ms() + 5_000)  # parked
+    shard = engine.shards[0]
+    assert not shard.runs
+    msg = Msg("signal", 0, 99, "c-1", name="s", value=b'"once"')
+    await asyncio.gather(shard.receive(msg), shard.receive(msg))
+    signals = [
+        r for r in (await engine.run("c-1").describe()).journal if type(r).__name__ == "SignalReceived"
+    ]
+    assert len(signals) == 1
+    await engine.close()

@@ -108,7 +108,7 @@ async def test_a_signal_to_a_stuck_run_is_recorded_and_taken_once_its_code_is_fi
 
 
 async def test_an_update_to_a_stuck_run_is_refused_at_once_recording_nothing(kit):
-    t, run = await stuck_run(kit)
+    _t, run = await stuck_run(kit)
     before = len((await run.describe()).journal)
     with pytest.raises(fusee.RejectedError, match="does not match its journal"):
         await asyncio.wait_for(run.update("anything", 1), 5)

@@ -626,3 +626,23 @@ async def test_workflow_catches_step_error_and_continues(kit):
     assert calls == ["charge", "notify"]
     assert await t.steps("catch-1") == ["notify"]
     await t.check()
+
+
+def always_fails() -> None:
+    raise RuntimeError("down")
+
+
+@fusee.workflow("steps.capped")
+async def capped(ctx: fusee.Ctx) -> None:
+    policy = fusee.Retry(attempts=5, initial=100, factor=10, max=300, jitter=False)
+    await ctx.step("down", always_fails, retry=policy)
+
+
+async def test_retry_delays_grow_by_the_factor_up_to_max(kit):
+    t = await kit(capped)
+    await t.start(capped, "c-1")
+    with pytest.raises(fusee.StepError):
+        await t.result("c-1")
+    journal = (await t.engine.run("c-1").describe()).journal
+    delays = [r.retry_at - r.failed_at for r in journal if type(r).__name__ == "Attempt"]
+    assert delays == [100, 300, 300, 300]

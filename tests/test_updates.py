@@ -66,6 +66,8 @@ async def cart(ctx: fusee.Ctx, owner: str) -> dict[str, Any]:
             raise ValueError("a quantity must be positive")
         if n == 0:
             return "zero is not an item"
+        if n > 1000:
+            return False  # a plain no
         return None
 
     async def on_priced(n: int) -> int:
@@ -248,7 +250,10 @@ async def test_sync_and_async_update_handlers(kit):
     await t.check()
 
 
-@pytest.mark.parametrize(("arg", "message"), [(-1, "must be positive"), (0, "zero is not an item")])
+@pytest.mark.parametrize(
+    ("arg", "message"),
+    [(-1, "must be positive"), (0, "zero is not an item"), (1001, "validator said no")],
+)
 async def test_validator_refusal_records_nothing(kit, arg, message):
     t = await kit(cart, shards=4)
     run = await t.start(cart, "c1", "ann")
