@@ -11,6 +11,7 @@ from typing import Any
 
 from fusee import _records as R
 from fusee._clock import VirtualClock
+from fusee._crash_everywhere import Case, crash_everywhere
 from fusee._definitions import Workflow
 from fusee._durations import Duration, to_ms
 from fusee._engine import Engine, Run
@@ -18,7 +19,7 @@ from fusee._errors import DeterminismError, NotFoundError
 from fusee._replay import Replayer, journal_to_json
 from fusee._storage import MemoryStorage
 
-__all__ = ["TestEngine"]
+__all__ = ["Case", "TestEngine", "crash_everywhere"]
 
 
 class TestEngine:
@@ -35,6 +36,7 @@ class TestEngine:
         park_after: Duration,
         flush_on_turn: bool = False,
         dir: str | Path | None = None,
+        storage: MemoryStorage | None = None,
     ) -> None:
         self.workflows = list(workflows)
         self.dir = dir
@@ -43,7 +45,9 @@ class TestEngine:
         self.clock = VirtualClock()
         # flush_on_turn: records become durable a loop turn after they are made, and a
         # crash loses what was not flushed (see MemoryShardStore).
-        self.storage: Any = MemoryStorage(shards, instant=not flush_on_turn) if dir is None else None
+        self.storage: Any = storage or (
+            MemoryStorage(shards, instant=not flush_on_turn) if dir is None else None
+        )
         self.mocks: dict[tuple[str, str], Callable[[int], Any]] = {}
         self.engine: Engine
 
@@ -56,8 +60,9 @@ class TestEngine:
         park_after: Duration = "1s",
         flush_on_turn: bool = False,
         dir: str | Path | None = None,
+        storage: MemoryStorage | None = None,
     ) -> TestEngine:
-        t = cls(workflows, shards, park_after, flush_on_turn, dir)
+        t = cls(workflows, shards, park_after, flush_on_turn, dir, storage)
         await t._open()
         return t
 
