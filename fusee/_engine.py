@@ -367,9 +367,10 @@ class Engine:
             raise RejectedError(f"version={version!r}: expected a positive int")
         shard = self.shard_of(id)
         shard.check()
-        # A parked run is loaded first, so that an ID policy that ends it (terminate-
-        # existing) records its end and closes its children like a loaded run's.
-        await shard.load(id)
+        if (id_policy or {}).get("running") == "terminate-existing":
+            # A parked run is loaded first, so that ending it records its end and closes
+            # its children like a loaded run's.
+            await shard.load(id)
         try:
             state, new = shard.start(
                 definition.name,
