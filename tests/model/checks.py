@@ -1,0 +1,337 @@
+"""The guarantees, checked after every step of the model test. Each check is named by
+the invariant it holds the engine to (the `Violation`'s tag):
+
+- `acknowledged` (1): a start, signal, update, completion, cancel or terminate that
+  returned is never lost, across crashes and reopenings.
+- `refusals` (2): a refusal is never contradicted later (a run refused as ended stays
+  ended; a run refused as existing is still there; a refused signal or update is never
+  recorded).
+- `recorded` (3): what a journal showed once (after a settle, so durable) is never
+  rewritten: every later read of that run starts with it; a StepDone's value never
+  changes.
+- `progress` (4): after the clock moved far and everything settled, every run is final,
+  or waits on something outside it that can wake it (a signal, a completion, a child, the
+  valve); no live timer is overdue; a parent's end reached its children as its policy says;
+  a failed or cancelled run ran every compensation it had reached.
+- `next-due` (5): a shard's `next_due_ms()` is its earliest live timer as the journals
+  tell it (a parked run's within its 100 ms bucket), 0 when none.
+- `idle` (6): `shard.idle()` is True exactly when nothing can progress.
+- `steps` (7): a step attempt's function runs once per engine lifetime, never again once
+  its outcome was durable, and at least once for every outcome recorded.
+- `documented-errors` / `no-hang` (8): checked on every call (see `Harness.call`), and
+  here: nothing escaped into the event loop.
+"""
+
+from __future__ import annotations
+
+from fusee import _records as R
+from fusee._index import BUCKET_MS
+from fusee._shard import IDLE_DUE_MS
+
+from .harness import Harness, Violation
+from .journal import FINAL, Reading, live_due, read, wakeable
+from .workflows import LEDGER, TIMED_TYPE
+
+CODE_PREFIX = {"right": "s", "changed": "x", "absent": "s"}
+
+
+async def check(h: Harness) -> None:
+    await h.quiesce()
+    if h.loop_errors:
+        raise Violation("documented-errors", f"an exception escaped into the event loop: {h.loop_errors[0]}")
+    t = h.t
+    runs: dict[str, tuple[int, str, list[R.Rec]]] = {}
+    wids = set(h.o.min_run) | {wid for wid, _ in h.observed}
+    wids |= {row.id async for row in t.engine.list()}
+    for wid in sorted(wids):
+        got = await h.journal(wid)
+        if got is not None:
+            runs[wid] = got
+    readings = {wid: read(journal) for wid, (_, _, journal) in runs.items()}
+    for wid, (run, _status, journal) in runs.items():
+        _check_recorded(h, wid, run, journal)
+        if len(readings[wid].prefixes) > 1:
+            raise Violation(
+                "recorded",
+                f"run {run} of '{wid}' recorded operations of two versions of its code "
+                f"{sorted(n for n in readings[wid].step_names)}: a replay accepted a different operation",
+            )
+        started = journal[0] if journal else None
+        if isinstance(started, R.Started) and started.type == TIMED_TYPE and not started.deadline:
+            raise Violation("progress", f"run {run} of '{wid}' ({TIMED_TYPE}, timeout=20 s) has no deadline")
+    _check_acknowledged(h, runs, readings)
+    _check_refusals(h, runs, readings)
+    _check_steps(h, runs, readings)
+    _check_shards(h, runs, readings)
+    for wid, (run, _status, journal) in runs.items():
+        h.observed[(wid, run)] = [R.encode_entry(R.Entry(wid, run, rec)) for rec in journal]
+        _note_children(h, wid, run, journal)
+
+
+def _note_children(h: Harness, wid: str, run: int, journal: list[R.Rec]) -> None:
+    started = {r.seq for r in journal if isinstance(r, R.ChildStarted) and r.failure is None}
+    h.parents[(wid, run)] = [
+        (r.id, r.close) for r in journal if isinstance(r, R.ChildRequested) and r.seq in started
+    ]
+
+
+def _check_recorded(h: Harness, wid: str, run: int, journal: list[R.Rec]) -> None:
+    seen = h.observed.get((wid, run))
+    if seen is None:
+        return
+    now = [R.encode_entry(R.Entry(wid, run, rec)) for rec in journal]
+    for index, old in enumerate(seen):
+        if index >= len(now):
+            raise Violation(
+                "recorded",
+                f"run {run} of '{wid}' lost records: {len(seen)} were seen, now {len(now)} "
+                f"(first lost: {R.decode_entry(old).rec!r})",
+            )
+        if now[index] != old:
+            before, after = R.decode_entry(old).rec, R.decode_entry(now[index]).rec
+            kind = "a StepDone's value changed" if isinstance(before, R.StepDone) else "a record changed"
+            raise Violation(
+                "recorded", f"run {run} of '{wid}', record {index}: {kind}: was {before!r}, now {after!r}"
+            )
+
+
+def _check_acknowledged(
+    h: Harness, runs: dict[str, tuple[int, str, list[R.Rec]]], readings: dict[str, Reading]
+) -> None:
+    o = h.o
+    for wid, least in o.min_run.items():
+        if wid not in runs:
+            raise Violation("acknowledged", f"'{wid}' was started (run {least}) and is gone")
+        if runs[wid][0] < least:
+            raise Violation(
+                "acknowledged", f"'{wid}' was started as run {least}; the engine has run {runs[wid][0]}"
+            )
+    for wid, run, payload in o.signals:
+        if wid in runs and runs[wid][0] == run and payload not in readings[wid].signals:
+            raise Violation(
+                "acknowledged", f"an acknowledged signal {payload!r} to run {run} of '{wid}' is lost"
+            )
+    for uid, (wid, run, outcome) in o.updates.items():
+        if wid in runs and runs[wid][0] == run and uid not in readings[wid].updates_done:
+            raise Violation(
+                "acknowledged", f"acknowledged update {uid} ({outcome}) of run {run} of '{wid}' is lost"
+            )
+    for wid, run in o.cancels:
+        if (
+            wid in runs
+            and runs[wid][0] == run
+            and not readings[wid].cancel_requests
+            and not readings[wid].final
+        ):
+            raise Violation("acknowledged", f"an acknowledged cancel of run {run} of '{wid}' is lost")
+    for wid, run in o.terminates:
+        if wid in runs and runs[wid][0] == run and readings[wid].status != "terminated":
+            raise Violation(
+                "acknowledged", f"run {run} of '{wid}' was terminated; it is now {readings[wid].status}"
+            )
+    for wid, run, seq in o.completions:
+        if wid in runs and runs[wid][0] == run and seq not in readings[wid].completed:
+            raise Violation("acknowledged", f"an acknowledged completion of '{wid}' position {seq} is lost")
+
+
+def _check_refusals(
+    h: Harness, runs: dict[str, tuple[int, str, list[R.Rec]]], readings: dict[str, Reading]
+) -> None:
+    o = h.o
+    for wid, run, what in o.ended:
+        if wid in runs and runs[wid][0] == run and not readings[wid].final:
+            raise Violation(
+                "refusals",
+                f"{what} was refused as ended (run {run}), but run {run} is {runs[wid][1]} now",
+            )
+        if wid not in runs or runs[wid][0] < run:
+            raise Violation(
+                "refusals",
+                f"{what} was refused as ended (run {run}); the engine now has {runs.get(wid, (None,))[0]}",
+            )
+    for wid, run in o.existed:
+        if wid not in runs or runs[wid][0] < run:
+            raise Violation(
+                "refusals", f"a start of '{wid}' was refused as existing (run {run}); now: {runs.get(wid)}"
+            )
+    for wid, payload in o.bad_signals:
+        if wid in readings and payload in readings[wid].signals:
+            raise Violation(
+                "refusals", f"a signal to '{wid}' refused for its type ({payload!r}) was recorded"
+            )
+    for wid, run, uid in o.refused_updates:
+        if (
+            wid in runs
+            and runs[wid][0] == run
+            and uid in readings[wid].updates_accepted
+            and uid not in o.updates
+        ):
+            raise Violation("refusals", f"refused update {uid} of '{wid}' was recorded as accepted")
+
+
+def _check_steps(
+    h: Harness, runs: dict[str, tuple[int, str, list[R.Rec]]], readings: dict[str, Reading]
+) -> None:
+    for (key, attempt), epochs in LEDGER.calls.items():
+        if len(epochs) != len(set(epochs)):
+            raise Violation("steps", f"step {key} attempt {attempt} ran twice in one engine: epochs {epochs}")
+        seen = h.first_seen.get((key, attempt))
+        if seen is not None and any(epoch > seen for epoch in epochs):
+            raise Violation(
+                "steps",
+                f"step {key} attempt {attempt} ran again (epochs {epochs}) after its outcome was durable "
+                f"(seen in epoch {seen})",
+            )
+    for wid, (run, _status, _journal) in runs.items():
+        for seq, attempt, kind in readings[wid].outcomes:
+            key = (f"{wid}/{run}/{seq}", attempt)
+            if key not in LEDGER.calls:
+                raise Violation(
+                    "steps", f"{kind} of step {key[0]} attempt {attempt} is recorded; it never ran"
+                )
+            h.first_seen.setdefault(key, LEDGER.epoch)
+
+
+def expected_due(h: Harness, wid: str, reading: Reading, status: str) -> tuple[int, bool]:
+    """A run's earliest live timer and whether the engine holds it parked."""
+    if status != "running" or reading.final:
+        return 0, False
+    parked = wid not in h.t.engine.shard_of(wid).runs
+    return live_due(reading), parked
+
+
+def _check_shards(
+    h: Harness, runs: dict[str, tuple[int, str, list[R.Rec]]], readings: dict[str, Reading]
+) -> None:
+    t = h.t
+    now = t.now_ms()
+    for shard in t.engine.shards:
+        if shard.outbox.pending:
+            raise Violation(
+                "progress",
+                f"shard {shard.index}: messages unacknowledged after a settle: "
+                f"{[p.msg.kind + '->' + p.msg.target for p in shard.outbox.pending.values()]}",
+            )
+        dues = []
+        for wid, (_run, status, _journal) in runs.items():
+            if t.engine.shard_index(wid) != shard.index:
+                continue
+            due, parked = expected_due(h, wid, readings[wid], status)
+            if due:
+                dues.append((due // BUCKET_MS * BUCKET_MS if parked else due, due, wid, parked))
+        want = min(dues, default=None)
+        got = shard.next_due_ms()
+        if want is None:
+            if got:
+                raise Violation(
+                    "next-due",
+                    f"shard {shard.index}: next_due_ms() is {got} (now+{got - now} ms) but no run has a live timer",
+                )
+        elif got != want[0] and not (want[3] and want[0] <= got <= want[1]):
+            raise Violation(
+                "next-due",
+                f"shard {shard.index}: next_due_ms() is {got or 0} ({'now+' + str(got - now) if got else 'none'}); "
+                f"the earliest live timer is '{want[2]}' at now+{want[1] - now} ms{' (parked)' if want[3] else ''}",
+            )
+        busy = h.gates_open(shard.index) or (want is not None and want[0] - now < IDLE_DUE_MS)
+        if shard.idle() == busy:
+            raise Violation(
+                "idle",
+                f"shard {shard.index}: idle() is {shard.idle()}, but "
+                + (
+                    "a gated step runs"
+                    if h.gates_open(shard.index)
+                    else f"the next timer is due in {want[0] - now} ms"
+                    if want is not None
+                    else "nothing can progress"
+                ),
+            )
+
+
+async def check_progress(h: Harness) -> None:
+    """After the clock moved far past every timer: nothing waits on a timer, and a run
+    still going waits on something outside it."""
+    await check(h)
+    now = h.t.now_ms()
+    for wid in sorted({row.id async for row in h.t.engine.list()}):
+        got = await h.journal(wid)
+        if got is None:
+            continue
+        run, status, journal = got
+        reading = read(journal)
+        type_ = journal[0].type if journal and isinstance(journal[0], R.Started) else "?"
+        code = h.code_for(type_)
+        if status == "waiting_for_code" and code == "absent":
+            continue
+        if status == "stuck" and reading.prefixes - {CODE_PREFIX[code]}:
+            continue  # it recorded operations the code now has no more
+        if status in ("waiting_for_code", "stuck"):
+            raise Violation("progress", f"run {run} of '{wid}' is {status} though its code is {code}")
+        if reading.final or status in FINAL:
+            _check_ended(h, wid, run, status, reading)
+            continue
+        if reading.timers and min(reading.timers.values()) <= now:
+            seq, due = min(reading.timers.items(), key=lambda item: item[1])
+            raise Violation(
+                "progress",
+                f"run {run} of '{wid}' ({status}) has a live timer at position {seq} overdue by {now - due} ms",
+            )
+        if (wid, run) in h.o.cancels:
+            raise Violation(
+                "acknowledged", f"run {run} of '{wid}' was cancelled (acknowledged) and still runs"
+            )
+        if not wakeable(reading) and not _gated_now(h, wid):
+            raise Violation(
+                "progress",
+                f"run {run} of '{wid}' runs but waits on nothing that can wake it (journal ends "
+                f"{[type(r).__name__ for r in journal[-4:]]})",
+            )
+    await _check_children(h)
+
+
+def _gated_now(h: Harness, wid: str) -> bool:
+    run = h.t.engine.shard_of(wid).runs.get(wid)
+    return run is not None and any(
+        getattr(op, "started", False) and not op.done and op.fn.__qualname__.startswith("_gated")  # type: ignore[attr-defined]
+        for op in run.ops.values()
+    )
+
+
+def _check_ended(h: Harness, wid: str, run: int, status: str, reading: Reading) -> None:
+    if status not in ("failed", "cancelled"):
+        return
+    reached = LEDGER.comps.get((wid, run))
+    if not reached:
+        return
+    missing = [name for name in reached if name not in reading.step_names]
+    if missing:
+        raise Violation(
+            "progress", f"run {run} of '{wid}' ended {status} without running its compensations {missing}"
+        )
+
+
+async def _check_children(h: Harness) -> None:
+    """A parent that ended (or was replaced) applied its close policy to its children."""
+    for (wid, run), children in h.parents.items():
+        current = await h.journal(wid)
+        if current is None:
+            continue
+        ended = current[0] > run or current[1] in FINAL
+        if not ended:
+            continue
+        for child, close in children:
+            if close == "abandon":
+                continue
+            got = await h.journal(child)
+            if got is None:
+                continue
+            reading = read(got[2])
+            if close == "terminate" and not reading.final:
+                raise Violation(
+                    "progress", f"run {run} of '{wid}' ended; its child '{child}' (terminate) still runs"
+                )
+            if close == "request-cancel" and not reading.final and not reading.cancel_requests:
+                raise Violation(
+                    "progress",
+                    f"run {run} of '{wid}' ended; its child '{child}' (request-cancel) was never asked",
+                )

@@ -1,0 +1,248 @@
+"""Defects the model test found, each reproduced directly (no hypothesis), smallest first.
+
+Each test states what the guarantee requires, so it fails while the defect is there: it
+is marked xfail (strict) until the engine is fixed; then it passes, the strict marker
+fails the suite, and the marker (and the entry in tests/model/known.py that the model
+test steps around) goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fusee
+from fusee import _records as R
+from fusee.testing import TestEngine
+
+from .workflows import BUMP, CODE, GO, LEDGER, PLAN, TIMED, TIMED_MS, Plan
+
+ANSWER_S = 2.0  # real seconds: every call here answers at once when the engine is right
+
+
+OPENED: list[TestEngine] = []
+
+
+@pytest.fixture(autouse=True)
+async def _fresh() -> Any:
+    LEDGER.reset()
+    LEDGER.valve = asyncio.Event()
+    yield
+    while OPENED:
+        t = OPENED.pop()
+        if not t.engine.closed:
+            t.engine.abandon()  # what the test left may not close cleanly (that may be the defect)
+        abandon = getattr(t.storage, "abandon", None)
+        if abandon is not None:
+            await abandon()
+
+
+async def opened(mode: str, tmp_path: Path, code: str = "right", **options: Any) -> TestEngine:
+    """A TestEngine on one storage (the modes the defect shows on are parametrized)."""
+    if mode == "flush_on_turn":
+        options["flush_on_turn"] = True
+    elif mode == "local":
+        options["dir"] = tmp_path / "data"
+    t = await TestEngine.open(workflows=CODE[code], **options)
+    OPENED.append(t)
+    return t
+
+
+ALL = ["instant", "flush_on_turn", "local"]
+DEFERRED = ["flush_on_turn", "local"]  # storages whose flush takes a turn at least
+
+
+def kinds(journal: list[R.Rec]) -> list[str]:
+    return [type(rec).__name__ for rec in journal]
+
+
+async def journal(t: TestEngine, wid: str) -> list[R.Rec]:
+    return (await t.engine.run(wid).describe()).journal
+
+
+# -- calls before a run's first turn --------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known: calls before a run's first turn find no handlers: the 2nd of two concurrent "
+    "update_with_start for a new ID is refused 'no handler for update'",
+)
+@pytest.mark.parametrize("mode", ["instant"])
+async def test_update_with_start_twice_for_a_new_id_finds_no_handler(mode, tmp_path):
+    t = await opened(mode, tmp_path)
+    first, second = await asyncio.gather(
+        t.engine.update_with_start(PLAN, "a", Plan(["wait"]), BUMP, 4, update_id="u1"),
+        t.engine.update_with_start(PLAN, "a", Plan(["wait"]), BUMP, 4, update_id="u2"),
+    )
+    assert first[1] == 4
+    assert second[1] == 8
+
+
+# -- signals of the wrong type ----------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="typed calls: run.signal(GO: int, 'x') to a run not waiting for GO is acknowledged "
+    "and recorded (the run fails with a CodecError when it waits)",
+)
+@pytest.mark.parametrize("mode", ALL)
+async def test_a_signal_of_the_wrong_type_is_acknowledged(mode, tmp_path):
+    t = await opened(mode, tmp_path)
+    await t.engine.start(PLAN, "a", Plan(["sleep:1000", "wait"]))
+    await t.settle()
+    with pytest.raises(fusee.CodecError):
+        await t.engine.run("a").signal(GO, "x")
+    assert "SignalReceived" not in kinds(await journal(t, "a"))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known: a signal refused for its type is recorded anyway; a crash after it leaves "
+    "an engine that cannot open (recovery raises the CodecError)",
+)
+@pytest.mark.parametrize("mode", ALL)
+async def test_a_signal_refused_for_its_type_is_recorded_and_recovery_fails(mode, tmp_path):
+    t = await opened(mode, tmp_path)
+    await t.engine.start(PLAN, "a", Plan(["wait"]))
+    await t.settle()
+    with pytest.raises(fusee.CodecError):
+        await t.engine.run("a").signal(GO, "x")
+    await t.crash()  # raises CodecError from recovery today
+    assert "SignalReceived" not in kinds(await journal(t, "a"))
+    await t.engine.run("a").signal(GO, 5)
+    assert await t.result("a") == 5
+
+
+# -- update-with-start and continue-as-new ------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="no-hang: update_with_start never answers when the new run ends (finishes, or "
+    "continues as new) before its start is durable: the caller then waits on a run that is gone",
+)
+@pytest.mark.parametrize(
+    ("mode", "plan"), [("flush_on_turn", ["cas"]), ("local", ["cas"]), ("flush_on_turn", ["comp"])]
+)
+async def test_update_with_start_of_a_run_that_ends_at_once_answers(mode, plan, tmp_path):
+    t = await opened(mode, tmp_path)
+    got = await asyncio.wait_for(
+        t.engine.update_with_start(PLAN, "a", Plan(plan), BUMP, 4, update_id="u1"), ANSWER_S
+    )
+    assert got[1] == 4
+
+
+# -- stuck runs (a determinism error) -------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known: a signal to a stuck run (determinism error after a deploy) is acknowledged "
+    "but never recorded",
+)
+@pytest.mark.parametrize("mode", ALL)
+async def test_a_signal_to_a_stuck_run_is_recorded(mode, tmp_path):
+    t = await opened(mode, tmp_path)
+    await t.engine.start(PLAN, "a", Plan(["step", "wait"]))
+    await t.settle()
+    await t.restart(workflows=CODE["changed"], clean=False)
+    assert (await t.engine.run("a").status()).status == "stuck"
+    await t.engine.run("a").signal(GO, 5)
+    assert "SignalReceived" in kinds(await journal(t, "a"))
+    await t.restart(workflows=CODE["right"], clean=False)
+    assert await t.result("a") == 6  # the step's value (1) and the signal's (5)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known: an update to a stuck run hangs, even the repeat of an update whose result "
+    "was recorded (update_with_start, then a deploy of changed code)",
+)
+@pytest.mark.parametrize("mode", ALL)
+async def test_repeating_an_answered_update_on_a_stuck_run_answers(mode, tmp_path):
+    t = await opened(mode, tmp_path)
+    _, first = await t.engine.update_with_start(PLAN, "a", Plan(["await"]), BUMP, 4, update_id="u1")
+    assert first == 4
+    await t.restart(workflows=CODE["changed"], clean=False)
+    assert (await t.engine.run("a").status()).status == "stuck"
+    again = await asyncio.wait_for(t.engine.run("a").update(BUMP, 5, id="u1"), ANSWER_S)
+    assert again == 4
+
+
+# -- workflow deadlines ----------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="progress/next-due: a workflow deadline is dropped once a child's result (or a "
+    "coroutine in all/race) resolves: both resolve an operation at position -1, the key the "
+    "deadline's timer has in run.timers; the run never times out",
+)
+@pytest.mark.parametrize("mode", ALL)
+async def test_a_deadline_survives_a_child_result(mode, tmp_path):
+    t = await opened(mode, tmp_path)
+    await t.engine.start(TIMED, "a", Plan(["child:abandon", "wait"]))
+    await t.advance(TIMED_MS + 1_000)
+    assert (await t.engine.run("a").status()).status == "timed_out"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known: the workflow timeout is lost after continue_as_new: run 2 of a type with "
+    "timeout= starts with no deadline",
+)
+@pytest.mark.parametrize("mode", ALL)
+async def test_a_deadline_survives_continue_as_new(mode, tmp_path):
+    t = await opened(mode, tmp_path)
+    await t.engine.start(TIMED, "a", Plan(["cas", "wait"]))
+    await t.settle()
+    described = await t.engine.run("a").describe()
+    assert described.summary.run == 2
+    started = described.journal[0]
+    assert isinstance(started, R.Started) and started.deadline > 0
+    await t.advance(TIMED_MS + 1_000)
+    assert (await t.engine.run("a").status()).status == "timed_out"
+
+
+# -- runs without code ----------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="refusals: after a clean reopen a waiting_for_code run is an index entry no call "
+    "loads: a signal to it is refused NotFound 'no running workflow' though it has not ended",
+)
+@pytest.mark.parametrize("mode", ALL)
+async def test_a_signal_to_a_run_waiting_for_code_after_a_clean_reopen(mode, tmp_path):
+    t = await opened(mode, tmp_path)
+    await t.engine.start(TIMED, "a", Plan(["wait"]))
+    await t.settle()
+    await t.restart(workflows=CODE["absent"], clean=False)
+    await t.restart(workflows=CODE["absent"], clean=True)
+    assert (await t.engine.run("a").status()).status == "waiting_for_code"
+    await t.engine.run("a").signal(GO, 5)  # NotFoundError today
+
+
+# -- parked runs and checkpoints ----------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known: wake-ups lost around a checkpoint: a run parks at the tick its timer's bucket "
+    "begins; the checkpoint taken then records it parked with no due time, and after a crash "
+    "it never wakes (next_due_ms() 0 while its sleep is live)",
+)
+@pytest.mark.parametrize("mode", ALL)
+async def test_a_run_parked_as_its_bucket_begins_wakes_after_a_crash(mode, tmp_path):
+    t = await opened(mode, tmp_path)
+    await t.engine.start(PLAN, "a", Plan(["sleep:1050", "step"]))
+    await t.advance(1_000)  # the run parks at the 1 s tick; its sleep ends at 1.05 s
+    await t.crash()
+    assert t.engine.shard_of("a").next_due_ms() > 0
+    await t.advance(60_000)
+    assert (await t.engine.run("a").status()).status == "ok"

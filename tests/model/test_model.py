@@ -1,0 +1,249 @@
+"""The model-based test: seeded random sequences of API calls against a TestEngine, with
+crashes, clean reopenings and code changes in between, on every storage, checking the
+guarantees (tests/model/checks.py) after every step.
+
+A failure prints its seed, the shrunk sequence of rules and the same sequence as the
+Python calls it made (the "program"). Keep each distinct failure as a small standalone
+test in tests/model/test_found.py.
+
+The default run is deterministic (a fixed seed per storage); `--run-slow` runs many more
+sequences from a random seed, printed; `FUSEE_MODEL_SEED=N` repeats one.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, note, settings
+from hypothesis import seed as use_seed
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test, initialize, invariant, rule
+
+from .checks import check, check_progress
+from .harness import IDS, Harness
+from .known import AVOID
+
+MODES = ("instant", "flush_on_turn", "local")
+DEFAULT_EXAMPLES = {"instant": 120, "flush_on_turn": 120, "local": 60}
+SLOW_EXAMPLES = {"instant": 3000, "flush_on_turn": 3000, "local": 1000}
+DEFAULT_SEEDS = {"instant": 1, "flush_on_turn": 2, "local": 3}
+STEPS = 30
+FAR_MS = (
+    60_000  # past every timer a plan sets (sleeps, waits and retries of seconds, 20 s and 30 s deadlines)
+)
+
+ITEMS = st.one_of(
+    st.sampled_from(
+        ["step", "step", "thread", "wait", "wait", "comp", "await", "all", "cas", "gate", "compg"]
+    ),
+    st.sampled_from(["fail:1", "fail:2", "fail:3"]),
+    st.sampled_from(["sleep:300", "sleep:2000", "waitt:500", "waitt:5000"]),
+    st.sampled_from(
+        [f"{k}:{p}" for k in ("child", "spawn") for p in ("terminate", "request-cancel", "abandon")]
+    ),
+    st.builds(
+        lambda kind, target: f"{kind}:{target}", st.sampled_from(["sigwf", "cancelwf"]), st.sampled_from(IDS)
+    ),
+)
+PLANS = st.lists(ITEMS, min_size=1, max_size=6)
+WIDS = st.sampled_from(IDS)
+POLICIES = st.fixed_dictionaries(
+    {},
+    optional={
+        "running": st.sampled_from(["fail", "use-existing", "terminate-existing"]),
+        "finished": st.sampled_from(["allow", "allow-if-failed", "refuse", "use-existing"]),
+    },
+)
+UPDATES = st.sampled_from(["ok", "ok", "step", "raise", "false", "str", "type"])
+
+
+def avoid(plan: list[str]) -> list[str]:
+    return [item for item in plan if not any(item.startswith(prefix) for prefix in AVOID.get("items", ()))]
+
+
+class EngineModel(RuleBasedStateMachine):
+    mode = "instant"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.h = Harness(self.mode)
+        self.h.note = note
+
+    @initialize()
+    def open(self) -> None:
+        self.h.run(self.h.open())
+
+    def teardown(self) -> None:
+        self.h.close()
+
+    @invariant()
+    def guarantees_hold(self) -> None:
+        if hasattr(self.h, "t"):
+            try:
+                self.h.run(check(self.h))
+            except AssertionError:
+                note("# the program, as Python:\n" + self.h.program())
+                raise
+
+    # -- calls -----------------------------------------------------------------------------
+
+    @rule(
+        wid=WIDS,
+        plan=PLANS,
+        policy=POLICIES,
+        timed=st.booleans(),
+        timeout=st.sampled_from([None, None, 30_000]),
+    )
+    def start(
+        self, wid: str, plan: list[str], policy: dict[str, str], timed: bool, timeout: int | None
+    ) -> None:
+        self.h.run(self.h.start(wid, avoid(plan), policy, timed, timeout))
+
+    @rule(wid=WIDS, good=st.booleans())
+    def signal(self, wid: str, good: bool) -> None:
+        if not good and "wrong-type-signal" in AVOID:
+            return
+        self.h.run(self.h.signal(wid, good))
+
+    @rule(wid=WIDS)
+    def query(self, wid: str) -> None:
+        self.h.run(self.h.query(wid))
+
+    @rule(wid=WIDS, mode=UPDATES)
+    def update(self, wid: str, mode: str) -> None:
+        self.h.run(self.h.update(wid, mode))
+
+    @rule(index=st.integers(0, 50))
+    def repeat_update(self, index: int) -> None:
+        self.h.run(self.h.repeat_update(index))
+
+    @rule(wid=WIDS, plan=PLANS, timed=st.booleans())
+    def signal_with_start(self, wid: str, plan: list[str], timed: bool) -> None:
+        self.h.run(self.h.signal_with_start(wid, avoid(plan), timed))
+
+    @rule(wid=WIDS, plan=PLANS, twice=st.booleans())
+    def update_with_start(self, wid: str, plan: list[str], twice: bool) -> None:
+        if twice and "concurrent-update-with-start" in AVOID:
+            twice = False
+        self.h.run(self.h.update_with_start(wid, avoid(plan), twice))
+
+    @rule(wid=WIDS, twice=st.booleans())
+    def cancel(self, wid: str, twice: bool) -> None:
+        if twice and "second-cancel" in AVOID:
+            twice = False
+        self.h.run(self.h.cancel(wid, twice))
+
+    @rule(wid=WIDS)
+    def terminate(self, wid: str) -> None:
+        self.h.run(self.h.terminate(wid))
+
+    @rule(index=st.integers(0, 20), ok=st.booleans())
+    def complete(self, index: int, ok: bool) -> None:
+        self.h.run(self.h.complete(index, ok))
+
+    @rule()
+    def open_valve(self) -> None:
+        self.h.run(self.h.open_valve())
+
+    # -- time, crashes, deploys --------------------------------------------------------------
+
+    @rule(ms=st.sampled_from([50, 300, 1_000, 5_000]))
+    def advance(self, ms: int) -> None:
+        self.h.run(self.h.advance(ms))
+
+    @rule()
+    def advance_far(self) -> None:
+        self.h.run(self.h.advance(FAR_MS))
+        try:
+            self.h.run(check_progress(self.h))
+        except AssertionError:
+            note("# the program, as Python:\n" + self.h.program())
+            raise
+
+    @rule(settle=st.booleans())
+    def crash(self, settle: bool) -> None:
+        self.h.run(self.h.crash(settle))
+
+    @rule(
+        op=st.sampled_from(["start", "signal", "update", "cancel", "terminate", "signal_with_start"]),
+        wid=WIDS,
+        plan=PLANS,
+        turns=st.integers(1, 6),
+    )
+    def crash_during(self, op: str, wid: str, plan: list[str], turns: int) -> None:
+        h = self.h
+        calls: dict[str, Any] = {
+            "start": lambda: h.start(wid, avoid(plan), {"running": "use-existing"}, False, None),
+            "signal": lambda: h.signal(wid, True),
+            "update": lambda: h.update(wid, "step"),
+            "cancel": lambda: h.cancel(wid, False),
+            "terminate": lambda: h.terminate(wid),
+            "signal_with_start": lambda: h.signal_with_start(wid, avoid(plan), False),
+        }
+        h.run(h.then_crash(calls[op], turns))
+
+    @rule(clean=st.booleans())
+    def reopen(self, clean: bool) -> None:
+        self.h.run(self.h.restart(self.h.code, clean))
+
+    @rule(code=st.sampled_from(["right", "right", "changed", "absent"]), clean=st.booleans())
+    def deploy(self, code: str, clean: bool) -> None:
+        if code == "changed" and "changed-code" in AVOID:
+            code = "right"
+        if code == "absent" and "absent-code" in AVOID:
+            code = "right"
+        self.h.run(self.h.restart(code, clean))
+
+
+def machine_for(mode: str) -> type[EngineModel]:
+    return type(f"EngineModel_{mode}", (EngineModel,), {"mode": mode})
+
+
+def run_model(mode: str, examples: int, seed: int) -> None:
+    test = get_state_machine_test(
+        machine_for(mode),
+        settings=settings(
+            max_examples=examples,
+            stateful_step_count=STEPS,
+            deadline=None,
+            database=None,
+            derandomize=False,
+            print_blob=True,
+            report_multiple_bugs=False,
+            suppress_health_check=list(HealthCheck),
+            phases=[Phase.generate, Phase.shrink, Phase.explain]
+            if os.environ.get("FUSEE_MODEL_EXPLAIN")
+            else [Phase.generate, Phase.shrink],
+        ),
+    )
+    started = time.monotonic()
+    try:
+        use_seed(seed)(test)()
+    except BaseException as error:
+        error.add_note(f"model test on {mode} storage: seed {seed} (repeat: FUSEE_MODEL_SEED={seed})")
+        raise
+    finally:
+        print(f"model[{mode}]: {examples} sequences from seed {seed} in {time.monotonic() - started:.1f} s")
+
+
+def _seed(mode: str, slow: bool) -> int:
+    if "FUSEE_MODEL_SEED" in os.environ:
+        return int(os.environ["FUSEE_MODEL_SEED"])
+    return random.randrange(1 << 32) if slow else DEFAULT_SEEDS[mode]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_model(mode: str) -> None:
+    examples = int(os.environ.get("FUSEE_MODEL_EXAMPLES", DEFAULT_EXAMPLES[mode]))
+    run_model(mode, examples, _seed(mode, slow=False))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("mode", MODES)
+def test_model_long(mode: str) -> None:
+    run_model(mode, SLOW_EXAMPLES[mode], _seed(mode, slow=True))

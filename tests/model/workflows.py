@@ -1,0 +1,229 @@
+"""The workflows the model test drives: one interpreter of a small plan language, so a
+generated plan decides what a run does, and every effect it has outside the engine (step
+calls, completion tokens, compensations reached) lands in `LEDGER`, where the checks read
+it.
+
+A plan is a list of items, run in order:
+
+| item | what the run does |
+| --- | --- |
+| `step` | a counted step |
+| `fail:K` | a step whose first K attempts fail (K=3: every attempt, the run fails) |
+| `thread` | a counted step on a thread (`thread=True`) |
+| `gate` | an async step that waits until the model opens the valve |
+| `sleep:MS` | `ctx.sleep` |
+| `wait` | `ctx.wait_for(GO)`, no timeout |
+| `waitt:MS` | `ctx.wait_for(GO, timeout=MS)` |
+| `comp` / `compg` | register a compensation (counted / gated) |
+| `await` | `ctx.await_completion`: the token goes to the ledger |
+| `all` | `ctx.all` of a step and a 200 ms sleep |
+| `child:POLICY` | `ctx.child` of a short plan (step, 400 ms sleep), its result awaited |
+| `spawn:POLICY` | `ctx.start_child` of a plan that waits for GO, not awaited |
+| `sigwf:ID` / `cancelwf:ID` | `ctx.signal_workflow` / `ctx.cancel_workflow` (refusals caught) |
+| `cas` | `ctx.continue_as_new` with the rest of the plan, twice at most |
+
+Every run registers its query and update handlers before its first await, so a running
+run always has them. The "changed code" variants name their steps differently, which a
+replay of a recorded step must refuse (the run is stuck, never silently different).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import zlib
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import fusee
+
+GO = fusee.signal("go", int)
+PROGRESS = fusee.query("progress", result=dict)
+BUMP = fusee.update("bump", arg=int, result=int)
+BUMP_STEP = fusee.update("bump_step", arg=int, result=int)
+RETRY = fusee.Retry(attempts=3, initial=200, max=400)
+
+PLAN_TYPE = "model.plan"
+TIMED_TYPE = "model.timed"  # the same code with a workflow timeout of 20 s
+TIMED_MS = 20_000
+
+
+@dataclass
+class Plan:
+    items: list[str]
+    gen: int = 0  # continue-as-new generation
+
+
+@dataclass
+class Ledger:
+    """What runs did outside the engine. `epoch` counts engine openings: a step function
+    made by one engine carries that engine's epoch, whenever its thread gets to run."""
+
+    epoch: int = 0
+    calls: dict[tuple[str, int], list[int]] = field(default_factory=lambda: defaultdict(list))
+    values: int = 0
+    tokens: list[tuple[str, str]] = field(default_factory=list)  # (workflow id, token)
+    comps: dict[tuple[str, int], list[str]] = field(default_factory=dict)  # reached compensations
+    valve: asyncio.Event | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def call(self, key: str, attempt: int, epoch: int) -> int:
+        with self.lock:
+            self.calls[(key, attempt)].append(epoch)
+            self.values += 1
+            return self.values
+
+    def reset(self) -> None:
+        self.epoch = 0
+        self.calls.clear()
+        self.values = 0
+        self.tokens.clear()
+        self.comps.clear()
+        self.valve = None
+
+
+LEDGER = Ledger()
+
+
+def _counted(fail_first: int = 0) -> Any:
+    epoch = LEDGER.epoch
+
+    def fn(s: fusee.StepContext) -> int:
+        value = LEDGER.call(s.key, s.attempt, epoch)
+        if s.attempt <= fail_first:
+            raise RuntimeError(f"attempt {s.attempt} fails (plan: first {fail_first})")
+        return value
+
+    return fn
+
+
+def _gated() -> Any:
+    epoch = LEDGER.epoch
+
+    async def fn(s: fusee.StepContext) -> int:
+        value = LEDGER.call(s.key, s.attempt, epoch)
+        valve = LEDGER.valve
+        assert valve is not None
+        await valve.wait()
+        return value
+
+    return fn
+
+
+def _send_token(wid: str) -> Any:
+    def send(cb: fusee.Completion) -> None:
+        LEDGER.tokens.append((wid, cb.token))
+
+    return send
+
+
+def signal_value(wid: str, run: int, index: int) -> int:
+    """The value a `sigwf` item sends: the same on every replay, distinct per item."""
+    return zlib.crc32(f"{wid}/{run}/{index}".encode())
+
+
+def child_id(wid: str, run: int, index: int) -> str:
+    return f"{wid}.{run}.{index}"
+
+
+CHILD_PLAN = ["step", "sleep:400"]
+SPAWN_PLAN = ["wait", "step"]
+
+
+def validate_bump(n: int) -> Any:
+    """Refuses by raising (negative), by a message (zero) or by False (13)."""
+    if n < 0:
+        raise ValueError("a bump must not be negative")
+    if n == 0:
+        return "zero is no bump"
+    if n == 13:
+        return False
+    return None
+
+
+async def interpret(ctx: fusee.Ctx, plan: Plan, prefix: str) -> int:
+    wid, run = ctx.workflow_id, ctx.run_number
+    at = [-1]
+    total = [0]
+    comps: list[str] = []
+    LEDGER.comps[(wid, run)] = comps  # replays start it afresh: what this code reached
+
+    def bump(n: int) -> int:
+        total[0] += n
+        return total[0]
+
+    async def bump_step(n: int) -> int:
+        got: int = await ctx.step("upd", _counted())
+        total[0] += n
+        return got
+
+    ctx.on_query(PROGRESS, lambda _: {"at": at[0], "total": total[0]})
+    ctx.on_update(BUMP, bump, validate=validate_bump)
+    ctx.on_update(BUMP_STEP, bump_step)
+    for i, item in enumerate(plan.items):
+        at[0] = i
+        kind, _, arg = item.partition(":")
+        name = f"{prefix}{i}"
+        if kind == "step":
+            total[0] += await ctx.step(name, _counted())
+        elif kind == "fail":
+            total[0] += await ctx.step(name, _counted(int(arg)), retry=RETRY)
+        elif kind == "thread":
+            total[0] += await ctx.step(name, _counted(), thread=True)
+        elif kind == "gate":
+            total[0] += await ctx.step(name, _gated())
+        elif kind == "sleep":
+            await ctx.sleep(name, int(arg))
+        elif kind == "wait":
+            total[0] += await ctx.wait_for(GO)
+        elif kind == "waitt":
+            total[0] += await ctx.wait_for(GO, timeout=int(arg)) or 0
+        elif kind in ("comp", "compg"):
+            ctx.compensate(f"{prefix}comp{i}", _gated() if kind == "compg" else _counted())
+            comps.append(f"{prefix}comp{i}")
+        elif kind == "await":
+            await ctx.await_completion(name, _send_token(wid))
+        elif kind == "all":
+            got, _ = await ctx.all([ctx.step(name, _counted()), ctx.sleep(f"{name}z", 200)])
+            total[0] += got
+        elif kind == "child":
+            await ctx.child(PLAN, child_id(wid, run, i), Plan(CHILD_PLAN), parent_close=arg)
+        elif kind == "spawn":
+            await ctx.start_child(PLAN, child_id(wid, run, i), Plan(SPAWN_PLAN), parent_close=arg)
+        elif kind == "sigwf":
+            try:
+                await ctx.signal_workflow(arg, GO, signal_value(wid, run, i))
+            except fusee.NotFoundError:
+                pass
+        elif kind == "cancelwf":
+            try:
+                await ctx.cancel_workflow(arg, f"by {wid}")
+            except fusee.NotFoundError:
+                pass
+        elif kind == "cas":
+            if plan.gen < 2:
+                ctx.continue_as_new(Plan(plan.items[i + 1 :], plan.gen + 1))
+        else:
+            raise ValueError(f"unknown plan item {item!r}")
+    return total[0]
+
+
+async def _plan(ctx: fusee.Ctx, plan: Plan) -> int:
+    return await interpret(ctx, plan, "s")
+
+
+async def _plan_changed(ctx: fusee.Ctx, plan: Plan) -> int:
+    return await interpret(ctx, plan, "x")
+
+
+PLAN = fusee.workflow(PLAN_TYPE)(_plan)
+TIMED = fusee.workflow(TIMED_TYPE, timeout=TIMED_MS)(_plan)
+PLAN_CHANGED = fusee.workflow(PLAN_TYPE)(_plan_changed)
+TIMED_CHANGED = fusee.workflow(TIMED_TYPE, timeout=TIMED_MS)(_plan_changed)
+
+CODE = {
+    "right": [PLAN, TIMED],
+    "changed": [PLAN_CHANGED, TIMED_CHANGED],
+    "absent": [PLAN],  # model.timed has no code
+}
