@@ -435,7 +435,7 @@ class Engine:
         policy = {"running": "use-existing", **(id_policy or {})}
         run, state = await self._start(wf, id, input, policy, timeout, None, (update_id, u.name, data))
         if isinstance(state, RunState) and state.started.update_id == update_id:
-            return run, await run._await_update(u, update_id)
+            return run, await run._await_update(state, u, update_id)
         return run, await run.update(u, arg, id=update_id)
 
     # -- completions -----------------------------------------------------------------------
@@ -624,9 +624,10 @@ class Run(Generic[Out]):
                 return _update_result(u, done)
             await self._refuse(shard, NotFoundError(f"no running workflow '{self.id}'", workflow_id=self.id))
         assert state is not None
-        if update_id in state.update_results:
+        done = _recorded_update(state, update_id)
+        if done is not None:
             await shard.durable_at(state.last_lsn)
-            return _update_result(u, state.update_results[update_id])
+            return _update_result(u, done)
         if state.final:
             await self._refuse(shard, NotFoundError(f"no running workflow '{self.id}'", workflow_id=self.id))
         if update_id in state.updates_accepted:
@@ -670,12 +671,24 @@ class Run(Generic[Out]):
         shard.update_waiters.setdefault((self.id, update_id), []).append(fut)
         return fut
 
-    async def _await_update(self, u: Update[Any, Any], update_id: str) -> Any:
+    async def _await_update(self, state: RunState, u: Update[Any, Any], update_id: str) -> Any:
+        """The answer to an update that rode in `state`'s start record. The run object is
+        the one the start made, even if it has ended or continued as new since (its
+        results are still on it)."""
         shard = self._shard
-        state = await self._loaded(shard)
-        if state is not None and update_id in state.update_results:
+        done = _recorded_update(state, update_id)
+        if done is not None:
             await shard.durable_at(state.last_lsn)
-            return _update_result(u, state.update_results[update_id])
+            return _update_result(u, done)
+        if state.final or state.status == "stuck":
+            await self._refuse(
+                shard,
+                RejectedError(
+                    f"update '{u.name}' has no answer: workflow '{self.id}' "
+                    + ("is stuck" if state.status == "stuck" else f"ended ({state.status})")
+                    + " before the update finished"
+                ),
+            )
         return _update_result(u, await self._update_waiter(shard, update_id))
 
     async def result(self) -> Out:
@@ -764,6 +777,15 @@ async def _local_storage(dir: str, shards: int | None) -> Storage:
             "disk path: pip install fusee-server (in this repository: pip install ./server)"
         ) from None
     return await LocalStorage.open(dir, shards)
+
+
+def _recorded_update(state: RunState, update_id: str) -> R.UpdateDone | None:
+    """An update's recorded answer. A stuck run has records its replay did not reach:
+    its answer may be among them."""
+    done = state.update_results.get(update_id)
+    if done is None and state.status == "stuck":
+        done = next((r for r in state.journal if isinstance(r, R.UpdateDone) and r.id == update_id), None)
+    return done
 
 
 def _update_result(u: Update[Any, Any], rec: R.UpdateDone) -> Any:

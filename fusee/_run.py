@@ -316,7 +316,8 @@ class RunState:
         if op.done:
             return
         op.value, op.exc, op.done = value, exc, True
-        self.timers.pop(op.seq, None)
+        if op.seq >= 0:  # operations without a position (-1) have no timer; -1 is the deadline's
+            self.timers.pop(op.seq, None)
         self.resolve_combined(op)
 
     def resolve_combined(self, op: Op) -> None:

@@ -620,7 +620,7 @@ class Shard(StepRunner):
         if run is not None:
             return run
         entry = self.index_entries.get(wid)
-        if entry is None or entry.status != "parked":
+        if entry is None or entry.status not in ("parked", "waiting_for_code"):
             return None
         return await self._load_entry(entry, wid)
 
