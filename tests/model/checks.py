@@ -24,12 +24,15 @@ the invariant it holds the engine to (the `Violation`'s tag):
 
 from __future__ import annotations
 
+from typing import Any
+
 from fusee import _records as R
 from fusee._index import BUCKET_MS
 from fusee._shard import IDLE_DUE_MS
 
 from .harness import Harness, Violation
 from .journal import FINAL, Reading, live_due, read, wakeable
+from .known import AVOID
 from .workflows import LEDGER, TIMED_TYPE
 
 CODE_PREFIX = {"right": "s", "changed": "x", "absent": "s"}
@@ -59,6 +62,8 @@ async def check(h: Harness) -> None:
         started = journal[0] if journal else None
         if isinstance(started, R.Started) and started.type == TIMED_TYPE and not started.deadline:
             raise Violation("progress", f"run {run} of '{wid}' ({TIMED_TYPE}, timeout=20 s) has no deadline")
+    for wid, (run, _status, journal) in runs.items():
+        _check_outcome(h, wid, run, journal)
     _check_acknowledged(h, runs, readings)
     _check_refusals(h, runs, readings)
     _check_steps(h, runs, readings)
@@ -66,6 +71,29 @@ async def check(h: Harness) -> None:
     for wid, (run, _status, journal) in runs.items():
         h.observed[(wid, run)] = [R.encode_entry(R.Entry(wid, run, rec)) for rec in journal]
         _note_children(h, wid, run, journal)
+
+
+def _check_outcome(h: Harness, wid: str, run: int, journal: list[R.Rec]) -> None:
+    """A run ends failed, cancelled or timed out only for a reason its journal shows."""
+    end = journal[-1] if journal else None
+    if not isinstance(end, R.Finished):
+        return
+    why = end.failure.message if end.failure else ""
+    if end.status == "failed":
+        causes = [
+            r
+            for r in journal
+            if isinstance(r, R.StepFailed)
+            or (isinstance(r, (R.ChildStarted, R.ChildResult, R.Completed)) and r.failure is not None)
+        ]
+        if not causes:
+            raise Violation("progress", f"run {run} of '{wid}' failed with no failure recorded before: {why}")
+    elif end.status == "cancelled" and not any(isinstance(r, R.CancelRequested) for r in journal):
+        raise Violation("progress", f"run {run} of '{wid}' ended cancelled, never asked to: {why}")
+    elif end.status == "timed_out":
+        started = journal[0]
+        if not isinstance(started, R.Started) or not started.deadline or started.deadline > h.t.now_ms():
+            raise Violation("progress", f"run {run} of '{wid}' timed out before any deadline: {why}")
 
 
 def _note_children(h: Harness, wid: str, run: int, journal: list[R.Rec]) -> None:
@@ -221,6 +249,8 @@ def _check_shards(
                 dues.append((due // BUCKET_MS * BUCKET_MS if parked else due, due, wid, parked))
         want = min(dues, default=None)
         got = shard.next_due_ms()
+        if "stale-due" in AVOID and got and got in _stale_buckets(shard):
+            continue  # known: an ended run's bucket stays; the shard's due says nothing then
         if want is None:
             if got:
                 raise Violation(
@@ -246,6 +276,17 @@ def _check_shards(
                     else "nothing can progress"
                 ),
             )
+
+
+def _stale_buckets(shard: Any) -> set[int]:
+    """Bucket starts that hold no parked run (left by runs that were loaded since)."""
+    index = shard.index_entries
+    out = set()
+    for bucket, keys in index._buckets.items():
+        entries = [index.get_key(key) for key in keys]
+        if not any(e is not None and e.status == "parked" for e in entries):
+            out.add(bucket * BUCKET_MS)
+    return out
 
 
 async def check_progress(h: Harness) -> None:
@@ -317,8 +358,14 @@ async def _check_children(h: Harness) -> None:
         if current is None:
             continue
         ended = current[0] > run or current[1] in FINAL
-        if not ended:
-            continue
+        seen = h.observed.get((wid, run))
+        last = R.decode_entry(seen[-1]).rec if seen else None
+        if (
+            not ended
+            or isinstance(last, R.ContinuedAsNew)
+            or (current[0] == run and current[1] == "continued")
+        ):
+            continue  # continue-as-new is no close (the spec does not say it is)
         for child, close in children:
             if close == "abandon":
                 continue

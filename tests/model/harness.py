@@ -567,6 +567,8 @@ class Harness:
 
     async def restart(self, code: str, clean: bool) -> None:
         await self.before_reopening()
+        if "waiting-for-code-resume" in AVOID and "absent" in (code, self.code):
+            clean = False  # known: a clean reopening strands runs waiting for code
         self.code = code
         self.log(f"await t.restart(workflows=CODE[{code!r}], clean={clean})")
         LEDGER.epoch += 1

@@ -17,6 +17,8 @@ KNOWN: dict[str, str] = {
     "update-with-start-ends": "test_update_with_start_of_a_run_that_ends_at_once_answers",
     "calls-waiting-for-code": "test_a_signal_to_a_run_waiting_for_code_after_a_clean_reopen",
     "checkpoint-wakeup": "test_a_run_parked_as_its_bucket_begins_wakes_after_a_crash",
+    "stale-due": "test_a_run_that_ended_leaves_no_next_due",
+    "waiting-for-code-resume": "test_a_run_waiting_for_code_resumes_when_its_code_is_back",
     "signal-stuck": "test_a_signal_to_a_stuck_run_is_recorded",
 }
 
