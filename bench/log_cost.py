@@ -8,7 +8,8 @@ where a flush costs nothing), removed afterwards. Prints, against the goals of t
 - the disk's flush latency (`disk_check`, one second);
 - ms per sequential step of one workflow, split into one flush (the disk check's p50)
   and the rest, Python: the engine plus waking the log's writer thread and being woken
-  by it (goal: one flush plus well under 100 us);
+  by it (goal: one flush plus well under 100 us); and the cost of those two wake-ups alone
+  (a write request that finds nothing to write);
 - steps per second of one workflow per shard, all started at once, with the mean records
   per log batch (from `inspect`) and the ratio against the lone workflow (goal: 1.1 to
   1.2 times one shard's time on a slow disk; on a fast one the Python dominates);
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -161,6 +163,39 @@ async def recovery(root: Path, runs: int, shards: int) -> tuple[float, float, in
     return clean_s, crash_s, loaded, setup
 
 
+async def wake_round_trip_us(root: Path, shards: int, trips: int = 2000) -> float:
+    """Median microseconds of a write request that finds nothing to write: the loop wakes
+    the log's writer thread (a condition variable), which signals the eventfd the loop
+    reads. The two wake-ups every flush pays besides the disk."""
+    fusee_dir = await fusee.Engine.open(str(root), shards=shards)  # a directory with its log
+    await fusee_dir.close()
+    log = _native.Log(str(root / "wal"), shards)
+    fd = log.start_writer()
+    loop = asyncio.get_running_loop()
+    woken: asyncio.Event = asyncio.Event()
+
+    def readable() -> None:
+        try:
+            os.read(fd, 8)
+        except BlockingIOError:
+            return
+        woken.set()
+
+    loop.add_reader(fd, readable)
+    times = []
+    try:
+        for _ in range(trips):
+            woken.clear()
+            began = time.perf_counter_ns()
+            log.request_write()
+            await woken.wait()
+            times.append(time.perf_counter_ns() - began)
+    finally:
+        loop.remove_reader(fd)
+        log.stop_writer()
+    return percentile(times, 0.5) / 1000
+
+
 def per_run(seconds: float, runs: int) -> str:
     return f"{runs:,} parked runs in {seconds * 1000:.0f} ms ({seconds * 1e6 / runs:.1f} us per run)"
 
@@ -203,6 +238,11 @@ async def run_all(args: argparse.Namespace, scratch: Path, kind: str) -> None:
         f"sequential step, local ({args.steps} steps, one workflow): {step_ms:.3f} ms/step "
         f"= one flush (p50 {flush_us / 1000:.3f} ms) + {python_us:.0f} us of Python "
         f"(best of {args.rounds}; {lone_batches} log batches; goal: one flush + well under 100 us)"
+    )
+    trip_us = await wake_round_trip_us(scratch / "wake", args.shards)
+    print(
+        f"  of the Python: the writer thread's two wake-ups, a write request that finds nothing to "
+        f"write: {trip_us:.0f} us (median of 2,000); the engine's own share is engine_cost.py's step"
     )
 
     many = [
