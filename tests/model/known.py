@@ -19,6 +19,8 @@ KNOWN: dict[str, str] = {
     "checkpoint-wakeup": "test_a_run_parked_as_its_bucket_begins_wakes_after_a_crash",
     "stale-due": "test_a_run_that_ended_leaves_no_next_due",
     "waiting-for-code-resume": "test_a_run_waiting_for_code_resumes_when_its_code_is_back",
+    "zombie-step-result": "test_an_abandoned_engine_records_nothing",
+    "cancel-stuck": "test_a_cancel_of_a_stuck_run_is_recorded",
     "signal-stuck": "test_a_signal_to_a_stuck_run_is_recorded",
 }
 

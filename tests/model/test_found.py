@@ -280,3 +280,58 @@ async def test_a_run_waiting_for_code_resumes_when_its_code_is_back(mode, tmp_pa
     assert (await t.engine.run("a").status()).status == "running"
     await t.engine.run("a").signal(GO, 1)
     assert await t.result("a") == 1
+
+
+# -- what a crash leaves behind -------------------------------------------------------------
+
+GATE: list[asyncio.Event] = []
+
+
+async def gated_step() -> int:
+    await GATE[0].wait()
+    return 1
+
+
+@fusee.workflow("found.gated")
+async def gated_wf(ctx: fusee.Ctx) -> int:
+    got: int = await ctx.step("gated", gated_step)
+    await ctx.wait_for(GO)
+    return got
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="recorded: an abandoned engine (TestEngine.crash) still records a step result whose "
+    "task finished in the turn of the crash (_task_done does not check shard.closed), into the "
+    "storage the new engine recovered from: the run's journal gets a second StepDone",
+)
+@pytest.mark.parametrize("mode", ["instant", "flush_on_turn"])
+async def test_an_abandoned_engine_records_nothing(mode, tmp_path):
+    GATE[:] = [asyncio.Event()]
+    options = {"flush_on_turn": True} if mode == "flush_on_turn" else {}
+    t = await TestEngine.open(workflows=[gated_wf], **options)
+    OPENED.append(t)
+    await t.engine.start(gated_wf, "a")
+    await t.settle()
+    GATE[0].set()
+    await asyncio.sleep(0)  # the step's task finishes; its done callback is still queued
+    await t.crash(settle=False)  # the old engine is dropped before that callback runs
+    await t.settle()
+    await t.crash()
+    assert kinds(await journal(t, "a")) == ["Started", "StepDone", "WaitStarted"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known: a cancel of a stuck run (determinism error after a deploy) is acknowledged "
+    "and changes nothing: no CancelRequested is recorded",
+)
+@pytest.mark.parametrize("mode", ALL)
+async def test_a_cancel_of_a_stuck_run_is_recorded(mode, tmp_path):
+    t = await opened(mode, tmp_path)
+    await t.engine.start(PLAN, "a", Plan(["step", "wait"]))
+    await t.settle()
+    await t.restart(workflows=CODE["changed"], clean=False)
+    assert (await t.engine.run("a").status()).status == "stuck"
+    await t.engine.run("a").cancel()
+    assert "CancelRequested" in kinds(await journal(t, "a"))
