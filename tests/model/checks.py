@@ -241,6 +241,9 @@ def _check_shards(
                 f"{[p.msg.kind + '->' + p.msg.target for p in shard.outbox.pending.values()]}",
             )
         dues = []
+        mine = [wid for wid in runs if t.engine.shard_index(wid) == shard.index]
+        if "wait-hole" in AVOID and any(readings[wid].ambiguous for wid in mine):
+            continue  # known: a journal with a hole at a wait's position tells no timers
         for wid, (_run, status, _journal) in runs.items():
             if t.engine.shard_index(wid) != shard.index:
                 continue
@@ -310,6 +313,8 @@ async def check_progress(h: Harness) -> None:
             raise Violation("progress", f"run {run} of '{wid}' is {status} though its code is {code}")
         if reading.final or status in FINAL:
             _check_ended(h, wid, run, status, reading)
+            continue
+        if reading.ambiguous and "wait-hole" in AVOID:
             continue
         if reading.timers and min(reading.timers.values()) <= now:
             seq, due = min(reading.timers.items(), key=lambda item: item[1])

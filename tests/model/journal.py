@@ -35,6 +35,7 @@ class Reading:
     step_names: list[str] = field(default_factory=list)
     delivered_signals: list[tuple[str, bytes]] = field(default_factory=list)  # (target, value)
     child_ids: list[str] = field(default_factory=list)
+    ambiguous: bool = False  # a kept signal met a wait with an unrecorded position before it
     prefixes: set[str] = field(default_factory=set)  # of named operations: "s" right code, "x" changed
 
 
@@ -52,7 +53,10 @@ def read(journal: list[R.Rec]) -> Reading:
             if seq in queue:
                 queue.remove(seq)
 
+    positions: set[int] = set()
     for rec in journal:
+        if isinstance(getattr(rec, "seq", None), int):
+            positions.add(rec.seq)  # type: ignore[attr-defined]
         name = getattr(rec, "name", None)
         if isinstance(rec, (R.StepDone, R.Attempt, R.StepFailed, R.TimerStarted, R.CompletionSent)):
             if name and name != "upd":
@@ -71,6 +75,10 @@ def read(journal: list[R.Rec]) -> Reading:
             queue = buffered.get(rec.signal)
             if queue:
                 queue.popleft()  # a kept signal: resolved at once
+                # (unless an earlier wait took it and never recorded its position: a known
+                # defect after a recovery; then which wait it resolved is unknown)
+                if set(range(rec.seq)) - positions:
+                    out.ambiguous = True
             else:
                 waits.setdefault(rec.signal, deque()).append(rec.seq)
                 if rec.due:

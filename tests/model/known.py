@@ -21,6 +21,7 @@ KNOWN: dict[str, str] = {
     "waiting-for-code-resume": "test_a_run_waiting_for_code_resumes_when_its_code_is_back",
     "zombie-step-result": "test_an_abandoned_engine_records_nothing",
     "cancel-stuck": "test_a_cancel_of_a_stuck_run_is_recorded",
+    "wait-hole": "test_a_wait_satisfied_by_a_kept_signal_is_recorded_after_a_recovery",
     "signal-stuck": "test_a_signal_to_a_stuck_run_is_recorded",
 }
 
