@@ -167,7 +167,13 @@ class RunState:
             return
         # Every operation the replay left unresolved starts now, in position order (the
         # replay queued them as the code called them; each is started once).
-        self.pending_start = [op for op in self.ops.values() if not op.done and op.seq >= 0]
+        # A wait a kept signal satisfied during the replay still records its WaitStarted
+        # if the crash lost it, as it would have live: the journal has no hole there.
+        self.pending_start = [
+            op
+            for op in self.ops.values()
+            if op.seq >= 0 and (not op.done or (isinstance(op, WaitOp) and not op.recorded))
+        ]
         self.pending_start.sort(key=lambda op: op.seq)
         self.drive()
 
