@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from fusee import _records as R
-from fusee._index import BUCKET_MS
+from fusee._index import BUCKET_MS, key_of
 from fusee._shard import IDLE_DUE_MS
 
 from .harness import Harness, Violation
@@ -252,7 +252,7 @@ def _check_shards(
                 dues.append((due // BUCKET_MS * BUCKET_MS if parked else due, due, wid, parked))
         want = min(dues, default=None)
         got = shard.next_due_ms()
-        if "stale-due" in AVOID and got and got in _stale_buckets(shard):
+        if "stale-due" in AVOID and got and got in _stale_buckets(shard, dues):
             continue  # known: an ended run's bucket stays; the shard's due says nothing then
         if want is None:
             if got:
@@ -281,13 +281,12 @@ def _check_shards(
             )
 
 
-def _stale_buckets(shard: Any) -> set[int]:
-    """Bucket starts that hold no parked run (left by runs that were loaded since)."""
-    index = shard.index_entries
+def _stale_buckets(shard: Any, dues: list[tuple[int, int, str, bool]]) -> set[int]:
+    """Bucket starts that hold no parked run due then (left by runs loaded since)."""
+    live = {key_of(wid): floored for floored, _due, wid, parked in dues if parked}
     out = set()
-    for bucket, keys in index._buckets.items():
-        entries = [index.get_key(key) for key in keys]
-        if not any(e is not None and e.status == "parked" for e in entries):
+    for bucket, keys in shard.index_entries._buckets.items():
+        if not any(live.get(key) == bucket * BUCKET_MS for key in keys):
             out.add(bucket * BUCKET_MS)
     return out
 
@@ -322,7 +321,7 @@ async def check_progress(h: Harness) -> None:
                 "progress",
                 f"run {run} of '{wid}' ({status}) has a live timer at position {seq} overdue by {now - due} ms",
             )
-        if (wid, run) in h.o.cancels:
+        if (wid, run) in h.o.cancels and not _gated_now(h, wid):
             raise Violation(
                 "acknowledged", f"run {run} of '{wid}' was cancelled (acknowledged) and still runs"
             )
@@ -362,15 +361,8 @@ async def _check_children(h: Harness) -> None:
         current = await h.journal(wid)
         if current is None:
             continue
-        ended = current[0] > run or current[1] in FINAL
-        seen = h.observed.get((wid, run))
-        last = R.decode_entry(seen[-1]).rec if seen else None
-        if (
-            not ended
-            or isinstance(last, R.ContinuedAsNew)
-            or (current[0] == run and current[1] == "continued")
-        ):
-            continue  # continue-as-new is no close (the spec does not say it is)
+        if current[0] != run or current[1] not in FINAL or current[1] == "continued":
+            continue  # a run replaced or continued as new: how it ended is not in view
         for child, close in children:
             if close == "abandon":
                 continue

@@ -216,12 +216,20 @@ class Harness:
             return "absent"
         return self.code
 
-    def stuck(self, held: tuple[int, str] | None, defect: str) -> bool:
-        """Whether to step around a call to a stuck run, or a run without code (known
-        defects)."""
-        if held is not None and held[1] == "waiting_for_code" and "calls-waiting-for-code" in AVOID:
+    async def stuck(self, wid: str, held: tuple[int, str] | None, defect: str) -> bool:
+        """Whether to step around a call to a stuck run (or one that sticks once loaded),
+        or to a run without code (known defects)."""
+        if held is None:
+            return False
+        if held[1] == "waiting_for_code" and "calls-waiting-for-code" in AVOID:
             return True
-        return held is not None and held[1] == "stuck" and defect in AVOID
+        if defect not in AVOID:
+            return False
+        if held[1] == "stuck":
+            return True
+        journal = await self.journal(wid)
+        prefix = {"right": "s", "changed": "x", "absent": "s"}[self.code]
+        return journal is not None and bool(read(journal[2]).prefixes - {prefix})
 
     def deadline_plan(self, plan: list[str], deadline: bool) -> list[str]:
         """Known defects: a run with a deadline loses it after a child or continue-as-new."""
@@ -293,7 +301,7 @@ class Harness:
     async def signal(self, wid: str, good: bool) -> None:
         value: Any = self.unique() if good else f"bad-{self.unique()}"
         before = self.peek(wid)
-        if self.stuck(before, "signal-stuck"):
+        if await self.stuck(wid, before, "signal-stuck"):
             return
         kind, result = await self.call(
             f"await t.engine.run({wid!r}).signal(GO, {value!r})",
@@ -347,7 +355,7 @@ class Harness:
 
     async def query(self, wid: str) -> None:
         before = self.peek(wid)
-        if self.stuck(before, "-"):
+        if await self.stuck(wid, before, "-"):
             return
         kind, result = await self.call(
             f"await t.engine.run({wid!r}).query(PROGRESS)", lambda: self.t.engine.run(wid).query(PROGRESS)
@@ -361,7 +369,7 @@ class Harness:
 
     async def update(self, wid: str, mode: str) -> None:
         before = self.peek(wid)
-        if self.stuck(before, "update-stuck"):
+        if await self.stuck(wid, before, "update-stuck"):
             return
         uid = f"u{self.unique()}"
         arg: Any = {"ok": 2, "step": 3, "raise": -1, "false": 13, "str": 0, "type": "three"}[mode]
@@ -408,7 +416,7 @@ class Harness:
             return
         uid = sorted(self.o.updates)[index % len(self.o.updates)]
         wid, run, first = self.o.updates[uid]
-        if self.stuck(self.peek(wid), "update-stuck"):
+        if await self.stuck(wid, self.peek(wid), "update-stuck"):
             return
         kind, result = await self.call(
             f"await t.engine.run({wid!r}).update(BUMP, 5, id={uid!r})  # repeated",
@@ -429,7 +437,7 @@ class Harness:
         plan = self.deadline_plan(plan, timed)
         value = self.unique()
         before = self.peek(wid)
-        if self.stuck(before, "signal-stuck"):
+        if await self.stuck(wid, before, "signal-stuck"):
             return
         type_ = self.wf_name(timed)
         kind, result = await self.call(
@@ -446,7 +454,7 @@ class Harness:
 
     async def update_with_start(self, wid: str, plan: list[str], twice: bool) -> None:
         before = self.peek(wid)
-        if self.stuck(before, "update-stuck"):
+        if await self.stuck(wid, before, "update-stuck"):
             return
         if "update-with-start-ends" in AVOID:
             plan = ["wait", *plan]  # the run must not end before its start is durable
@@ -470,7 +478,7 @@ class Harness:
     async def cancel(self, wid: str, twice: bool) -> None:
         for _ in range(2 if twice else 1):
             before = self.peek(wid)
-            if self.stuck(before, "cancel-stuck"):
+            if await self.stuck(wid, before, "cancel-stuck"):
                 return
             kind, result = await self.call(
                 f"await t.engine.run({wid!r}).cancel()", lambda: self.t.engine.run(wid).cancel()
@@ -488,7 +496,7 @@ class Harness:
 
     async def terminate(self, wid: str) -> None:
         before = self.peek(wid)
-        if self.stuck(before, "-"):
+        if await self.stuck(wid, before, "-"):
             return
         kind, result = await self.call(
             f"await t.engine.run({wid!r}).terminate()", lambda: self.t.engine.run(wid).terminate()
