@@ -116,7 +116,7 @@ async def test_checkpoint_then_crash_recovers_parked_runs_without_loading_them(k
         await t.start(sleepy, f"c-{n}", n)
     await t.advance("1s")
     shard = t.engine.shards[0]
-    await shard.checkpoint()
+    await shard.checkpoint(wait=True)  # after the one going idle may have started
     store = t.storage.stores[0]
     if isinstance(store, MemoryShardStore):
         assert store.checkpoint_position == shard.appended
