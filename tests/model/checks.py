@@ -241,6 +241,7 @@ def _check_shards(
                 f"{[p.msg.kind + '->' + p.msg.target for p in shard.outbox.pending.values()]}",
             )
         dues = []
+        maybe: set[int] = set()
         mine = [wid for wid in runs if t.engine.shard_index(wid) == shard.index]
         if "wait-hole" in AVOID and any(readings[wid].ambiguous for wid in mine):
             continue  # known: a journal with a hole at a wait's position tells no timers
@@ -250,10 +251,20 @@ def _check_shards(
             due, parked = expected_due(h, wid, readings[wid], status)
             if due:
                 dues.append((due // BUCKET_MS * BUCKET_MS if parked else due, due, wid, parked))
+            elif status == "waiting_for_code" and readings[wid].deadline and not readings[wid].final:
+                # Its deadline may be kept without the code (then it must end the run).
+                deadline = readings[wid].deadline
+                maybe.update({deadline, deadline // BUCKET_MS * BUCKET_MS})
         want = min(dues, default=None)
         got = shard.next_due_ms()
         if "stale-due" in AVOID and got and got in _stale_buckets(shard, dues):
             continue  # known: an ended run's bucket stays; the shard's due says nothing then
+        if got and got <= now:
+            raise Violation(
+                "progress", f"shard {shard.index}: next_due_ms() is {now - got} ms in the past after a settle"
+            )
+        if got in maybe and (want is None or got <= want[0]):
+            want = (got, got, "a run waiting for code (its deadline)", False)
         if want is None:
             if got:
                 raise Violation(
@@ -363,6 +374,8 @@ async def _check_children(h: Harness) -> None:
             continue
         if current[0] != run or current[1] not in FINAL or current[1] == "continued":
             continue  # a run replaced or continued as new: how it ended is not in view
+        if "close-without-code" in AVOID and h.absent_once and current[2][0].type == TIMED_TYPE:  # type: ignore[attr-defined]
+            continue  # known: a run ended while its code was absent closes no children
         for child, close in children:
             if close == "abandon":
                 continue

@@ -22,6 +22,7 @@ KNOWN: dict[str, str] = {
     "zombie-step-result": "test_an_abandoned_engine_records_nothing",
     "cancel-stuck": "test_a_cancel_of_a_stuck_run_is_recorded",
     "wait-hole": "test_a_wait_satisfied_by_a_kept_signal_is_recorded_after_a_recovery",
+    "close-without-code": "test_a_run_ended_without_its_code_closes_its_children",
     "signal-stuck": "test_a_signal_to_a_stuck_run_is_recorded",
 }
 

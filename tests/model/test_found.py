@@ -360,3 +360,22 @@ async def test_a_wait_satisfied_by_a_kept_signal_is_recorded_after_a_recovery(mo
     await t.settle()
     recovered = [rec.seq for rec in await journal(t, "crashed") if isinstance(rec, R.WaitStarted)]
     assert recovered == [0, 1]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="progress: a run ended while waiting for its code (terminated; on the fix branch also "
+    "timed out) closes none of its children: prepare_end reads run.children, which only a "
+    "replay with the code fills",
+)
+@pytest.mark.parametrize("mode", ALL)
+async def test_a_run_ended_without_its_code_closes_its_children(mode, tmp_path):
+    t = await opened(mode, tmp_path)
+    await t.engine.start(TIMED, "a", Plan(["spawn:terminate", "wait"]))
+    await t.settle()
+    assert (await t.engine.run("a.1.0").status()).status == "running"
+    await t.restart(workflows=CODE["absent"], clean=False)
+    assert (await t.engine.run("a").status()).status == "waiting_for_code"
+    await t.engine.run("a").terminate()
+    await t.advance(2_000)
+    assert (await t.engine.run("a.1.0").status()).status == "terminated"
