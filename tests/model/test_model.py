@@ -28,7 +28,7 @@ from .harness import IDS, Harness
 from .known import AVOID
 
 MODES = ("instant", "flush_on_turn", "local")
-DEFAULT_EXAMPLES = {"instant": 120, "flush_on_turn": 120, "local": 60}
+DEFAULT_EXAMPLES = {"instant": 150, "flush_on_turn": 150, "local": 60}
 SLOW_EXAMPLES = {"instant": 3000, "flush_on_turn": 3000, "local": 1000}
 DEFAULT_SEEDS = {"instant": 1, "flush_on_turn": 2, "local": 3}
 STEPS = 30
