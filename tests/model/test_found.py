@@ -1,9 +1,9 @@
 """Defects the model test found, each reproduced directly (no hypothesis), smallest first.
 
-Each test states what the guarantee requires, so it fails while the defect is there: it
-is marked xfail (strict) until the engine is fixed; then it passes, the strict marker
-fails the suite, and the marker (and the entry in tests/model/known.py that the model
-test steps around) goes.
+Each test states what the guarantee requires, so it fails while the defect is there. One
+still open is marked xfail (strict) until the engine is fixed; then it passes, the strict
+marker fails the suite, and the marker (and the entry in tests/model/known.py that the
+model test steps around) goes. The others were fixed since; they stay as regressions.
 """
 
 from __future__ import annotations
@@ -66,13 +66,10 @@ async def journal(t: TestEngine, wid: str) -> list[R.Rec]:
 # -- calls before a run's first turn --------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known: calls before a run's first turn find no handlers: the 2nd of two concurrent "
-    "update_with_start for a new ID is refused 'no handler for update'",
-)
 @pytest.mark.parametrize("mode", ["instant"])
 async def test_update_with_start_twice_for_a_new_id_finds_no_handler(mode, tmp_path):
+    """Found by the model test (fixed since): calls before a run's first turn find no handlers: the
+    2nd of two concurrent update_with_start for a new ID is refused 'no handler for update'."""
     t = await opened(mode, tmp_path)
     first, second = await asyncio.gather(
         t.engine.update_with_start(PLAN, "a", Plan(["wait"]), BUMP, 4, update_id="u1"),
@@ -85,13 +82,10 @@ async def test_update_with_start_twice_for_a_new_id_finds_no_handler(mode, tmp_p
 # -- signals of the wrong type ----------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="typed calls: run.signal(GO: int, 'x') to a run not waiting for GO is acknowledged "
-    "and recorded (the run fails with a CodecError when it waits)",
-)
 @pytest.mark.parametrize("mode", ALL)
 async def test_a_signal_of_the_wrong_type_is_acknowledged(mode, tmp_path):
+    """Found by the model test (fixed since): typed calls: run.signal(GO: int, 'x') to a run not
+    waiting for GO is acknowledged and recorded (the run fails with a CodecError when it waits)."""
     t = await opened(mode, tmp_path)
     await t.engine.start(PLAN, "a", Plan(["sleep:1000", "wait"]))
     await t.settle()
@@ -100,13 +94,10 @@ async def test_a_signal_of_the_wrong_type_is_acknowledged(mode, tmp_path):
     assert "SignalReceived" not in kinds(await journal(t, "a"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known: a signal refused for its type is recorded anyway; a crash after it leaves "
-    "an engine that cannot open (recovery raises the CodecError)",
-)
 @pytest.mark.parametrize("mode", ALL)
 async def test_a_signal_refused_for_its_type_is_recorded_and_recovery_fails(mode, tmp_path):
+    """Found by the model test (fixed since): a signal refused for its type is recorded anyway; a
+    crash after it leaves an engine that cannot open (recovery raises the CodecError)."""
     t = await opened(mode, tmp_path)
     await t.engine.start(PLAN, "a", Plan(["wait"]))
     await t.settle()
@@ -121,15 +112,13 @@ async def test_a_signal_refused_for_its_type_is_recorded_and_recovery_fails(mode
 # -- update-with-start and continue-as-new ------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="no-hang: update_with_start never answers when the new run ends (finishes, or "
-    "continues as new) before its start is durable: the caller then waits on a run that is gone",
-)
 @pytest.mark.parametrize(
     ("mode", "plan"), [("flush_on_turn", ["cas"]), ("local", ["cas"]), ("flush_on_turn", ["comp"])]
 )
 async def test_update_with_start_of_a_run_that_ends_at_once_answers(mode, plan, tmp_path):
+    """Found by the model test (fixed since): no-hang: update_with_start never answers when the new
+    run ends (finishes, or continues as new) before its start is durable: the caller then waits
+    on a run that is gone."""
     t = await opened(mode, tmp_path)
     got = await asyncio.wait_for(
         t.engine.update_with_start(PLAN, "a", Plan(plan), BUMP, 4, update_id="u1"), ANSWER_S
@@ -140,13 +129,10 @@ async def test_update_with_start_of_a_run_that_ends_at_once_answers(mode, plan, 
 # -- stuck runs (a determinism error) -------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known: a signal to a stuck run (determinism error after a deploy) is acknowledged "
-    "but never recorded",
-)
 @pytest.mark.parametrize("mode", ALL)
 async def test_a_signal_to_a_stuck_run_is_recorded(mode, tmp_path):
+    """Found by the model test (fixed since): a signal to a stuck run (determinism error after a
+    deploy) is acknowledged but never recorded."""
     t = await opened(mode, tmp_path)
     await t.engine.start(PLAN, "a", Plan(["step", "wait"]))
     await t.settle()
@@ -158,13 +144,10 @@ async def test_a_signal_to_a_stuck_run_is_recorded(mode, tmp_path):
     assert await t.result("a") == 6  # the step's value (1) and the signal's (5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known: an update to a stuck run hangs, even the repeat of an update whose result "
-    "was recorded (update_with_start, then a deploy of changed code)",
-)
 @pytest.mark.parametrize("mode", ALL)
 async def test_repeating_an_answered_update_on_a_stuck_run_answers(mode, tmp_path):
+    """Found by the model test (fixed since): an update to a stuck run hangs, even the repeat of an
+    update whose result was recorded (update_with_start, then a deploy of changed code)."""
     t = await opened(mode, tmp_path)
     _, first = await t.engine.update_with_start(PLAN, "a", Plan(["await"]), BUMP, 4, update_id="u1")
     assert first == 4
@@ -177,27 +160,21 @@ async def test_repeating_an_answered_update_on_a_stuck_run_answers(mode, tmp_pat
 # -- workflow deadlines ----------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="progress/next-due: a workflow deadline is dropped once a child's result (or a "
-    "coroutine in all/race) resolves: both resolve an operation at position -1, the key the "
-    "deadline's timer has in run.timers; the run never times out",
-)
 @pytest.mark.parametrize("mode", ALL)
 async def test_a_deadline_survives_a_child_result(mode, tmp_path):
+    """Found by the model test (fixed since): progress/next-due: a workflow deadline is dropped
+    once a child's result (or a coroutine in all/race) resolves: both resolve an operation at
+    position -1, the key the deadline's timer has in run.timers; the run never times out."""
     t = await opened(mode, tmp_path)
     await t.engine.start(TIMED, "a", Plan(["child:abandon", "wait"]))
     await t.advance(TIMED_MS + 1_000)
     assert (await t.engine.run("a").status()).status == "timed_out"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known: the workflow timeout is lost after continue_as_new: run 2 of a type with "
-    "timeout= starts with no deadline",
-)
 @pytest.mark.parametrize("mode", ALL)
 async def test_a_deadline_survives_continue_as_new(mode, tmp_path):
+    """Found by the model test (fixed since): the workflow timeout is lost after continue_as_new:
+    run 2 of a type with timeout= starts with no deadline."""
     t = await opened(mode, tmp_path)
     await t.engine.start(TIMED, "a", Plan(["cas", "wait"]))
     await t.settle()
@@ -212,13 +189,11 @@ async def test_a_deadline_survives_continue_as_new(mode, tmp_path):
 # -- runs without code ----------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="refusals: after a clean reopen a waiting_for_code run is an index entry no call "
-    "loads: a signal to it is refused NotFound 'no running workflow' though it has not ended",
-)
 @pytest.mark.parametrize("mode", ALL)
 async def test_a_signal_to_a_run_waiting_for_code_after_a_clean_reopen(mode, tmp_path):
+    """Found by the model test (fixed since): refusals: after a clean reopen a waiting_for_code run
+    is an index entry no call loads: a signal to it is refused NotFound 'no running workflow'
+    though it has not ended."""
     t = await opened(mode, tmp_path)
     await t.engine.start(TIMED, "a", Plan(["wait"]))
     await t.settle()
@@ -231,14 +206,11 @@ async def test_a_signal_to_a_run_waiting_for_code_after_a_clean_reopen(mode, tmp
 # -- parked runs and checkpoints ----------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known: wake-ups lost around a checkpoint: a run parks at the tick its timer's bucket "
-    "begins; the checkpoint taken then records it parked with no due time, and after a crash "
-    "it never wakes (next_due_ms() 0 while its sleep is live)",
-)
 @pytest.mark.parametrize("mode", ALL)
 async def test_a_run_parked_as_its_bucket_begins_wakes_after_a_crash(mode, tmp_path):
+    """Found by the model test (fixed since): wake-ups lost around a checkpoint: a run parks at the
+    tick its timer's bucket begins; the checkpoint taken then records it parked with no due
+    time, and after a crash it never wakes (next_due_ms() 0 while its sleep is live)."""
     t = await opened(mode, tmp_path)
     await t.engine.start(PLAN, "a", Plan(["sleep:1050", "step"]))
     await t.advance(1_000)  # the run parks at the 1 s tick; its sleep ends at 1.05 s
@@ -248,13 +220,11 @@ async def test_a_run_parked_as_its_bucket_begins_wakes_after_a_crash(mode, tmp_p
     assert (await t.engine.run("a").status()).status == "ok"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known: a finished run's old timer stays as next due: a parked run loaded by a "
-    "signal (or cancel, terminate) that then ends leaves its bucket in next_due_ms()",
-)
 @pytest.mark.parametrize("mode", ALL)
 async def test_a_run_that_ended_leaves_no_next_due(mode, tmp_path):
+    """Found by the model test (fixed since): a finished run's old timer stays as next due: a
+    parked run loaded by a signal (or cancel, terminate) that then ends leaves its bucket in
+    next_due_ms()."""
     t = await opened(mode, tmp_path)
     await t.engine.start(PLAN, "a", Plan(["waitt:5000"]))
     await t.advance(1_000)  # parked, its wait's timeout 4 s ahead
@@ -264,13 +234,11 @@ async def test_a_run_that_ended_leaves_no_next_due(mode, tmp_path):
     assert [s.next_due_ms() for s in t.engine.shards] == [0, 0, 0, 0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known: a run waiting_for_code never resumes after reopening with its code, when the "
-    "reopening before it was clean (its index entry keeps status waiting_for_code, never loaded)",
-)
 @pytest.mark.parametrize("mode", ALL)
 async def test_a_run_waiting_for_code_resumes_when_its_code_is_back(mode, tmp_path):
+    """Found by the model test (fixed since): a run waiting_for_code never resumes after reopening
+    with its code, when the reopening before it was clean (its index entry keeps status
+    waiting_for_code, never loaded)."""
     t = await opened(mode, tmp_path)
     await t.engine.start(TIMED, "a", Plan(["wait"]))
     await t.settle()
@@ -299,14 +267,12 @@ async def gated_wf(ctx: fusee.Ctx) -> int:
     return got
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="recorded: an abandoned engine (TestEngine.crash) still records a step result whose "
-    "task finished in the turn of the crash (_task_done does not check shard.closed), into the "
-    "storage the new engine recovered from: the run's journal gets a second StepDone",
-)
 @pytest.mark.parametrize("mode", ["instant", "flush_on_turn"])
 async def test_an_abandoned_engine_records_nothing(mode, tmp_path):
+    """Found by the model test (fixed since): recorded: an abandoned engine (TestEngine.crash)
+    still records a step result whose task finished in the turn of the crash (_task_done does
+    not check shard.closed), into the storage the new engine recovered from: the run's journal
+    gets a second StepDone."""
     GATE[:] = [asyncio.Event()]
     options = {"flush_on_turn": True} if mode == "flush_on_turn" else {}
     t = await TestEngine.open(workflows=[gated_wf], **options)
@@ -321,13 +287,10 @@ async def test_an_abandoned_engine_records_nothing(mode, tmp_path):
     assert kinds(await journal(t, "a")) == ["Started", "StepDone", "WaitStarted"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known: a cancel of a stuck run (determinism error after a deploy) is acknowledged "
-    "and changes nothing: no CancelRequested is recorded",
-)
 @pytest.mark.parametrize("mode", ALL)
 async def test_a_cancel_of_a_stuck_run_is_recorded(mode, tmp_path):
+    """Found by the model test (fixed since): a cancel of a stuck run (determinism error after a
+    deploy) is acknowledged and changes nothing: no CancelRequested is recorded."""
     t = await opened(mode, tmp_path)
     await t.engine.start(PLAN, "a", Plan(["step", "wait"]))
     await t.settle()
@@ -337,14 +300,11 @@ async def test_a_cancel_of_a_stuck_run_is_recorded(mode, tmp_path):
     assert "CancelRequested" in kinds(await journal(t, "a"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="recorded: after a recovery, a wait that a kept signal satisfied during the replay "
-    "never records its WaitStarted (go_live starts only unresolved operations), so the journal "
-    "has a hole at its position, unlike the same run live",
-)
 @pytest.mark.parametrize("mode", ["instant"])  # elsewhere the first turn's records share a flush
 async def test_a_wait_satisfied_by_a_kept_signal_is_recorded_after_a_recovery(mode, tmp_path):
+    """Found by the model test (fixed since): recorded: after a recovery, a wait that a kept signal
+    satisfied during the replay never records its WaitStarted (go_live starts only unresolved
+    operations), so the journal has a hole at its position, unlike the same run live."""
     t = await opened(mode, tmp_path)
     await t.engine.signal_with_start(PLAN, "live", Plan(["waitt:500", "waitt:500"]), GO, 1)
     await t.settle()
