@@ -417,7 +417,10 @@ class Harness:
             return
         uid = sorted(self.o.updates)[index % len(self.o.updates)]
         wid, run, first = self.o.updates[uid]
-        if await self.stuck(wid, self.peek(wid), "update-stuck"):
+        held = self.peek(wid)
+        if await self.stuck(wid, held, "update-stuck"):
+            return
+        if held is not None and held[1] == "waiting_for_code" and "repeat-update-without-code" in AVOID:
             return
         kind, result = await self.call(
             f"await t.engine.run({wid!r}).update(BUMP, 5, id={uid!r})  # repeated",

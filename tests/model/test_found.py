@@ -339,3 +339,19 @@ async def test_a_run_ended_without_its_code_closes_its_children(mode, tmp_path):
     await t.engine.run("a").terminate()
     await t.advance(2_000)
     assert (await t.engine.run("a.1.0").status()).status == "terminated"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="acknowledged: repeating an answered update (same ID) on a run that waits for its "
+    "code is refused 'waits for the code' instead of answered from its recorded UpdateDone",
+)
+@pytest.mark.parametrize("mode", ALL)
+async def test_repeating_an_answered_update_on_a_run_waiting_for_code_answers(mode, tmp_path):
+    t = await opened(mode, tmp_path)
+    await t.engine.start(TIMED, "a", Plan(["wait"]))
+    await t.settle()
+    assert await t.engine.run("a").update(BUMP, 4, id="u1") == 4
+    await t.restart(workflows=CODE["absent"], clean=False)
+    assert (await t.engine.run("a").status()).status == "waiting_for_code"
+    assert await asyncio.wait_for(t.engine.run("a").update(BUMP, 5, id="u1"), ANSWER_S) == 4
