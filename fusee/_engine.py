@@ -780,10 +780,10 @@ async def _local_storage(dir: str, shards: int | None) -> Storage:
 
 
 def _recorded_update(state: RunState, update_id: str) -> R.UpdateDone | None:
-    """An update's recorded answer. A stuck run has records its replay did not reach:
-    its answer may be among them."""
+    """An update's recorded answer. A stuck run has records its replay did not reach, and
+    a run waiting for its code has not been replayed at all: its answer may be among them."""
     done = state.update_results.get(update_id)
-    if done is None and state.status == "stuck":
+    if done is None and state.status in ("stuck", "waiting_for_code"):
         done = next((r for r in state.journal if isinstance(r, R.UpdateDone) and r.id == update_id), None)
     return done
 

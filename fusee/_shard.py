@@ -43,6 +43,27 @@ TICK = -4  # timer entry: the shard's sweep (parking, resends, checkpoints)
 IDLE_DUE_MS = 250
 
 
+def _running_children(run: RunState) -> list[tuple[str, str]]:
+    """The children a run started that have not ended, with their close policy. A run
+    without its code was never replayed: they are read from its journal instead."""
+    if run.workflow is not None:
+        out = []
+        for seq, child in run.children.items():
+            op = run.ops.get(seq)
+            out.append((child, op.close if isinstance(op, ChildOp) else "terminate"))
+        return out
+    requested: dict[int, tuple[str, str]] = {}
+    started: dict[int, tuple[str, str]] = {}
+    for rec in run.journal:
+        if isinstance(rec, R.ChildRequested):
+            requested[rec.seq] = (rec.id, rec.close)
+        elif isinstance(rec, R.ChildStarted) and rec.failure is None and rec.seq in requested:
+            started[rec.seq] = requested[rec.seq]
+        elif isinstance(rec, R.ChildResult):
+            started.pop(rec.seq, None)
+    return list(started.values())
+
+
 def _closed() -> ClosedError:
     return ClosedError("the engine is closed; open a new one")
 
@@ -729,9 +750,7 @@ class Shard(StepRunner):
         if run.started.parent is not None:
             rec.msg = self.outbox.take_number()
         closes = []
-        for seq, child in run.children.items():
-            op = run.ops.get(seq)
-            close = op.close if isinstance(op, ChildOp) else "terminate"
+        for child, close in _running_children(run):
             if close != "abandon":
                 closes.append((child, self.outbox.take_number(), close))
         rec.closes = closes
