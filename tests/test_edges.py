@@ -6,11 +6,16 @@ objects."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
+
+import msgspec
+import pytest
 
 import fusee
 from fusee._index import RunIndex
 from fusee._messages import IndexEntry
+from fusee._storage import MemoryShardStore, MemoryStorage
 from fusee.testing import TestEngine
 from tests.conftest import eventually
 from tests.test_shard_failures import SlowReads
@@ -96,3 +101,208 @@ def test_the_run_index_keeps_each_runs_type_and_offset_past_65536_entries():
             1 + n % 3,
             "ok",
         )
+
+
+# -- runs waiting for their code, parked in the index ------------------------------------
+
+
+@fusee.workflow("edges-other")
+async def other(ctx: fusee.Ctx) -> None:
+    await ctx.wait_for("never")
+
+
+async def test_a_parked_run_waiting_for_its_code_goes_on_by_itself_once_the_code_is_registered(kit):
+    """Reopened twice without the code, the run waits in the index, not loaded; `register`
+    loads and replays it, and its timer then runs the rest with nobody calling it. The
+    shard no longer reports its type as lacking code, and still reports the other type,
+    whose run waits loaded."""
+    woken.clear()
+    t = await kit(nap, other, shards=1)
+    await t.start(nap, "wfc-1", 10)
+    await t.start(other, "wfc-2")
+    await t.settle()
+    await t.restart([])  # a deploy without either type: the runs wait, loaded
+    await t.restart([])  # closed while waiting: now they wait in the index
+    shard = t.engine.shards[0]
+    assert not shard.runs and shard.types_without_code == {"edges-nap", "edges-other"}
+    # Asked for its status, the other run loads, and goes on waiting in memory.
+    assert (await t.engine.run("wfc-2").status()).status == "waiting_for_code"
+    t.engine.register(nap)
+    await t.settle()
+    assert shard.types_without_code == {"edges-other"}
+    await t.advance("11s")
+    await eventually(lambda: woken == ["wfc-1"])
+
+
+# -- what invoked workers read: idle ----------------------------------------------------------
+
+
+async def test_a_shard_whose_next_timer_is_exactly_250_ms_away_is_idle(kit):
+    """Idle means the next due time is at least 250 ms away: at exactly 250 ms a worker may
+    stop; a millisecond later it may not."""
+    t = await kit(nap, shards=1)
+    await t.start(nap, "idle-1", 10)
+    await t.settle()
+    shard = t.engine.shards[0]
+    due = shard.next_due_ms()
+    await t.advance(due - t.now_ms() - 250)
+    assert shard.idle()
+    await t.advance(1)
+    assert not shard.idle()
+
+
+# -- a shard that fails: callers waiting on it get the error ----------------------------------
+
+
+@fusee.workflow("edges-waiter")
+async def waiter(ctx: fusee.Ctx) -> str:
+    got: str = await ctx.wait_for("go")
+    return got
+
+
+class FullDiskStorage(MemoryStorage):
+    """Memory storage whose run-store writes fail, once told to, as a full disk's do."""
+
+    def __init__(self, shards: int) -> None:
+        super().__init__(shards)
+        self.stores = [FullDiskStore() for _ in range(shards)]
+
+
+class FullDiskStore(MemoryShardStore):
+    full = False
+
+    def put_run(self, frame: bytes) -> int:
+        if self.full:
+            raise OSError(28, "No space left on device")
+        return super().put_run(frame)
+
+
+async def test_a_caller_waiting_for_a_result_gets_io_error_when_the_shard_stops():
+    """A run-store write refused (parking the run) stops the shard; a caller already
+    waiting on the run's result gets IoError at once, not a hang."""
+    storage = FullDiskStorage(1)
+    t = await TestEngine.open([waiter], shards=1, park_after="100ms", storage=storage)
+    try:
+        await t.start(waiter, "fail-1")
+        await t.settle()
+        result = asyncio.ensure_future(t.engine.run("fail-1").result())
+        await t.settle()
+        assert not result.done()
+        storage.stores[0].full = True
+        await t.advance("1s")  # the sweep parks the run: its frame cannot be written
+        with pytest.raises(fusee.IoError):
+            await asyncio.wait_for(result, 5)
+    finally:
+        await t.close()
+
+
+# -- updates and queries: refusals and failures the caller sees ------------------------------
+
+
+class Note(msgspec.Struct):
+    text: str
+    extra: Any = None
+
+
+bump = fusee.update("edges-bump", int, int)
+odd = fusee.update("edges-odd", int, Any)
+careful = fusee.update("edges-careful", int, int)
+missing = fusee.update("edges-missing", int, int)
+peek = fusee.query("edges-peek", None, int)
+
+
+@fusee.workflow("edges-handlers")
+async def handlers(ctx: fusee.Ctx) -> int:
+    count = 0
+
+    def on_bump(n: int) -> int:
+        nonlocal count
+        if n < 0:
+            raise ValueError("no negative bumps")
+        count += n
+        return count
+
+    async def peek_async(_: None) -> int:
+        return count
+
+    async def validate_async(n: int) -> None:
+        return None
+
+    ctx.on_update(bump, on_bump)
+    ctx.on_update(odd, lambda n: object())  # JSON cannot hold it
+    ctx.on_update(careful, on_bump, validate=validate_async)  # type: ignore[arg-type]
+    ctx.on_query(peek, peek_async)  # type: ignore[arg-type]
+    await ctx.wait_for("done")
+    return count
+
+
+async def test_an_update_unknown_to_the_run_is_refused_naming_the_handlers_it_has(kit):
+    t = await kit(handlers)
+    run = await t.start(handlers, "h-1")
+    with pytest.raises(
+        fusee.RejectedError, match=r"edges-missing.*handlers: edges-bump, edges-careful, edges-odd"
+    ):
+        await run.update(missing, 1)
+    assert await run.update(bump, 2) == 2
+
+
+async def test_an_async_validator_or_query_handler_is_refused_with_rejected_error(kit):
+    t = await kit(handlers)
+    run = await t.start(handlers, "h-2")
+    with pytest.raises(fusee.RejectedError, match="validator must be a plain function"):
+        await run.update(careful, 1)
+    with pytest.raises(fusee.RejectedError, match="query handler must be a plain function"):
+        await run.query(peek)
+    assert await run.update(bump, 1) == 1  # the run goes on
+
+
+async def test_an_update_whose_result_cannot_be_recorded_fails_with_codec_error(kit):
+    """The caller never sees a success (None) for an answer that was not recorded."""
+    t = await kit(handlers)
+    run = await t.start(handlers, "h-3")
+    with pytest.raises(fusee.CodecError, match="update 'edges-odd' result cannot be encoded"):
+        await run.update(odd, 7)
+    with pytest.raises(fusee.CodecError):
+        await run.update(odd, 7, id="again")
+
+
+async def test_an_update_handlers_failure_carries_its_stack_unless_stacks_are_off():
+    for record_stacks in (True, False):
+        engine = await fusee.Engine.open(workflows=[handlers], record_stacks=record_stacks)
+        try:
+            run = await engine.start(handlers, "h-4")
+            with pytest.raises(fusee.FuseeError) as caught:
+                await run.update(bump, -1)
+            cause = caught.value.cause
+            assert cause is not None and "no negative bumps" in cause.message
+            assert bool(cause.stack) is record_stacks
+            assert (not cause.stack) or "on_bump" in cause.stack
+        finally:
+            await engine.close()
+
+
+async def test_an_update_to_a_finished_run_names_the_workflow(kit):
+    t = await kit(handlers)
+    run = await t.start(handlers, "h-5")
+    await run.signal("done")
+    await t.result("h-5")
+    with pytest.raises(fusee.NotFoundError) as caught:
+        await run.update(bump, 1)
+    assert caught.value.workflow_id == "h-5"
+    assert "h-5" in str(caught.value)
+
+
+# -- the codec names where a value cannot be encoded ------------------------------------------
+
+
+@fusee.workflow("edges-anything")
+async def anything(ctx: fusee.Ctx, value: Any) -> None:
+    return None
+
+
+async def test_a_start_input_that_cannot_be_encoded_names_the_struct_field(kit):
+    t = await kit(anything)
+    with pytest.raises(fusee.CodecError, match=r"object at \$\.extra"):
+        await t.start(anything, "any-1", Note("fine", object()))
+    with pytest.raises(fusee.CodecError, match=r"at \$\[1\]\.extra\.k"):
+        await t.start(anything, "any-2", [Note("a"), Note("b", {"k": object()})])
