@@ -156,6 +156,21 @@ class Harness:
                         out.append(f"{run.wid}/{op.name}")
         return out
 
+    def check_busy_shards(self) -> None:
+        """Invariant 6 between turns: a shard with a run loading, a run ready to drive or
+        records not yet durable can progress, so it is not idle."""
+        for shard in self.t.engine.shards:
+            busy = bool(shard.loading) or bool(shard.ready) or shard.appended > shard.durable
+            if busy and shard.idle():
+                what = (
+                    "a run loading"
+                    if shard.loading
+                    else "a run ready"
+                    if shard.ready
+                    else "records unflushed"
+                )
+                raise Violation("idle", f"shard {shard.index}: idle() is True with {what}")
+
     def finished_step_tasks(self) -> bool:
         return any(
             isinstance(op, StepOp) and op.task is not None and op.task.done()
@@ -373,7 +388,7 @@ class Harness:
         if await self.stuck(wid, before, "update-stuck"):
             return
         uid = f"u{self.unique()}"
-        arg: Any = {"ok": 2, "step": 3, "raise": -1, "false": 13, "str": 0, "type": "three"}[mode]
+        arg: Any = {"ok": 2, "step": 3, "boom": 99, "raise": -1, "false": 13, "str": 0, "type": "three"}[mode]
         definition, name = (BUMP_STEP, "BUMP_STEP") if mode == "step" else (BUMP, "BUMP")
         kind, result = await self.call(
             f"await t.engine.run({wid!r}).update({name}, {arg!r}, id={uid!r})",
@@ -384,7 +399,12 @@ class Harness:
     async def _update_answer(
         self, wid: str, before: tuple[int, str] | None, uid: str, mode: str, kind: str, result: Any
     ) -> None:
-        valid = mode in ("ok", "step")
+        valid = mode in ("ok", "step", "boom")
+        if mode == "boom" and kind == "err" and isinstance(result, fusee.WorkflowError):
+            kind, result = (
+                "ok",
+                ("raised", type(result).__name__, str(result)),
+            )  # the handler's failure, recorded
         if kind == "ok":
             if not valid:
                 raise Violation("refusals", f"update {uid} ({mode}) to '{wid}' was accepted: {result!r}")
@@ -429,6 +449,8 @@ class Harness:
         now = self.peek(wid)
         if now is None or now[0] != run:
             return  # another run now: update IDs are per run
+        if kind == "err" and isinstance(result, fusee.WorkflowError) and isinstance(first[1], tuple):
+            kind, result = "ok", ("raised", type(result).__name__, str(result))
         if kind == "ok" and first != ("ok", result):
             raise Violation("acknowledged", f"update {uid} repeated gave {result!r}, first {first[1]!r}")
         if kind == "err":
@@ -605,6 +627,7 @@ class Harness:
         for _ in range(turns):
             await asyncio.sleep(0)
         self.log(f"# after {turns} turns:")
+        self.check_busy_shards()
         done = task.done()
         await self.crash(settle=False)
         if not done:

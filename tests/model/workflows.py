@@ -10,6 +10,8 @@ A plan is a list of items, run in order:
 | `step` | a counted step |
 | `fail:K` | a step whose first K attempts fail (K=3: every attempt, the run fails) |
 | `thread` | a counted step on a thread (`thread=True`) |
+| `ro` | a counted read-only step |
+| `draw` | `ctx.uuid()` and `ctx.now()` (recorded values) |
 | `gate` | an async step that waits until the model opens the valve |
 | `sleep:MS` | `ctx.sleep` |
 | `wait` | `ctx.wait_for(GO)`, no timeout |
@@ -150,6 +152,8 @@ async def interpret(ctx: fusee.Ctx, plan: Plan, prefix: str) -> int:
     LEDGER.comps[(wid, run)] = comps  # replays start it afresh: what this code reached
 
     def bump(n: int) -> int:
+        if n == 99:
+            raise ValueError("the handler fails on 99")
         total[0] += n
         return total[0]
 
@@ -169,6 +173,11 @@ async def interpret(ctx: fusee.Ctx, plan: Plan, prefix: str) -> int:
             total[0] += await ctx.step(name, _counted())
         elif kind == "fail":
             total[0] += await ctx.step(name, _counted(int(arg)), retry=RETRY)
+        elif kind == "ro":
+            total[0] += await ctx.step(name, _counted(), read_only=True)
+        elif kind == "draw":
+            ctx.uuid()
+            ctx.now()
         elif kind == "thread":
             total[0] += await ctx.step(name, _counted(), thread=True)
         elif kind == "gate":
