@@ -7,6 +7,7 @@ objects."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import msgspec
@@ -306,3 +307,107 @@ async def test_a_start_input_that_cannot_be_encoded_names_the_struct_field(kit):
         await t.start(anything, "any-1", Note("fine", object()))
     with pytest.raises(fusee.CodecError, match=r"at \$\[1\]\.extra\.k"):
         await t.start(anything, "any-2", [Note("a"), Note("b", {"k": object()})])
+
+
+# -- steps: retries measured from the first failure, a timed-out thread told to give up -----
+
+
+async def test_max_elapsed_counts_from_the_first_failure_not_the_latest(kit):
+    """Retries 100, 200, 400 ms after each failure (no jitter): the third retry would start
+    700 ms after the first failure, past max_elapsed=650, so there are three attempts. From
+    the latest failure it would be 600 ms and a fourth attempt would run."""
+    calls: list[int] = []
+
+    @fusee.workflow("edges-max-elapsed")
+    async def wf(ctx: fusee.Ctx) -> None:
+        def fn() -> None:
+            calls.append(t.now_ms())
+            raise OSError("down")
+
+        policy = fusee.Retry(attempts=10, initial=100, jitter=False, max_elapsed=650)
+        await ctx.step("fn", fn, retry=policy)
+
+    t = await kit(wf)
+    await t.start(wf, "me-1")
+    with pytest.raises(fusee.StepError):
+        await t.result("me-1")
+    assert [c - calls[0] for c in calls] == [0, 100, 300]
+
+
+async def test_a_thread_step_past_its_timeout_sees_cancelled_and_can_give_up(kit):
+    seen: list[bool] = []
+
+    def slow(s: fusee.StepContext) -> str:
+        deadline = time.monotonic() + 3
+        while not s.cancelled and time.monotonic() < deadline:
+            time.sleep(0.005)
+        seen.append(s.cancelled)
+        return "late"
+
+    @fusee.workflow("edges-timeout-thread")
+    async def wf(ctx: fusee.Ctx) -> str:
+        try:
+            await ctx.step("slow", slow, timeout="50ms", retry=fusee.Retry(attempts=1))
+        except fusee.StepError as error:
+            return str(error.cause.type if error.cause else "")
+        return "finished"
+
+    t = await kit(wf)
+    await t.start(wf, "to-1")
+    assert await t.result("to-1") != "finished"
+    await eventually(lambda: seen == [True])
+
+
+# -- messages: an answered cancel is not sent again after a crash ----------------------------
+
+
+@fusee.workflow("edges-canceller")
+async def canceller(ctx: fusee.Ctx, target: str) -> str:
+    await ctx.cancel_workflow(target, "no longer needed")
+    got: str = await ctx.wait_for("go")
+    return got
+
+
+async def test_a_cancel_the_target_answered_is_not_pending_after_a_crash(kit):
+    """The cancel's Delivered record settles its outbox entry, in recovery as live: the
+    recovered shard does not send it again, and the run's journal gets no second answer."""
+    t = await kit(canceller, waiter, shards=1, park_after="1h")  # no checkpoint covers it
+    await t.start(waiter, "target-1")
+    await t.start(canceller, "canceller-1", "target-1")
+    await t.settle()
+    assert (await t.engine.run("target-1").status()).status == "cancelled"
+    kinds = [row["kind"] for row in await t.journal("canceller-1")]
+    assert kinds == ["Started", "CancelSent", "Delivered", "WaitStarted"]
+    await t.crash()
+    assert [row["kind"] for row in await t.journal("canceller-1")] == kinds
+    assert not t.engine.shards[0].outbox.pending
+
+
+# -- the dev profile: a caller waiting for a result hears at once that the run is stuck ------
+
+
+flipped: list[bool] = []
+
+
+@fusee.workflow("edges-flips")
+async def flips(ctx: fusee.Ctx) -> str:
+    if flipped:
+        await ctx.step("other", lambda: "x")  # a deploy that changed the code
+    got: str = await ctx.wait_for("go")
+    return got
+
+
+async def test_a_result_waiter_gets_the_determinism_error_when_the_run_gets_stuck(kit):
+    flipped.clear()
+    t = await kit(flips, shards=1, park_after="100ms")
+    await t.start(flips, "stuck-1")
+    await t.settle()
+    result = asyncio.ensure_future(t.engine.run("stuck-1").result())
+    await t.advance("1s")
+    assert not t.engine.shards[0].runs  # parked, the caller still waiting
+    assert not result.done()
+    flipped.append(True)
+    await t.engine.run("stuck-1").signal("go", "now")  # loads it: its replay differs
+    with pytest.raises(fusee.DeterminismError):
+        await asyncio.wait_for(result, 5)
+    assert (await t.engine.run("stuck-1").status()).status == "stuck"
