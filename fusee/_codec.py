@@ -51,6 +51,8 @@ def encode(value: Any, what: str = "value") -> bytes:
                 f"{what} cannot be encoded: a {type(_at(value, path)).__name__} at {path} ({exc})",
                 path=path,
             ) from None
+        if len(data) <= 2 * DEPTH_MAX:
+            return data  # too short to nest too deep or be too long
         if data.count(b"[") + data.count(b"{") > DEPTH_MAX and _depth(data) > DEPTH_MAX:
             raise CodecError(f"{what} cannot be encoded: it nests deeper than {DEPTH_MAX} levels")
     if len(data) > PAYLOAD_BYTES_MAX:

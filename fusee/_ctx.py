@@ -131,17 +131,24 @@ class Ctx:
     ) -> StepOp:
         """Run `fn` once the records before it are durable, record its result, return it.
         On replay the recorded result comes back and `fn` does not run."""
+        run = self._run
+        # The common case checked inline (this is every step's path); anything else goes
+        # through the checks that name what is wrong.
+        if type(name) is not str or not name.isascii() or not 0 < len(name) <= names.NAME_BYTES_MAX:
+            names.name(name, "step name")
+        if not callable(fn):
+            _callable(fn, name)
         op = StepOp(
             -1,
-            names.name(name, "step name"),
-            _callable(fn, name),
-            _retry(retry, self._run),
-            _timeout(timeout, f"step '{name}' timeout"),
+            name,
+            fn,
+            run.shard.engine.default_retry if retry is None else _retry(retry, run),
+            None if timeout is None else _timeout(timeout, f"step '{name}' timeout"),
             read_only,
             thread,
         )
         op.output = output
-        self._run.issue(op)
+        run.issue(op)
         return op
 
     def await_completion(

@@ -374,7 +374,7 @@ class RunState:
         """A signal that arrived before the code waited is kept and taken here."""
         buffered = self.signals.get(op.name)
         if buffered:
-            self._resolve_decoded(op, buffered.popleft(), op.type, f"signal '{op.name}'")
+            self._resolve_decoded(op, buffered.popleft(), op.type, "signal")
         else:
             self.waits.setdefault(op.name, deque()).append(op)
 
@@ -384,9 +384,12 @@ class RunState:
         where it awaits, live and on replay alike (it never escapes into the engine)."""
         try:
             value = _decode(data, type_, what)
-        except CodecError as error:
-            self.resolve(op, None, error)
-            return
+        except CodecError:
+            try:  # again, only to name the operation in the message
+                _decode(data, type_, f"{what} '{op.name}'")
+            except CodecError as error:
+                self.resolve(op, None, error)
+                return
         self.resolve(op, value)
 
     def _stuck(self, message: str) -> None:
@@ -430,9 +433,16 @@ class RunState:
             )
 
     def _apply_step_done(self, rec: R.StepDone) -> None:
-        op = self._verify(rec)
+        op = self.ops.get(rec.seq)
+        if op is None:
+            op = self._verify(rec)
         if isinstance(op, StepOp):
-            self._resolve_decoded(op, rec.value, op.output or codec.return_type(op.fn), f"step '{op.name}'")
+            try:  # _resolve_decoded, inlined: this is every step's path
+                value = _decode(rec.value, op.output or codec.return_type(op.fn), "step")
+            except CodecError:
+                self._resolve_decoded(op, rec.value, op.output or codec.return_type(op.fn), "step")
+                return
+            self.resolve(op, value)
 
     def _apply_attempt(self, rec: R.Attempt) -> None:
         op = self._verify(rec)
@@ -483,7 +493,7 @@ class RunState:
         while queue:
             op = queue.popleft()
             if not op.done:
-                self._resolve_decoded(op, rec.value, op.type, f"signal '{rec.name}'")
+                self._resolve_decoded(op, rec.value, op.type, "signal")
                 return
         self.signals.setdefault(rec.name, deque()).append(rec.value)
 
@@ -568,7 +578,7 @@ class RunState:
             self.resolve(watch, None, ChildError(wid, rec.failure))
         else:
             type_ = op.result_type if isinstance(op, ChildOp) else Any
-            self._resolve_decoded(watch, rec.value or b"null", type_, "child result")
+            self._resolve_decoded(watch, rec.value or b"null", type_, "the result of")
 
     def _apply_delivered(self, rec: R.Delivered) -> None:
         op = self._verify(rec)
@@ -587,9 +597,7 @@ class RunState:
             if rec.failure is not None:
                 self.resolve(op, None, StepError(op.name, rec.failure))
             else:
-                self._resolve_decoded(
-                    op, rec.value or b"null", getattr(op, "output", None), f"completion '{op.name}'"
-                )
+                self._resolve_decoded(op, rec.value or b"null", getattr(op, "output", None), "completion")
 
     def _apply_finished(self, rec: R.Finished) -> None:
         if self.replaying and rec.status not in ("terminated", "timed_out") and self.code_outcome is None:
