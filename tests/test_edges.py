@@ -15,7 +15,7 @@ import pytest
 
 import fusee
 from fusee._index import RunIndex
-from fusee._messages import IndexEntry
+from fusee._messages import Ack, IndexEntry, Msg
 from fusee._storage import MemoryShardStore, MemoryStorage
 from fusee.testing import TestEngine
 from tests.conftest import eventually
@@ -411,3 +411,24 @@ async def test_a_result_waiter_gets_the_determinism_error_when_the_run_gets_stuc
     with pytest.raises(fusee.DeterminismError):
         await asyncio.wait_for(result, 5)
     assert (await t.engine.run("stuck-1").status()).status == "stuck"
+
+
+# -- messages from shards held elsewhere: each copy is acknowledged by its number ------------
+
+
+async def test_a_resent_message_is_acknowledged_by_its_number_to_a_shard_held_elsewhere():
+    """An invoked worker holds some shards only: acknowledgments to the others go out
+    through the relay. A resend (the sender's ack was lost) gets the recorded answer under
+    the same number, or the sender would resend it forever; the signal is applied once."""
+    engine = await fusee.Engine.open(workflows=[waiter], storage=MemoryStorage(2), shard_ids=[0])
+    try:
+        wid = next(f"relay-{i}" for i in range(100) if engine.shard_index(f"relay-{i}") == 0)
+        await engine.start(waiter, wid)
+        shard = engine.shards[0]
+        msg = Msg("signal", 1, 7, wid, name="go", value=b'"relayed"')
+        await shard.receive(msg)
+        await shard.receive(msg)  # the resend
+        assert engine.unrouted == [(1, Ack(1, 7)), (1, Ack(1, 7))]
+        assert await asyncio.wait_for(engine.run(wid).result(), 5) == "relayed"
+    finally:
+        await engine.close()
