@@ -432,3 +432,19 @@ async def test_a_resent_message_is_acknowledged_by_its_number_to_a_shard_held_el
         assert await asyncio.wait_for(engine.run(wid).result(), 5) == "relayed"
     finally:
         await engine.close()
+
+
+# -- parking: a run idle for exactly park_after parks ---------------------------------------
+
+
+async def test_a_run_idle_for_exactly_park_after_is_parked_on_that_tick(kit):
+    """Ticks come every park_after / 2: a run that waited exactly park_after parks at the
+    tick that finds it so, not a tick later."""
+    t = await kit(waiter, shards=1, park_after="100ms")
+    await t.start(waiter, "park-1")
+    await t.settle()
+    shard = t.engine.shards[0]
+    await t.advance(99)
+    assert "park-1" in shard.runs
+    await t.advance(1)
+    assert not shard.runs and "park-1" in shard.index_entries
