@@ -1,9 +1,10 @@
 """Defects the model test found, each reproduced directly (no hypothesis), smallest first.
 
-Each test states what the guarantee requires, so it fails while the defect is there. One
-still open is marked xfail (strict) until the engine is fixed; then it passes, the strict
-marker fails the suite, and the marker (and the entry in tests/model/known.py that the
-model test steps around) goes. The others were fixed since; they stay as regressions.
+Each test states what the guarantee requires, so it fails while the defect is there. A
+defect still open is marked xfail (strict) until the engine is fixed; then it passes, the
+strict marker fails the suite, and the marker (and the entry in tests/model/known.py that
+the model test steps around) goes. Every one here has been fixed since; they stay as
+regressions.
 """
 
 from __future__ import annotations
@@ -322,14 +323,11 @@ async def test_a_wait_satisfied_by_a_kept_signal_is_recorded_after_a_recovery(mo
     assert recovered == [0, 1]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="progress: a run ended while waiting for its code (terminated; on the fix branch also "
-    "timed out) closes none of its children: prepare_end reads run.children, which only a "
-    "replay with the code fills",
-)
 @pytest.mark.parametrize("mode", ALL)
 async def test_a_run_ended_without_its_code_closes_its_children(mode, tmp_path):
+    """Found by the model test (fixed since): progress: a run ended while waiting for its code
+    (terminated; or timed out) closes none of its children: prepare_end reads run.children,
+    which only a replay with the code fills."""
     t = await opened(mode, tmp_path)
     await t.engine.start(TIMED, "a", Plan(["spawn:terminate", "wait"]))
     await t.settle()
@@ -341,13 +339,11 @@ async def test_a_run_ended_without_its_code_closes_its_children(mode, tmp_path):
     assert (await t.engine.run("a.1.0").status()).status == "terminated"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="acknowledged: repeating an answered update (same ID) on a run that waits for its "
-    "code is refused 'waits for the code' instead of answered from its recorded UpdateDone",
-)
 @pytest.mark.parametrize("mode", ALL)
 async def test_repeating_an_answered_update_on_a_run_waiting_for_code_answers(mode, tmp_path):
+    """Found by the model test (fixed since): acknowledged: repeating an answered update (same ID)
+    on a run that waits for its code is refused 'waits for the code' instead of answered from
+    its recorded UpdateDone."""
     t = await opened(mode, tmp_path)
     await t.engine.start(TIMED, "a", Plan(["wait"]))
     await t.settle()

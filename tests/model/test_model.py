@@ -31,7 +31,7 @@ MODES = ("instant", "flush_on_turn", "local")
 DEFAULT_EXAMPLES = {"instant": 150, "flush_on_turn": 150, "local": 60}
 SLOW_EXAMPLES = {"instant": 3000, "flush_on_turn": 3000, "local": 1000}
 DEFAULT_SEEDS = {"instant": 1, "flush_on_turn": 2, "local": 3}
-STEPS = 30
+STEPS = int(os.environ.get("FUSEE_MODEL_STEPS", 30))  # rules per sequence
 FAR_MS = (
     60_000  # past every timer a plan sets (sleeps, waits and retries of seconds, 20 s and 30 s deadlines)
 )
