@@ -448,3 +448,25 @@ async def test_a_run_idle_for_exactly_park_after_is_parked_on_that_tick(kit):
     assert "park-1" in shard.runs
     await t.advance(1)
     assert not shard.runs and "park-1" in shard.index_entries
+
+
+# -- a workflow's failure and record_stacks ---------------------------------------------------
+
+
+@fusee.workflow("edges-fails")
+async def fails(ctx: fusee.Ctx) -> None:
+    raise ValueError("the code gave up")
+
+
+async def test_a_workflows_failure_carries_its_stack_unless_stacks_are_off():
+    for record_stacks in (True, False):
+        engine = await fusee.Engine.open(workflows=[fails], record_stacks=record_stacks)
+        try:
+            run = await engine.start(fails, "f-1")
+            with pytest.raises(fusee.WorkflowError) as caught:
+                await asyncio.wait_for(run.result(), 5)
+            cause = caught.value.cause
+            assert cause is not None and cause.message == "the code gave up"
+            assert bool(cause.stack) is record_stacks
+        finally:
+            await engine.close()
