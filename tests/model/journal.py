@@ -40,116 +40,162 @@ class Reading:
 
 
 def read(journal: list[R.Rec]) -> Reading:
-    out = Reading()
-    buffered: dict[str, deque[bytes]] = {}
-    waits: dict[str, deque[int]] = {}
-    attempts: dict[int, int] = {}
-    sent: dict[int, R.SignalSent] = {}
-
-    def resolve(seq: int) -> None:
-        out.timers.pop(seq, None)
-        out.signal_waits.pop(seq, None)
-        for queue in waits.values():
-            if seq in queue:
-                queue.remove(seq)
-
-    positions: set[int] = set()
+    """Read a journal in order, as the run applied it."""
+    reader = _Reader()
     for rec in journal:
-        if isinstance(getattr(rec, "seq", None), int):
-            positions.add(rec.seq)  # type: ignore[attr-defined]
-        name = getattr(rec, "name", None)
-        if isinstance(rec, (R.StepDone, R.Attempt, R.StepFailed, R.TimerStarted, R.CompletionSent)):
-            if name and name != "upd":
-                out.prefixes.add(name[0])
-        if isinstance(rec, R.Started):
-            out.deadline = rec.deadline
-            if rec.deadline:
-                out.timers[-1] = rec.deadline
-            if rec.update_id is not None:
-                out.updates_accepted.add(rec.update_id)
-        elif isinstance(rec, R.TimerStarted):
-            out.timers[rec.seq] = rec.due
-        elif isinstance(rec, R.TimerFired):
-            resolve(rec.seq)
-        elif isinstance(rec, R.WaitStarted):
-            queue = buffered.get(rec.signal)
-            if queue:
-                queue.popleft()  # a kept signal: resolved at once
-                # (unless an earlier wait took it and never recorded its position: a known
-                # defect after a recovery; then which wait it resolved is unknown)
-                if set(range(rec.seq)) - positions:
-                    out.ambiguous = True
-            else:
-                waits.setdefault(rec.signal, deque()).append(rec.seq)
-                if rec.due:
-                    out.timers[rec.seq] = rec.due
-                else:
-                    out.signal_waits[rec.seq] = rec.signal
-        elif isinstance(rec, R.SignalReceived):
-            out.signals.append(rec.value)
-            queue_w = waits.get(rec.name)
-            if queue_w:
-                resolve(queue_w[0])
-            else:
-                buffered.setdefault(rec.name, deque()).append(rec.value)
-        elif isinstance(rec, R.CancelRequested):
-            out.cancel_requests += 1
-            deadline = out.timers.get(-1)
-            out.timers.clear()
-            if deadline:
-                out.timers[-1] = deadline
-            out.signal_waits.clear()
-            waits.clear()
-            out.completions.clear()
-        elif isinstance(rec, R.Attempt):
-            attempts[rec.seq] = rec.attempt
-            out.outcomes.append((rec.seq, rec.attempt, "Attempt"))
-            out.timers[rec.seq] = rec.retry_at
-            out.step_names.append(rec.name)
-        elif isinstance(rec, (R.StepDone, R.StepFailed)):
-            out.outcomes.append((rec.seq, attempts.get(rec.seq, 0) + 1, type(rec).__name__))
-            out.timers.pop(rec.seq, None)
-            out.completions.discard(rec.seq)
-            out.step_names.append(rec.name)
-            if isinstance(rec, R.StepDone):
-                out.step_values[rec.seq] = rec.value
-        elif isinstance(rec, R.CompletionSent):
-            out.timers.pop(rec.seq, None)
-            out.completions.add(rec.seq)
-        elif isinstance(rec, R.Completed):
-            out.completions.discard(rec.seq)
-            out.completed.add(rec.seq)
-        elif isinstance(rec, R.ChildRequested):
-            out.child_starts[rec.seq] = rec.id
-            out.child_ids.append(rec.id)
-        elif isinstance(rec, R.ChildStarted):
-            wid = out.child_starts.pop(rec.seq, "?")
-            if rec.failure is None:
-                out.children[rec.seq] = wid
-        elif isinstance(rec, R.ChildResult):
-            out.children.pop(rec.seq, None)
-        elif isinstance(rec, R.SignalSent):
-            out.sends.add(rec.seq)
-            sent[rec.seq] = rec
-        elif isinstance(rec, R.CancelSent):
-            out.sends.add(rec.seq)
-        elif isinstance(rec, R.Delivered):
-            out.sends.discard(rec.seq)
-            if rec.failure is None and rec.seq in sent:
-                out.delivered_signals.append((sent[rec.seq].target, sent[rec.seq].value))
-        elif isinstance(rec, R.UpdateAccepted):
-            out.updates_accepted.add(rec.id)
-        elif isinstance(rec, R.UpdateDone):
-            out.updates_done[rec.id] = rec
-        elif isinstance(rec, R.Finished):
-            out.final, out.status = True, rec.status
-        elif isinstance(rec, R.ContinuedAsNew):
-            out.final, out.status = True, "continued"
+        reader.apply(rec)
+    out = reader.out
     if out.final:
         out.timers.clear()
         out.signal_waits.clear()
         out.completions.clear()
     return out
+
+
+class _Reader:
+    """One method per record kind, as the run has (fusee/_run.py)."""
+
+    def __init__(self) -> None:
+        self.out = Reading()
+        self.buffered: dict[str, deque[bytes]] = {}  # signals no wait took yet
+        self.waits: dict[str, deque[int]] = {}  # open waits per signal, oldest first
+        self.attempts: dict[int, int] = {}
+        self.sent: dict[int, R.SignalSent] = {}
+        self.positions: set[int] = set()
+
+    def apply(self, rec: R.Rec) -> None:
+        seq = getattr(rec, "seq", None)
+        if isinstance(seq, int):
+            self.positions.add(seq)
+        name = getattr(rec, "name", None)
+        if isinstance(rec, _NAMED) and name and name != "upd":
+            self.out.prefixes.add(name[0])
+        handler = getattr(self, "_on_" + type(rec).__name__, None)
+        if handler is not None:
+            handler(rec)
+
+    def _resolve(self, seq: int) -> None:
+        self.out.timers.pop(seq, None)
+        self.out.signal_waits.pop(seq, None)
+        for queue in self.waits.values():
+            if seq in queue:
+                queue.remove(seq)
+
+    def _on_Started(self, rec: R.Started) -> None:
+        self.out.deadline = rec.deadline
+        if rec.deadline:
+            self.out.timers[-1] = rec.deadline
+        if rec.update_id is not None:
+            self.out.updates_accepted.add(rec.update_id)
+
+    def _on_TimerStarted(self, rec: R.TimerStarted) -> None:
+        self.out.timers[rec.seq] = rec.due
+
+    def _on_TimerFired(self, rec: R.TimerFired) -> None:
+        self._resolve(rec.seq)
+
+    def _on_WaitStarted(self, rec: R.WaitStarted) -> None:
+        queue = self.buffered.get(rec.signal)
+        if queue:
+            queue.popleft()  # a kept signal: resolved at once
+            # (unless an earlier wait took it and never recorded its position, as after a
+            # recovery before the fix: then which wait it resolved is unknown)
+            if set(range(rec.seq)) - self.positions:
+                self.out.ambiguous = True
+            return
+        self.waits.setdefault(rec.signal, deque()).append(rec.seq)
+        if rec.due:
+            self.out.timers[rec.seq] = rec.due
+        else:
+            self.out.signal_waits[rec.seq] = rec.signal
+
+    def _on_SignalReceived(self, rec: R.SignalReceived) -> None:
+        self.out.signals.append(rec.value)
+        queue = self.waits.get(rec.name)
+        if queue:
+            self._resolve(queue[0])
+        else:
+            self.buffered.setdefault(rec.name, deque()).append(rec.value)
+
+    def _on_CancelRequested(self, rec: R.CancelRequested) -> None:
+        """Every operation the code waits on resolves (CancelledError); the deadline stays."""
+        out = self.out
+        out.cancel_requests += 1
+        deadline = out.timers.get(-1)
+        out.timers.clear()
+        if deadline:
+            out.timers[-1] = deadline
+        out.signal_waits.clear()
+        self.waits.clear()
+        out.completions.clear()
+
+    def _on_Attempt(self, rec: R.Attempt) -> None:
+        self.attempts[rec.seq] = rec.attempt
+        self.out.outcomes.append((rec.seq, rec.attempt, "Attempt"))
+        self.out.timers[rec.seq] = rec.retry_at
+        self.out.step_names.append(rec.name)
+
+    def _on_StepDone(self, rec: R.StepDone) -> None:
+        self._step_ended(rec)
+        self.out.step_values[rec.seq] = rec.value
+
+    def _on_StepFailed(self, rec: R.StepFailed) -> None:
+        self._step_ended(rec)
+
+    def _step_ended(self, rec: R.StepDone | R.StepFailed) -> None:
+        out = self.out
+        out.outcomes.append((rec.seq, self.attempts.get(rec.seq, 0) + 1, type(rec).__name__))
+        out.timers.pop(rec.seq, None)
+        out.completions.discard(rec.seq)
+        out.step_names.append(rec.name)
+
+    def _on_CompletionSent(self, rec: R.CompletionSent) -> None:
+        self.out.timers.pop(rec.seq, None)
+        self.out.completions.add(rec.seq)
+
+    def _on_Completed(self, rec: R.Completed) -> None:
+        self.out.completions.discard(rec.seq)
+        self.out.completed.add(rec.seq)
+
+    def _on_ChildRequested(self, rec: R.ChildRequested) -> None:
+        self.out.child_starts[rec.seq] = rec.id
+        self.out.child_ids.append(rec.id)
+
+    def _on_ChildStarted(self, rec: R.ChildStarted) -> None:
+        wid = self.out.child_starts.pop(rec.seq, "?")
+        if rec.failure is None:
+            self.out.children[rec.seq] = wid
+
+    def _on_ChildResult(self, rec: R.ChildResult) -> None:
+        self.out.children.pop(rec.seq, None)
+
+    def _on_SignalSent(self, rec: R.SignalSent) -> None:
+        self.out.sends.add(rec.seq)
+        self.sent[rec.seq] = rec
+
+    def _on_CancelSent(self, rec: R.CancelSent) -> None:
+        self.out.sends.add(rec.seq)
+
+    def _on_Delivered(self, rec: R.Delivered) -> None:
+        self.out.sends.discard(rec.seq)
+        if rec.failure is None and rec.seq in self.sent:
+            sent = self.sent[rec.seq]
+            self.out.delivered_signals.append((sent.target, sent.value))
+
+    def _on_UpdateAccepted(self, rec: R.UpdateAccepted) -> None:
+        self.out.updates_accepted.add(rec.id)
+
+    def _on_UpdateDone(self, rec: R.UpdateDone) -> None:
+        self.out.updates_done[rec.id] = rec
+
+    def _on_Finished(self, rec: R.Finished) -> None:
+        self.out.final, self.out.status = True, rec.status
+
+    def _on_ContinuedAsNew(self, rec: R.ContinuedAsNew) -> None:
+        self.out.final, self.out.status = True, "continued"
+
+
+_NAMED = (R.StepDone, R.Attempt, R.StepFailed, R.TimerStarted, R.CompletionSent)
 
 
 def live_due(reading: Reading) -> int:

@@ -165,57 +165,63 @@ async def interpret(ctx: fusee.Ctx, plan: Plan, prefix: str) -> int:
     ctx.on_query(PROGRESS, lambda _: {"at": at[0], "total": total[0]})
     ctx.on_update(BUMP, bump, validate=validate_bump)
     ctx.on_update(BUMP_STEP, bump_step)
-    for i, item in enumerate(plan.items):
+    for i in range(len(plan.items)):
         at[0] = i
-        kind, _, arg = item.partition(":")
-        name = f"{prefix}{i}"
-        if kind == "step":
-            total[0] += await ctx.step(name, _counted())
-        elif kind == "fail":
-            total[0] += await ctx.step(name, _counted(int(arg)), retry=RETRY)
-        elif kind == "ro":
-            total[0] += await ctx.step(name, _counted(), read_only=True)
-        elif kind == "draw":
-            ctx.uuid()
-            ctx.now()
-        elif kind == "thread":
-            total[0] += await ctx.step(name, _counted(), thread=True)
-        elif kind == "gate":
-            total[0] += await ctx.step(name, _gated())
-        elif kind == "sleep":
-            await ctx.sleep(name, int(arg))
-        elif kind == "wait":
-            total[0] += await ctx.wait_for(GO)
-        elif kind == "waitt":
-            total[0] += await ctx.wait_for(GO, timeout=int(arg)) or 0
-        elif kind in ("comp", "compg"):
-            ctx.compensate(f"{prefix}comp{i}", _gated() if kind == "compg" else _counted())
-            comps.append(f"{prefix}comp{i}")
-        elif kind == "await":
-            await ctx.await_completion(name, _send_token(wid))
-        elif kind == "all":
-            got, _ = await ctx.all([ctx.step(name, _counted()), ctx.sleep(f"{name}z", 200)])
-            total[0] += got
-        elif kind == "child":
-            await ctx.child(PLAN, child_id(wid, run, i), Plan(CHILD_PLAN), parent_close=arg)
-        elif kind == "spawn":
-            await ctx.start_child(PLAN, child_id(wid, run, i), Plan(SPAWN_PLAN), parent_close=arg)
-        elif kind == "sigwf":
-            try:
-                await ctx.signal_workflow(arg, GO, signal_value(wid, run, i))
-            except fusee.NotFoundError:
-                pass
-        elif kind == "cancelwf":
-            try:
-                await ctx.cancel_workflow(arg, f"by {wid}")
-            except fusee.NotFoundError:
-                pass
-        elif kind == "cas":
-            if plan.gen < 2:
-                ctx.continue_as_new(Plan(plan.items[i + 1 :], plan.gen + 1))
-        else:
-            raise ValueError(f"unknown plan item {item!r}")
+        total[0] += await _item(ctx, plan, i, prefix, comps)
     return total[0]
+
+
+async def _item(ctx: fusee.Ctx, plan: Plan, i: int, prefix: str, comps: list[str]) -> int:
+    """Run plan item `i`; returns what it adds to the run's total."""
+    kind, _, arg = plan.items[i].partition(":")
+    name = f"{prefix}{i}"
+    steps = {"step": {}, "fail": {"retry": RETRY}, "ro": {"read_only": True}, "thread": {"thread": True}}
+    if kind in steps:
+        fn = _counted(int(arg)) if kind == "fail" else _counted()
+        return int(await ctx.step(name, fn, **steps[kind]))
+    if kind == "gate":
+        return int(await ctx.step(name, _gated()))
+    if kind == "wait":
+        return int(await ctx.wait_for(GO))
+    if kind == "waitt":
+        return int(await ctx.wait_for(GO, timeout=int(arg)) or 0)
+    if kind == "all":
+        got, _ = await ctx.all([ctx.step(name, _counted()), ctx.sleep(f"{name}z", 200)])
+        return int(got)
+    if kind == "draw":
+        ctx.uuid()
+        ctx.now()
+    elif kind == "sleep":
+        await ctx.sleep(name, int(arg))
+    elif kind in ("comp", "compg"):
+        ctx.compensate(f"{prefix}comp{i}", _gated() if kind == "compg" else _counted())
+        comps.append(f"{prefix}comp{i}")
+    elif kind == "await":
+        await ctx.await_completion(name, _send_token(ctx.workflow_id))
+    elif kind in ("child", "spawn", "sigwf", "cancelwf"):
+        await _other_workflow(ctx, kind, arg, i)
+    elif kind == "cas":
+        if plan.gen < 2:
+            ctx.continue_as_new(Plan(plan.items[i + 1 :], plan.gen + 1))
+    else:
+        raise ValueError(f"unknown plan item {plan.items[i]!r}")
+    return 0
+
+
+async def _other_workflow(ctx: fusee.Ctx, kind: str, arg: str, i: int) -> None:
+    wid, run = ctx.workflow_id, ctx.run_number
+    if kind == "child":
+        await ctx.child(PLAN, child_id(wid, run, i), Plan(CHILD_PLAN), parent_close=arg)
+    elif kind == "spawn":
+        await ctx.start_child(PLAN, child_id(wid, run, i), Plan(SPAWN_PLAN), parent_close=arg)
+    else:
+        try:
+            if kind == "sigwf":
+                await ctx.signal_workflow(arg, GO, signal_value(wid, run, i))
+            else:
+                await ctx.cancel_workflow(arg, f"by {wid}")
+        except fusee.NotFoundError:
+            pass  # no such run: the model checks nothing of it
 
 
 async def _plan(ctx: fusee.Ctx, plan: Plan) -> int:
