@@ -470,3 +470,26 @@ async def test_a_workflows_failure_carries_its_stack_unless_stacks_are_off():
             assert bool(cause.stack) is record_stacks
         finally:
             await engine.close()
+
+
+# -- what a step function is told --------------------------------------------------------------
+
+
+async def test_a_step_function_is_told_its_workflow_step_and_attempt(kit):
+    told: list[tuple[str, str, int]] = []
+
+    def fn(s: fusee.StepContext) -> str:
+        told.append((s.workflow_id, s.step, s.attempt))
+        if s.attempt == 1:
+            raise OSError("flaky")
+        return s.key
+
+    @fusee.workflow("edges-told")
+    async def wf(ctx: fusee.Ctx) -> str:
+        key: str = await ctx.step("charge", fn)
+        return key
+
+    t = await kit(wf)
+    await t.start(wf, "told-1")
+    assert await t.result("told-1")
+    assert told == [("told-1", "charge", 1), ("told-1", "charge", 2)]
