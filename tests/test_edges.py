@@ -493,3 +493,56 @@ async def test_a_step_function_is_told_its_workflow_step_and_attempt(kit):
     await t.start(wf, "told-1")
     assert await t.result("told-1")
     assert told == [("told-1", "charge", 1), ("told-1", "charge", 2)]
+
+
+async def test_hundreds_of_runs_park_and_wake_past_the_timer_heaps_compaction():
+    """Parking leaves the parked runs' timers in the shard's heap as stale entries; past 256
+    the heap is compacted and the count starts again, and parking goes on."""
+    woken.clear()
+    t = await TestEngine.open([nap], shards=1, park_after="100ms")
+    try:
+        for n in range(300):
+            await t.start(nap, f"many-{n}", 10)
+        await t.advance("1s")
+        assert _parked(t, 300)
+        for n in range(300, 310):  # parked after the compaction
+            await t.start(nap, f"many-{n}", 10)
+        await t.advance("1s")
+        assert _parked(t, 310)
+        await t.advance("10s")
+        await eventually(lambda: len(woken) == 310)
+    finally:
+        await t.close()
+
+
+# -- an update the run's end cut short -------------------------------------------------------
+
+
+slow_update = fusee.update("edges-slow-update", None, str)
+
+
+@fusee.workflow("edges-ends-under-update")
+async def ends_under_update(ctx: fusee.Ctx) -> str:
+    async def on_slow(_: None) -> str:
+        got: str = await ctx.wait_for("never")
+        return got
+
+    ctx.on_update(slow_update, on_slow)
+    await ctx.wait_for("done")
+    return "ended"
+
+
+async def test_an_update_whose_run_ends_first_is_refused_and_other_runs_updates_wait_on(kit):
+    t = await kit(ends_under_update)
+    first = await t.start(ends_under_update, "eu-1")
+    second = await t.start(ends_under_update, "eu-2")
+    cut = asyncio.ensure_future(first.update(slow_update))
+    waiting = asyncio.ensure_future(second.update(slow_update))
+    await t.settle()
+    assert not cut.done() and not waiting.done()
+    await first.signal("done")
+    with pytest.raises(fusee.RejectedError, match="ended before the update finished"):
+        await asyncio.wait_for(cut, 5)
+    await t.settle()
+    assert not waiting.done()
+    waiting.cancel()
