@@ -13,7 +13,7 @@ from fusee._definitions import (
     update,
     workflow,
 )
-from fusee._engine import Engine, Run, RunDescription, RunSummary
+from fusee._engine import Engine
 from fusee._errors import (
     AlreadyExistsError,
     BusyError,
@@ -35,6 +35,7 @@ from fusee._errors import (
     UnknownWorkflowError,
     WorkflowError,
 )
+from fusee._handle import Run, RunDescription, RunSummary
 from fusee._replay import Replayer
 from fusee._storage import Durability
 

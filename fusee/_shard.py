@@ -18,19 +18,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fusee import _records as R
+from fusee._delivery import Delivery
 from fusee._errors import (
     AlreadyExistsError,
     ClosedError,
     Failure,
     FuseeError,
     IoError,
-    NotFoundError,
     RejectedError,
-    failure_from,
 )
 from fusee._index import RunIndex
-from fusee._messages import RESEND_MS, Ack, IndexEntry, Msg, Outbox
-from fusee._ops import ChildOp, StepOp
+from fusee._messages import RESEND_MS, IndexEntry, Outbox
+from fusee._ops import StepOp
 from fusee._run import RunState
 from fusee._steps import StepRunner
 from fusee._storage import ShardStore
@@ -41,27 +40,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("fusee")
 TICK = -4  # timer entry: the shard's sweep (parking, resends, checkpoints)
 IDLE_DUE_MS = 250
-
-
-def _running_children(run: RunState) -> list[tuple[str, str]]:
-    """The children a run started that have not ended, with their close policy. A run
-    without its code was never replayed: they are read from its journal instead."""
-    if run.workflow is not None:
-        out = []
-        for seq, child in run.children.items():
-            op = run.ops.get(seq)
-            out.append((child, op.close if isinstance(op, ChildOp) else "terminate"))
-        return out
-    requested: dict[int, tuple[str, str]] = {}
-    started: dict[int, tuple[str, str]] = {}
-    for rec in run.journal:
-        if isinstance(rec, R.ChildRequested):
-            requested[rec.seq] = (rec.id, rec.close)
-        elif isinstance(rec, R.ChildStarted) and rec.failure is None and rec.seq in requested:
-            started[rec.seq] = requested[rec.seq]
-        elif isinstance(rec, R.ChildResult):
-            started.pop(rec.seq, None)
-    return list(started.values())
 
 
 def _closed() -> ClosedError:
@@ -81,7 +59,7 @@ class StoredRun:
     stuck_error: None = None
 
 
-class Shard(StepRunner):
+class Shard(StepRunner, Delivery):
     def __init__(self, engine: Engine, index: int, store: ShardStore) -> None:
         self.engine = engine
         self.index = index
@@ -467,82 +445,6 @@ class Shard(StepRunner):
         due = self.next_due_ms()
         return not due or due - self.now_ms() >= IDLE_DUE_MS
 
-    # -- messages ---------------------------------------------------------------------------
-
-    def _send_when_durable(self, lsn: int, msgs: list[Msg]) -> None:
-        def send() -> None:
-            for msg in msgs:
-                self._deliver(msg)
-
-        self.when_durable(lsn, send)
-
-    def _deliver(self, msg: Msg) -> None:
-        pending = self.outbox.pending.get(msg.seq)
-        if pending is None:
-            return
-        pending.sent_at = self.now_ms()
-        self.start_ticks()  # resends
-        self.engine.route(msg)
-
-    async def receive(self, msg: Msg) -> None:
-        """Apply a message from another shard (or this one), once in effect: a resend, or
-        a duplicate that arrived while this one loaded its run, gets the recorded answer."""
-        key = (msg.src, msg.seq)
-        if key not in self.outbox.received:
-            # The run is loaded first; from the check after the load to the Received
-            # record nothing awaits, so two copies can never both be applied.
-            run = await self.load(msg.target) if msg.kind != "start" else None
-            if key not in self.outbox.received:
-                failure = self._apply_msg(msg, run)
-                lsn = self.append_shard(R.Received(msg.src, msg.seq, failure))
-                await self.durable_at(lsn)
-                self.engine.route_ack(msg.src, Ack(msg.src, msg.seq, failure))
-                return
-        failure = self.outbox.received[key]
-        await self.durable_at(self.appended)
-        self.engine.route_ack(msg.src, Ack(msg.src, msg.seq, failure))
-
-    def _apply_msg(self, msg: Msg, run: RunState | None) -> Failure | None:
-        if msg.kind == "start":
-            try:
-                self.start(
-                    msg.name or "",
-                    msg.target,
-                    msg.value or b"null",
-                    parent=msg.parent,
-                    timeout_ms=msg.timeout or None,
-                )
-            except AlreadyExistsError as error:
-                return failure_from(error)
-            return None
-        if msg.kind == "result":
-            if run is not None and run.run_no == msg.run and not run.final:
-                run.event(R.ChildResult(msg.op, msg.value, msg.failure))
-            return None
-        if run is None or run.final:
-            return failure_from(NotFoundError(f"no running workflow '{msg.target}'", workflow_id=msg.target))
-        if msg.kind == "signal":
-            run.event(R.SignalReceived(msg.name or "", msg.value or b"null", f"workflow:{msg.src}"))
-        elif msg.kind == "cancel":
-            run.event(R.CancelRequested(msg.reason, f"workflow:{msg.src}"))
-        elif msg.kind == "terminate":
-            run.end(R.Finished("terminated", failure=Failure(msg.reason or "terminated", type="Terminated")))
-        return None
-
-    async def acked(self, ack: Ack) -> None:
-        pending = self.outbox.answered(ack.seq)
-        if pending is None:
-            return  # a duplicate answer
-        msg = pending.msg
-        run = await self.load(pending.wid) if msg.kind in ("start", "signal", "cancel") else None
-        if run is not None and run.run_no == pending.run and not run.final:
-            if msg.kind == "start":
-                run.event(R.ChildStarted(msg.op, ack.failure))
-            else:
-                run.event(R.Delivered(msg.op, ack.failure))
-        else:
-            self.append_shard(R.Acked(msg.seq))
-
     # -- runs: start, load, end ----------------------------------------------------------------
 
     def find(self, wid: str) -> RunState | IndexEntry | None:
@@ -742,18 +644,6 @@ class Shard(StepRunner):
                 await self._load_entry(entry, "")
         if not any(r.status == "waiting_for_code" and r.type == type_ for r in self.runs.values()):
             self.types_without_code.discard(type_)
-
-    def prepare_end(self, run: RunState, rec: R.Finished | R.ContinuedAsNew) -> None:
-        """Number the messages the end sends: the outcome to a parent, closes to children."""
-        if not isinstance(rec, R.Finished):
-            return
-        if run.started.parent is not None:
-            rec.msg = self.outbox.take_number()
-        closes = []
-        for child, close in _running_children(run):
-            if close != "abandon":
-                closes.append((child, self.outbox.take_number(), close))
-        rec.closes = closes
 
     def run_finished(self, run: RunState) -> None:
         """The run ended (live): answer its callers once the end is durable; a run that

@@ -14,8 +14,9 @@ from fusee._clock import VirtualClock
 from fusee._crash_everywhere import Case, crash_everywhere
 from fusee._definitions import Workflow
 from fusee._durations import Duration, to_ms
-from fusee._engine import Engine, Run
+from fusee._engine import Engine
 from fusee._errors import DeterminismError, NotFoundError
+from fusee._handle import Run
 from fusee._replay import Replayer, journal_to_json
 from fusee._storage import MemoryStorage
 

@@ -1,0 +1,161 @@
+"""A shard's messages to and from other shards: sending them once the records that imply
+them are durable, applying a received one once in effect, and taking the answers. Mixed
+into `Shard`; the outbox itself (what is unacknowledged, what was applied) is
+`fusee/_messages.py`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from fusee import _records as R
+from fusee._errors import AlreadyExistsError, Failure, NotFoundError, failure_from
+from fusee._messages import Ack, IndexEntry, Msg, Outbox
+from fusee._ops import ChildOp
+from fusee._run import RunState
+
+if TYPE_CHECKING:
+    from fusee._engine import Engine
+
+
+class Delivery:
+    """The shard's part that carries messages between shards."""
+
+    engine: Engine
+    outbox: Outbox
+    appended: int
+
+    if TYPE_CHECKING:  # provided by Shard
+
+        def now_ms(self) -> int: ...
+
+        def start_ticks(self) -> None: ...
+
+        def when_durable(self, lsn: int, fn: Callable[[], None]) -> None: ...
+
+        async def durable_at(self, lsn: int) -> None: ...
+
+        def append_shard(self, rec: R.Rec) -> int: ...
+
+        async def load(self, wid: str) -> RunState | None: ...
+
+        def start(
+            self,
+            type_: str,
+            wid: str,
+            input: bytes,
+            *,
+            policy: dict[str, str] | None = None,
+            timeout_ms: int | None = None,
+            parent: R.Parent | None = None,
+            update: tuple[str, str, bytes] | None = None,
+            version: int | None = None,
+            signal: tuple[str, bytes] | None = None,
+        ) -> tuple[RunState | IndexEntry, bool]: ...
+
+    def _send_when_durable(self, lsn: int, msgs: list[Msg]) -> None:
+        def send() -> None:
+            for msg in msgs:
+                self._deliver(msg)
+
+        self.when_durable(lsn, send)
+
+    def _deliver(self, msg: Msg) -> None:
+        pending = self.outbox.pending.get(msg.seq)
+        if pending is None:
+            return
+        pending.sent_at = self.now_ms()
+        self.start_ticks()  # resends
+        self.engine.route(msg)
+
+    async def receive(self, msg: Msg) -> None:
+        """Apply a message from another shard (or this one), once in effect: a resend, or
+        a duplicate that arrived while this one loaded its run, gets the recorded answer."""
+        key = (msg.src, msg.seq)
+        if key not in self.outbox.received:
+            # The run is loaded first; from the check after the load to the Received
+            # record nothing awaits, so two copies can never both be applied.
+            run = await self.load(msg.target) if msg.kind != "start" else None
+            if key not in self.outbox.received:
+                failure = self._apply_msg(msg, run)
+                lsn = self.append_shard(R.Received(msg.src, msg.seq, failure))
+                await self.durable_at(lsn)
+                self.engine.route_ack(msg.src, Ack(msg.src, msg.seq, failure))
+                return
+        failure = self.outbox.received[key]
+        await self.durable_at(self.appended)
+        self.engine.route_ack(msg.src, Ack(msg.src, msg.seq, failure))
+
+    def _apply_msg(self, msg: Msg, run: RunState | None) -> Failure | None:
+        if msg.kind == "start":
+            try:
+                self.start(
+                    msg.name or "",
+                    msg.target,
+                    msg.value or b"null",
+                    parent=msg.parent,
+                    timeout_ms=msg.timeout or None,
+                )
+            except AlreadyExistsError as error:
+                return failure_from(error)
+            return None
+        if msg.kind == "result":
+            if run is not None and run.run_no == msg.run and not run.final:
+                run.event(R.ChildResult(msg.op, msg.value, msg.failure))
+            return None
+        if run is None or run.final:
+            return failure_from(NotFoundError(f"no running workflow '{msg.target}'", workflow_id=msg.target))
+        if msg.kind == "signal":
+            run.event(R.SignalReceived(msg.name or "", msg.value or b"null", f"workflow:{msg.src}"))
+        elif msg.kind == "cancel":
+            run.event(R.CancelRequested(msg.reason, f"workflow:{msg.src}"))
+        elif msg.kind == "terminate":
+            run.end(R.Finished("terminated", failure=Failure(msg.reason or "terminated", type="Terminated")))
+        return None
+
+    async def acked(self, ack: Ack) -> None:
+        pending = self.outbox.answered(ack.seq)
+        if pending is None:
+            return  # a duplicate answer
+        msg = pending.msg
+        run = await self.load(pending.wid) if msg.kind in ("start", "signal", "cancel") else None
+        if run is not None and run.run_no == pending.run and not run.final:
+            if msg.kind == "start":
+                run.event(R.ChildStarted(msg.op, ack.failure))
+            else:
+                run.event(R.Delivered(msg.op, ack.failure))
+        else:
+            self.append_shard(R.Acked(msg.seq))
+
+    def prepare_end(self, run: RunState, rec: R.Finished | R.ContinuedAsNew) -> None:
+        """Number the messages the end sends: the outcome to a parent, closes to children."""
+        if not isinstance(rec, R.Finished):
+            return
+        if run.started.parent is not None:
+            rec.msg = self.outbox.take_number()
+        closes = []
+        for child, close in _running_children(run):
+            if close != "abandon":
+                closes.append((child, self.outbox.take_number(), close))
+        rec.closes = closes
+
+
+def _running_children(run: RunState) -> list[tuple[str, str]]:
+    """The children a run started that have not ended, with their close policy. A run
+    without its code was never replayed: they are read from its journal instead."""
+    if run.workflow is not None:
+        out = []
+        for seq, child in run.children.items():
+            op = run.ops.get(seq)
+            out.append((child, op.close if isinstance(op, ChildOp) else "terminate"))
+        return out
+    requested: dict[int, tuple[str, str]] = {}
+    started: dict[int, tuple[str, str]] = {}
+    for rec in run.journal:
+        if isinstance(rec, R.ChildRequested):
+            requested[rec.seq] = (rec.id, rec.close)
+        elif isinstance(rec, R.ChildStarted) and rec.failure is None and rec.seq in requested:
+            started[rec.seq] = requested[rec.seq]
+        elif isinstance(rec, R.ChildResult):
+            started.pop(rec.seq, None)
+    return list(started.values())

@@ -1,0 +1,342 @@
+"""Run handles: what a caller does with the runs of one workflow ID (signal, query,
+update, result, describe, cancel, terminate), and the summaries they hand back."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
+
+from fusee import _codec as codec
+from fusee import _names as names
+from fusee import _records as R
+from fusee._definitions import Query, Signal, Update, Workflow, query_of, signal_of, update_of
+from fusee._errors import (
+    Failure,
+    FuseeError,
+    NotFoundError,
+    RejectedError,
+    WorkflowError,
+    error_from,
+    failure_from,
+)
+from fusee._run import RunState
+from fusee._shard import Shard, StoredRun
+
+if TYPE_CHECKING:
+    from fusee._engine import Engine
+
+Out = TypeVar("Out")
+FINISHED = ("ok", "failed", "cancelled", "timed_out", "terminated")
+
+
+@dataclass(slots=True)
+class RunSummary:
+    id: str
+    run: int
+    type: str
+    status: str  # running, waiting_for_code, stuck, ok, failed, cancelled, timed_out, terminated
+    shard: int
+
+
+@dataclass(slots=True)
+class RunDescription:
+    summary: RunSummary
+    journal: list[R.Rec] = field(default_factory=list)
+
+
+class Run(Generic[Out]):
+    """A handle on the runs of one workflow ID; makes no call until used.
+
+    Every answer and every refusal leaves only once the state it rests on is durable: a
+    run that ended in memory refuses a signal as ended only once its end is in the log,
+    so a crash cannot bring back a run the caller was told had ended."""
+
+    def __init__(self, engine: Engine, id: str, wf: Workflow[Any] | None) -> None:
+        self.engine = engine
+        self.id = id
+        self.workflow = wf
+
+    def __repr__(self) -> str:
+        return f"<fusee.Run {self.id!r}>"
+
+    @property
+    def _shard(self) -> Shard:
+        self.engine._check_open()
+        return self.engine.shard_of(names.name(self.id, "workflow ID"))
+
+    async def _refuse(self, shard: Shard, error: FuseeError) -> NoReturn:
+        await shard.durable_at(shard.appended)
+        raise error
+
+    async def _loaded(self, shard: Shard) -> RunState | None:
+        """The run in memory (loading a parked one), having taken its first turn."""
+        state = await shard.load(self.id)
+        if state is not None:
+            shard.turn(state)
+        return state
+
+    async def _running(self, shard: Shard) -> RunState:
+        state = await self._loaded(shard)
+        if state is None or state.final:
+            await self._refuse(shard, NotFoundError(f"no running workflow '{self.id}'", workflow_id=self.id))
+        assert state is not None
+        return state
+
+    async def signal(self, signal: Signal[Any] | str, value: Any = None) -> None:
+        """Record a signal; returns once it is durable. A value that does not match the
+        signal's type is refused before anything is recorded. A stuck run (its code does
+        not match its journal) records it too; the run takes it once its code is fixed."""
+        sig = signal_of(signal)
+        names.name(sig.name, "signal name")
+        payload = codec.convert(value, sig.type, f"signal '{sig.name}'")[0]
+        await self._signal_bytes(sig.name, payload)
+
+    async def _signal_bytes(self, name: str, payload: bytes) -> None:
+        shard = self._shard
+        state = await self._running(shard)
+        state.event(R.SignalReceived(name, payload))
+        await shard.durable_at(state.last_lsn)
+
+    async def query(self, query: Query[Any, Any] | str, arg: Any = None) -> Any:
+        """Answer from the run's state; released once the state it read is durable."""
+        q = query_of(query)
+        names.name(q.name, "query name")
+        shard = self._shard
+        value = codec.convert(arg, q.arg, "query argument")[1]
+        state = await self._loaded(shard)
+        if state is None:
+            stored = await shard.finished_run(self.id)
+            if stored is None:
+                await self._refuse(shard, NotFoundError(f"no workflow '{self.id}'", workflow_id=self.id))
+            assert stored is not None
+            await self._refuse(
+                shard,
+                RejectedError(
+                    f"workflow '{self.id}' has ended ({stored.status}); queries need a running run"
+                ),
+            )
+        assert state is not None
+        try:
+            self._check_answerable(shard, state, "query")
+        except RejectedError as error:
+            await self._refuse(shard, error)
+        if state.final:
+            await self._refuse(
+                shard,
+                RejectedError(f"workflow '{self.id}' has ended ({state.status}); queries need a running run"),
+            )
+        handler = state.query_handlers.get(q.name)
+        if handler is None:
+            await self._refuse(
+                shard,
+                RejectedError(
+                    f"workflow '{self.id}' has no handler for query '{q.name}' "
+                    f"(handlers: {', '.join(sorted(state.query_handlers)) or 'none'})"
+                ),
+            )
+        assert handler is not None
+        try:
+            answer = handler[1](value)
+        except Exception as exc:  # noqa: BLE001 - the handler's failure, as an envelope
+            await self._refuse(shard, WorkflowError(failure_from(exc, self.engine.record_stacks)))
+        if inspect.isawaitable(answer):
+            _close(answer)
+            await self._refuse(
+                shard, RejectedError(f"query '{q.name}': a query handler must be a plain function, not async")
+            )
+        data = codec.encode(answer, f"query '{q.name}' answer")
+        await shard.durable_at(state.last_lsn)
+        return codec.decode(data, q.result, f"query '{q.name}' answer")
+
+    def _check_answerable(self, shard: Shard, state: RunState, what: str) -> None:
+        """A run whose code cannot run here has no handlers to ask (checked before the
+        durability wait of the refusal, which the caller does)."""
+        if state.status == "stuck" and state.stuck_error is not None:
+            raise RejectedError(f"{what} refused: {state.stuck_error.message}")
+        if state.status == "waiting_for_code":
+            raise RejectedError(
+                f"{what} refused: workflow '{self.id}' waits for the code of its type '{state.type}', "
+                "which this engine does not have registered"
+            )
+
+    async def update(self, update: Update[Any, Any] | str, arg: Any = None, *, id: str | None = None) -> Any:
+        """Run an update's handler in the workflow. The validator runs first (a refusal
+        records nothing); the same update ID gets the recorded result."""
+        u = update_of(update)
+        names.name(u.name, "update name")
+        update_id = names.name(id, "update ID") if id is not None else str(uuid.uuid4())
+        shard = self._shard
+        data, value = codec.convert(arg, u.arg, f"update '{u.name}' argument")
+        state = await self._loaded(shard)
+        if state is None:
+            finished = await shard.finished_run(self.id)
+            done = finished and next(
+                (r for r in finished.journal if isinstance(r, R.UpdateDone) and r.id == update_id), None
+            )
+            if done:
+                return _update_result(u, done)
+            await self._refuse(shard, NotFoundError(f"no running workflow '{self.id}'", workflow_id=self.id))
+        assert state is not None
+        done = _recorded_update(state, update_id)
+        if done is not None:
+            await shard.durable_at(state.last_lsn)
+            return _update_result(u, done)
+        if state.final:
+            await self._refuse(shard, NotFoundError(f"no running workflow '{self.id}'", workflow_id=self.id))
+        if update_id in state.updates_accepted:
+            return _update_result(u, await self._update_waiter(shard, update_id))
+        try:
+            self._check_answerable(shard, state, f"update '{u.name}'")
+        except RejectedError as error:
+            await self._refuse(shard, error)
+        handler = state.update_handlers.get(u.name)
+        if handler is None:
+            await self._refuse(
+                shard,
+                RejectedError(
+                    f"workflow '{self.id}' has no handler for update '{u.name}' "
+                    f"(handlers: {', '.join(sorted(state.update_handlers)) or 'none'})"
+                ),
+            )
+        assert handler is not None
+        validate = handler[2]
+        if validate is not None:
+            try:
+                verdict = validate(value)
+            except Exception as exc:  # noqa: BLE001 - a refusal, whatever its type
+                await self._refuse(shard, RejectedError(f"update '{u.name}' refused: {exc}"))
+            if inspect.isawaitable(verdict):
+                _close(verdict)
+                await self._refuse(
+                    shard,
+                    RejectedError(f"update '{u.name}': a validator must be a plain function, not async"),
+                )
+            if isinstance(verdict, str) or verdict is False:
+                await self._refuse(
+                    shard, RejectedError(f"update '{u.name}' refused: {verdict or 'the validator said no'}")
+                )
+        fut = self._update_waiter(shard, update_id)
+        state.event(R.UpdateAccepted(update_id, u.name, data))
+        return _update_result(u, await fut)
+
+    def _update_waiter(self, shard: Shard, update_id: str) -> asyncio.Future[R.UpdateDone]:
+        fut: asyncio.Future[R.UpdateDone] = asyncio.get_running_loop().create_future()
+        shard.update_waiters.setdefault((self.id, update_id), []).append(fut)
+        return fut
+
+    async def _await_update(self, state: RunState, u: Update[Any, Any], update_id: str) -> Any:
+        """The answer to an update that rode in `state`'s start record. The run object is
+        the one the start made, even if it has ended or continued as new since (its
+        results are still on it)."""
+        shard = self._shard
+        done = _recorded_update(state, update_id)
+        if done is not None:
+            await shard.durable_at(state.last_lsn)
+            return _update_result(u, done)
+        if state.final or state.status == "stuck":
+            await self._refuse(
+                shard,
+                RejectedError(
+                    f"update '{u.name}' has no answer: workflow '{self.id}' "
+                    + ("is stuck" if state.status == "stuck" else f"ended ({state.status})")
+                    + " before the update finished"
+                ),
+            )
+        return _update_result(u, await self._update_waiter(shard, update_id))
+
+    async def result(self) -> Out:
+        """The run's result (following continue-as-new); raises its failure."""
+        shard = self._shard
+        while True:
+            state: Any = shard.runs.get(self.id)
+            if state is None:
+                state = await shard.finished_run(self.id)
+                if state is None or state.status not in FINISHED:
+                    # Parked or waiting for code: loaded, so a run whose code no longer
+                    # matches its journal is found stuck rather than waited on for ever.
+                    state = await shard.load(self.id) or state
+                if state is None:
+                    await self._refuse(shard, NotFoundError(f"no workflow '{self.id}'", workflow_id=self.id))
+            if state.status in FINISHED:
+                if isinstance(state, RunState):
+                    await shard.durable_at(state.last_lsn)
+                return self._outcome(state)
+            if state.status == "stuck" and self.engine.profile == "dev" and state.stuck_error:
+                raise state.stuck_error
+            fut: asyncio.Future[RunState] = asyncio.get_running_loop().create_future()
+            shard.result_waiters.setdefault(self.id, []).append(fut)
+            await fut
+
+    def _outcome(self, state: RunState | StoredRun) -> Out:
+        rec = state.outcome
+        assert isinstance(rec, R.Finished)
+        if rec.status == "ok":
+            wf = self.workflow or self.engine.workflows.get(state.type)
+            result: Out = codec.decode(
+                rec.value or b"null", wf.output_type if wf else Any, "the workflow's result"
+            )
+            return result
+        raise error_from(rec.failure or Failure(rec.status))
+
+    async def status(self) -> RunSummary:
+        return (await self.describe()).summary
+
+    async def describe(self) -> RunDescription:
+        """The summary and the journal, as records."""
+        shard = self._shard
+        state = await self._loaded(shard) or await shard.finished_run(self.id)
+        if state is None:
+            await self._refuse(shard, NotFoundError(f"no workflow '{self.id}'", workflow_id=self.id))
+        assert state is not None
+        description = RunDescription(
+            RunSummary(self.id, state.run_no, state.type, _status(state), shard.index), list(state.journal)
+        )
+        # What it shows leaves the process: only once every record behind it is durable.
+        await shard.durable_at(shard.appended)
+        return description
+
+    async def cancel(self, reason: str | None = None) -> None:
+        """Ask the run to stop: its code gets CancelledError at the operations it waits
+        on, and its compensations run. A stuck run records the request and takes it once
+        its code is fixed."""
+        reason = names.text(reason, "cancel reason")
+        shard = self._shard
+        state = await self._running(shard)
+        state.event(R.CancelRequested(reason))
+        await shard.durable_at(state.last_lsn)
+
+    async def terminate(self, reason: str | None = None) -> None:
+        """End the run at once: nothing of its code runs after this, not even compensation."""
+        reason = names.text(reason, "terminate reason")
+        shard = self._shard
+        state = await self._running(shard)
+        state.end(R.Finished("terminated", failure=Failure(reason or "terminated", type="Terminated")))
+        await shard.durable_at(state.last_lsn)
+
+
+def _close(awaitable: Any) -> None:
+    close = getattr(awaitable, "close", None)
+    if close is not None:
+        close()
+
+
+def _recorded_update(state: RunState, update_id: str) -> R.UpdateDone | None:
+    """An update's recorded answer. A stuck run has records its replay did not reach, and
+    a run waiting for its code has not been replayed at all: its answer may be among them."""
+    done = state.update_results.get(update_id)
+    if done is None and state.status in ("stuck", "waiting_for_code"):
+        done = next((r for r in state.journal if isinstance(r, R.UpdateDone) and r.id == update_id), None)
+    return done
+
+
+def _update_result(u: Update[Any, Any], rec: R.UpdateDone) -> Any:
+    if rec.failure is not None:
+        raise error_from(rec.failure)
+    return codec.decode(rec.value or b"null", u.result, f"update '{u.name}' result")
+
+
+def _status(state: RunState | StoredRun) -> str:
+    return "running" if state.status == "running" else state.status
