@@ -546,3 +546,26 @@ async def test_an_update_whose_run_ends_first_is_refused_and_other_runs_updates_
     await t.settle()
     assert not waiting.done()
     waiting.cancel()
+
+
+# -- what invoked workers read: next due ------------------------------------------------------
+
+
+@fusee.workflow("edges-wait-then-sleep")
+async def wait_then_sleep(ctx: fusee.Ctx) -> str | None:
+    got: str | None = await ctx.wait_for("go", timeout="1h")  # the run's first operation
+    await ctx.sleep("long", "1d")
+    return got
+
+
+async def test_a_wait_answered_before_its_timeout_leaves_no_due_time_behind(kit):
+    """Once the signal answers the wait, its timeout is no longer the shard's next due time
+    (a worker would be invoked for nothing in an hour): the one-day sleep is."""
+    t = await kit(wait_then_sleep, shards=1)
+    await t.start(wait_then_sleep, "wts-1")
+    await t.settle()
+    shard = t.engine.shards[0]
+    assert shard.next_due_ms() - t.now_ms() == 3_600_000
+    await t.engine.run("wts-1").signal("go", "now")
+    await t.settle()
+    assert shard.next_due_ms() - t.now_ms() == 86_400_000
