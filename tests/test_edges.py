@@ -569,3 +569,73 @@ async def test_a_wait_answered_before_its_timeout_leaves_no_due_time_behind(kit)
     await t.engine.run("wts-1").signal("go", "now")
     await t.settle()
     assert shard.next_due_ms() - t.now_ms() == 86_400_000
+
+
+# -- async completion: engine.complete and engine.fail ------------------------------------------
+
+
+tokens: list[str] = []
+
+
+@fusee.workflow("edges-mail")
+async def mail(ctx: fusee.Ctx) -> str:
+    got: str = await ctx.await_completion("reply", lambda cb: tokens.append(cb.token))
+    return got
+
+
+async def test_a_completion_delivers_its_value_once_and_its_token_is_then_stale(kit):
+    tokens.clear()
+    t = await kit(mail)
+    await t.start(mail, "mail-1")
+    await t.settle()
+    assert len(tokens) == 1
+    await t.engine.complete(tokens[0], "yes")
+    assert await t.result("mail-1") == "yes"
+    with pytest.raises(fusee.RejectedError, match="stale"):
+        await t.engine.complete(tokens[0], "again")
+    assert [row["kind"] for row in await t.journal("mail-1")].count("Completed") == 1
+
+
+async def test_a_failed_completion_fails_the_step_with_its_message(kit):
+    tokens.clear()
+    t = await kit(mail)
+    await t.start(mail, "mail-2")
+    await t.settle()
+    await t.engine.fail(tokens[0], "the recipient refused")
+    with pytest.raises(fusee.StepError) as caught:
+        await t.result("mail-2")
+    assert caught.value.cause is not None and caught.value.cause.message == "the recipient refused"
+
+
+async def test_a_forged_or_garbled_completion_token_is_refused(kit):
+    tokens.clear()
+    t = await kit(mail)
+    await t.start(mail, "mail-3")
+    await t.settle()
+    body, mac = tokens[0].split(".")
+    forged = body + "." + ("A" if mac[0] != "A" else "B") + mac[1:]
+    with pytest.raises(fusee.RejectedError, match="stale"):
+        await t.engine.complete(forged, "forged")
+    for garbled in ("not a token", body, "!!." + mac, 42):
+        with pytest.raises(fusee.RejectedError, match="not a completion token"):
+            await t.engine.complete(garbled, "garbled")  # type: ignore[arg-type]
+    await t.engine.complete(tokens[0], "genuine")
+    assert await t.result("mail-3") == "genuine"
+
+
+# -- the codec: how deep a value may nest --------------------------------------------------------
+
+
+def nested(levels: int) -> Any:
+    value: Any = 0
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+async def test_a_value_may_nest_256_levels_and_brackets_inside_strings_do_not_count(kit):
+    t = await kit(anything)
+    await t.start(anything, "deep-256", nested(256))
+    await t.start(anything, "brackets", ["[{" * 400, {"k": "]}" * 400}])
+    with pytest.raises(fusee.CodecError, match="nests deeper than 256 levels"):
+        await t.start(anything, "deep-257", nested(257))
