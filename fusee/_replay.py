@@ -46,6 +46,8 @@ class Replayer:
 
     def replay(self, records: Sequence[R.Rec], wid: str = "replay", run_no: int = 1) -> None:
         """Raise DeterminismError naming the first difference between code and journal."""
+        if not records:
+            raise DeterminismError(f"run '{wid}': the journal is empty; a journal starts with Started")
         started = records[0]
         if not isinstance(started, R.Started):
             raise DeterminismError(
@@ -69,8 +71,15 @@ class Replayer:
 
     def replay_file(self, path: str) -> None:
         with open(path, "rb") as f:
-            document = msgspec.json.decode(f.read())
-        self.replay(journal_from_json(document["journal"]), document.get("id", path))
+            data = f.read()
+        try:
+            document = msgspec.json.decode(data)
+        except msgspec.DecodeError as error:
+            raise FuseeError(f"{path} is not JSON: {error}") from None
+        if not isinstance(document, dict) or "journal" not in document:
+            raise FuseeError(f'{path}: expected {{"id": ..., "journal": [records]}}')
+        wid = document.get("id", path)
+        self.replay(journal_from_json(document["journal"]), wid if isinstance(wid, str) else path)
 
 
 def journal_to_json(records: Sequence[R.Rec]) -> list[dict[str, Any]]:
@@ -117,25 +126,51 @@ _PAYLOAD_CACHE: dict[type, frozenset[str]] = {}
 
 
 def journal_from_json(rows: Sequence[dict[str, Any]]) -> list[R.Rec]:
-    """The inverse of `journal_to_json`."""
+    """The inverse of `journal_to_json`. An exported journal is outside input: a row that
+    is not a record of its kind, with fields of their types, is refused naming the row."""
+    if not isinstance(rows, list):
+        raise FuseeError(f"a journal is a list of records, not {type(rows).__name__}")
     records = []
-    for row in rows:
-        cls = _KINDS.get(row.get("kind", ""))
-        if cls is None:
-            raise FuseeError(f"unknown record kind {row.get('kind')!r}")
-        payloads = _payload_fields(cls)
-        fields: dict[str, Any] = {}
-        for name, value in row.items():
-            if name == "kind":
-                continue
-            if name in payloads:
-                is_raw = isinstance(value, dict) and set(value) == {"$bytes"}
-                value = codec.encode(bytes.fromhex(value["$bytes"]) if is_raw else value)
-            elif name in _NESTED:
-                value = _from_builtins(value, _NESTED[name])
-            fields[name] = value
-        records.append(cls(**fields))
+    for index, row in enumerate(rows):
+        try:
+            records.append(_record_of(row))
+        except FuseeError as error:
+            raise FuseeError(f"journal row {index}: {error.message}") from None
+        except (
+            TypeError,
+            ValueError,
+            KeyError,
+            AttributeError,
+            OverflowError,
+            msgspec.ValidationError,
+        ) as error:
+            raise FuseeError(f"journal row {index} is not a record: {error}") from None
     return records
+
+
+def _record_of(row: Any) -> R.Rec:
+    if not isinstance(row, dict):
+        raise FuseeError(f"a record is an object, not {type(row).__name__}")
+    kind = row.get("kind")
+    cls = _KINDS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise FuseeError(f"unknown record kind {kind!r}")
+    payloads = _payload_fields(cls)
+    fields: dict[str, Any] = {}
+    for name, value in row.items():
+        if name == "kind":
+            continue
+        if name in payloads:
+            is_raw = isinstance(value, dict) and set(value) == {"$bytes"}
+            value = codec.encode(bytes.fromhex(value["$bytes"]) if is_raw else value)
+        elif name in _NESTED:
+            value = _from_builtins(value, _NESTED[name])
+        fields[name] = value
+    rec = cls(**fields)
+    # Through the log's own codec: every field is then of its declared type, exactly as a
+    # record read back from disk is.
+    decoded: R.Rec = R.decode_entry(R.encode_entry(R.Entry("", 0, rec))).rec
+    return decoded
 
 
 def _from_builtins(value: Any, type_: Any) -> Any:
