@@ -10,6 +10,8 @@ regressions.
 from __future__ import annotations
 
 import asyncio
+import gc
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -351,3 +353,35 @@ async def test_repeating_an_answered_update_on_a_run_waiting_for_code_answers(mo
     await t.restart(workflows=CODE["absent"], clean=False)
     assert (await t.engine.run("a").status()).status == "waiting_for_code"
     assert await asyncio.wait_for(t.engine.run("a").update(BUMP, 5, id="u1"), ANSWER_S) == 4
+
+
+async def async_step() -> int:
+    await asyncio.sleep(0)
+    return 1
+
+
+@fusee.workflow("found.async_step")
+async def async_step_wf(ctx: fusee.Ctx) -> int:
+    got: int = await ctx.step("a", async_step)
+    return got
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="documented-errors: a crash (engine.abandon) while a step's task is created but not "
+    "yet started leaves the step function's coroutine never awaited (a RuntimeWarning when "
+    "it is collected; an error under filterwarnings=error)",
+)
+@pytest.mark.parametrize(("mode", "turns"), [("instant", 1), ("flush_on_turn", 0)])
+async def test_a_crash_before_a_step_task_starts_leaves_no_coroutine_unawaited(mode, turns):
+    t = await TestEngine.open(workflows=[async_step_wf], flush_on_turn=mode == "flush_on_turn")
+    OPENED.append(t)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        await t.engine.start(async_step_wf, "a")
+        for _ in range(turns):
+            await asyncio.sleep(0)  # the step's gate opened: its task exists, not yet run
+        await t.crash(settle=False)
+        await t.settle()
+        gc.collect()
+    assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []
