@@ -639,3 +639,21 @@ async def test_a_value_may_nest_256_levels_and_brackets_inside_strings_do_not_co
     await t.start(anything, "brackets", ["[{" * 400, {"k": "]}" * 400}])
     with pytest.raises(fusee.CodecError, match="nests deeper than 256 levels"):
         await t.start(anything, "deep-257", nested(257))
+
+
+# -- local mode: a log that stopped under the engine --------------------------------------------
+
+
+async def test_a_call_after_the_log_stopped_gets_io_error_not_a_hang(tmp_path):
+    """Once the data directory's log has stopped (as after a failed flush, or the kit's
+    crash), the next flush request is answered with the error: the start waiting on it
+    gets IoError at once."""
+    t = await TestEngine.open([waiter], shards=1, dir=tmp_path / "data")
+    try:
+        await t.start(waiter, "stopped-1")
+        await t.settle()
+        await t.storage.abandon()
+        with pytest.raises(fusee.IoError):
+            await asyncio.wait_for(t.start(waiter, "stopped-2"), 5)
+    finally:
+        t.engine.abandon()
