@@ -110,6 +110,9 @@ class Harness:
                 if self.dir is not None:
                     shutil.rmtree(self.dir, ignore_errors=True)
                 gc.collect()
+                # What lives on (hypothesis's own state) is not scanned again by the next
+                # sequence's collection; run_model unfreezes it at the end.
+                gc.freeze()
         unawaited = [str(w.message) for w in caught if "never awaited" in str(w.message)]
         if "unawaited-step" in AVOID:  # known: a step task cancelled before it started
             unawaited = [m for m in unawaited if "'_main'" in m or "run_handler" in m]

@@ -12,6 +12,7 @@ sequences from a random seed, printed; `FUSEE_MODEL_SEED=N` repeats one.
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import time
@@ -227,6 +228,7 @@ def run_model(mode: str, examples: int, seed: int) -> None:
         error.add_note(f"model test on {mode} storage: seed {seed} (repeat: FUSEE_MODEL_SEED={seed})")
         raise
     finally:
+        gc.unfreeze()
         print(f"model[{mode}]: {examples} sequences from seed {seed} in {time.monotonic() - started:.1f} s")
 
 
