@@ -59,6 +59,7 @@ class StepOp(Op):
 
     __slots__ = (
         "attempt",
+        "awaitable",
         "completion",
         "context",
         "first_failure_at",
@@ -95,6 +96,7 @@ class StepOp(Op):
         self.first_failure_at = 0
         self.retry_at = 0
         self.task: Any = None
+        self.awaitable: Any = None  # what the task awaits: the function's coroutine
         self.started = False
         # An async completion: the step's function sends the token, then the op waits
         # for `complete`/`fail` (it is `sent` once CompletionSent is recorded).

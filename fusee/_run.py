@@ -9,6 +9,7 @@ the same however many fibers the run has.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -512,7 +513,7 @@ class RunState:
                 self._cancel_op(watch)
 
     def _cancel_op(self, op: Op) -> None:
-        _stop_step(op)
+        stop_step(op)
         self.resolve(op, None, CancelledError(f"cancelled: {self.cancel_reason}", None, workflow_id=self.wid))
 
     def _apply_update_accepted(self, rec: R.UpdateAccepted) -> None:
@@ -645,7 +646,7 @@ class RunState:
         self.timers.clear()
         for op in self.ops.values():
             if not op.done:
-                _stop_step(op)
+                stop_step(op)
         self.ready.clear()
         self.close_fibers()
         if not self.replaying:
@@ -714,12 +715,17 @@ def _same_op(recorded: tuple[str, str], called: tuple[str, str]) -> bool:
     return recorded == called
 
 
-def _stop_step(op: Op) -> None:
+def stop_step(op: Op) -> None:
     """Stop a step's attempt: an async one is cancelled; a thread cannot be, so its step
     context says `cancelled` for the function to see."""
     task = getattr(op, "task", None)
     if task is not None:
         task.cancel()
+        # A task cancelled before its first turn never awaits the function's coroutine:
+        # close it, or it is reported as never awaited when it is collected.
+        awaitable = getattr(op, "awaitable", None)
+        if inspect.iscoroutine(awaitable) and inspect.getcoroutinestate(awaitable) == inspect.CORO_CREATED:
+            awaitable.close()
     context = getattr(op, "context", None)
     if context is not None:
         context.cancelled = True

@@ -30,7 +30,7 @@ from fusee._errors import (
 from fusee._index import RunIndex
 from fusee._messages import RESEND_MS, IndexEntry, Outbox
 from fusee._ops import StepOp
-from fusee._run import RunState
+from fusee._run import RunState, stop_step
 from fusee._steps import StepRunner
 from fusee._storage import ShardStore
 
@@ -767,7 +767,5 @@ class Shard(StepRunner, Delivery):
             self.timer_handle = None
         for run in self.runs.values():
             for op in run.ops.values():
-                task = getattr(op, "task", None)
-                if task is not None:
-                    task.cancel()
+                stop_step(op)
             run.close_fibers()

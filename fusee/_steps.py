@@ -153,11 +153,12 @@ class StepRunner:
         task = asyncio.ensure_future(_attempt(pending, op))
         current_step.reset(token)
         op.task = task
+        op.awaitable = pending
         task.add_done_callback(lambda t: self._task_done(run, op, t))
 
     def _task_done(self, run: RunState, op: StepOp, task: asyncio.Future[Any]) -> None:
         if op.task is task:
-            op.task = None
+            op.task = op.awaitable = None
         if task.cancelled() or op.done or run.final:
             return
         exc = task.exception()
