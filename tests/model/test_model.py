@@ -16,6 +16,7 @@ import gc
 import os
 import random
 import time
+import warnings
 from typing import Any
 
 import pytest
@@ -223,7 +224,12 @@ def run_model(mode: str, examples: int, seed: int) -> None:
     )
     started = time.monotonic()
     try:
-        use_seed(seed)(test)()
+        with warnings.catch_warnings():
+            if "unawaited-step" in AVOID:
+                # known: a step's coroutine the engine never ran warns when collected,
+                # possibly during a later sequence
+                warnings.filterwarnings("ignore", "coroutine '_gated", RuntimeWarning)
+            use_seed(seed)(test)()
     except BaseException as error:
         error.add_note(f"model test on {mode} storage: seed {seed} (repeat: FUSEE_MODEL_SEED={seed})")
         raise
