@@ -440,7 +440,9 @@ class Engine:
             state is None
             or op is None
             or op.done
-            or not getattr(op, "sent", False)
+            # The token is out once the send function has it: a completion may come back
+            # before that function returns (a fast webhook), and is taken then too.
+            or not (getattr(op, "sent", False) or getattr(op, "started", False))
             or getattr(op, "attempt", 0) != attempt
             or make_token(wid, run_no, seq, attempt, state.started.seed) != token
         ):

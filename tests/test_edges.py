@@ -665,15 +665,6 @@ async def test_a_call_after_the_log_stopped_gets_io_error_not_a_hang(tmp_path):
         t.engine.abandon()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "defect (fusee/_engine.py Engine._complete): a completion that arrives while the send "
-        "function still runs is refused as 'stale', though its token is the current attempt's and "
-        "the step has not finished (spec 21-features: only an older attempt's token or a finished "
-        "step is refused); a fast webhook's answer is lost"
-    ),
-)
 async def test_a_completion_that_arrives_while_send_still_runs_is_taken():
     sent: list[str] = []
     release = asyncio.Event()
