@@ -128,10 +128,9 @@ class Delivery:
             self.append_shard(R.Acked(msg.seq))
 
     def prepare_end(self, run: RunState, rec: R.Finished | R.ContinuedAsNew) -> None:
-        """Number the messages the end sends: the outcome to a parent, closes to children."""
-        if not isinstance(rec, R.Finished):
-            return
-        if run.started.parent is not None:
+        """Number the messages the end sends: the outcome to a parent (the chain's last run
+        sends it), closes to children (whatever way the run ended)."""
+        if isinstance(rec, R.Finished) and run.started.parent is not None:
             rec.msg = self.outbox.take_number()
         closes = []
         for child, close in _running_children(run):

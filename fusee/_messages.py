@@ -96,10 +96,10 @@ class Outbox:
             if number is not None:
                 self.pending.pop(number, None)
             return None
-        if kind is R.Finished:
-            assert isinstance(rec, R.Finished)
+        if kind is R.Finished or kind is R.ContinuedAsNew:
+            assert isinstance(rec, (R.Finished, R.ContinuedAsNew))
             out: list[Msg] = []
-            if rec.msg and parent is not None:
+            if isinstance(rec, R.Finished) and rec.msg and parent is not None:
                 out.append(
                     self._add(
                         Msg(

@@ -64,12 +64,15 @@ class Finished(Rec, tag=2):
 
 
 class ContinuedAsNew(Rec, tag=3):
-    """Ends the run and starts the next run of the same ID in one record."""
+    """Ends the run and starts the next run of the same ID in one record. `closes` are the
+    messages that apply the parent close policy to the run's unfinished children: the run
+    that started them has closed, as at any end."""
 
     input: bytes
     version: int
     seed: int
     now: int
+    closes: list[tuple[str, int, str]] = []
 
 
 # -- steps --------------------------------------------------------------------------

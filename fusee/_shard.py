@@ -146,6 +146,11 @@ class Shard(StepRunner, Delivery):
         saves a task and a turn of the loop per flush. The next flush is asked for at the
         end of this callback: whatever the released gates recorded is complete by then,
         so the records of one turn still share a batch."""
+        if self.closed:
+            # Abandoned (a crash) or closed: nothing is answered or released from here on,
+            # as nothing would be by a process that died.
+            self.flushing = False
+            return
         if isinstance(durable, BaseException):
             self.flushing = False
             log.error("shard %d: flush failed, the shard stops: %s", self.index, durable)
@@ -163,7 +168,10 @@ class Shard(StepRunner, Delivery):
         load and an idle shard flushes a lone record at once."""
         try:
             while self.durable < self.appended and not self.closed:
-                self.durable = await self.store.flush()
+                durable = await self.store.flush()
+                if self.closed:
+                    break  # abandoned meanwhile: nothing is released
+                self.durable = durable
                 self._release()
         except Exception as exc:  # noqa: BLE001
             # Never acknowledge after a failed flush: the kernel may have dropped the
@@ -264,6 +272,8 @@ class Shard(StepRunner, Delivery):
             # closed) is not driven: its coroutines are closed.
             if not self.closed and self.runs.get(run.wid) is run:
                 run.drive()
+            elif self.closed:
+                run.close_fibers()  # made after the shard let go: never to run
 
     def turn(self, run: RunState) -> None:
         """Give a scheduled run its turn now: a call (a query, an update) must see the run

@@ -328,3 +328,23 @@ async def test_registering_the_code_later_resumes_a_waiting_run(kit):
     await t.settle()
     await t.engine.run("o-1").signal("go", "registered")
     assert await t.result("o-1") == "registered"
+
+
+@fusee.workflow("renewing")
+async def renewing(ctx: fusee.Ctx, n: int) -> str:
+    if n == 0:
+        await ctx.start_child(kid_sleeper, "renewing-kid")
+        ctx.continue_as_new(1)
+    await ctx.sleep("long", "1d")
+    return "renewed"
+
+
+async def test_continue_as_new_applies_the_parent_close_policy_to_its_children(kit):
+    """The run that started the child closed: its children get the parent close policy,
+    as at any end (Temporal does the same)."""
+    t = await kit(renewing, kid_sleeper)
+    await t.start(renewing, "r-1", 0)
+    await t.settle()
+    await t.advance("1s")
+    assert (await t.engine.run("r-1").describe()).summary.run == 2
+    assert (await t.engine.run("renewing-kid").status()).status == "terminated"
