@@ -141,8 +141,9 @@ class Delivery:
 
 def _running_children(run: RunState) -> list[tuple[str, str]]:
     """The children a run started that have not ended, with their close policy. A run
-    without its code was never replayed: they are read from its journal instead."""
-    if run.workflow is not None:
+    without its code was never replayed, and a stuck one only up to where its code
+    differs: theirs are read from the journal instead."""
+    if run.workflow is not None and run.status != "stuck":
         out = []
         for seq, child in run.children.items():
             op = run.ops.get(seq)

@@ -432,3 +432,33 @@ async def test_a_shard_closed_during_its_checkpoint_still_gets_the_second_copy(t
     assert store.files.checkpoint_positions() == [5, 5]
     await storage.close()
     assert storage.log.segment_ids() == [2], "the log moved to an empty segment"
+
+
+def open_files() -> list[str]:
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            continue
+    return out
+
+
+async def test_a_closed_or_abandoned_directory_holds_no_file_even_while_its_engine_lives(
+    tmp_path: Path,
+) -> None:
+    """The engine's objects refer to each other in cycles: a close (or a crash's abandon)
+    lets go of every file at once, not when a collection finds the engine."""
+    kept: list[object] = []
+    for n in range(3):
+        data = tmp_path / f"data-{n}"
+        engine = await fusee.Engine.open(str(data), workflows=[napper], shards=2)
+        await engine.start(napper, "n-1", 1)
+        kept.append(engine)  # still referenced: only the close may release the files
+        if n == 2:
+            engine.abandon()
+            await engine.storage.abandon()  # type: ignore[attr-defined]
+        else:
+            await engine.close()
+        held = [f for f in open_files() if str(data) in f]
+        assert held == [], held

@@ -348,3 +348,29 @@ async def test_continue_as_new_applies_the_parent_close_policy_to_its_children(k
     await t.advance("1s")
     assert (await t.engine.run("r-1").describe()).summary.run == 2
     assert (await t.engine.run("renewing-kid").status()).status == "terminated"
+
+
+@fusee.workflow("shifty_parent")
+async def shifty_parent_v1(ctx: fusee.Ctx) -> None:
+    await ctx.step("one", lambda: 1)
+    await ctx.start_child(kid_sleeper, "shifty-kid")
+    await ctx.wait_for("never")
+
+
+@fusee.workflow("shifty_parent")
+async def shifty_parent_v2(ctx: fusee.Ctx) -> None:
+    await ctx.step("renamed", lambda: 1)
+    await ctx.wait_for("never")
+
+
+async def test_terminating_a_stuck_run_closes_the_children_its_journal_shows_running(kit):
+    """Its replay stopped before the child: the journal, not the replay, says which
+    children are running (found by the model-based test, seed 3529483422)."""
+    t = await kit(shifty_parent_v1, kid_sleeper)
+    await t.start(shifty_parent_v1, "sp-1")
+    await t.settle()
+    await t.restart([shifty_parent_v2, kid_sleeper], clean=False)
+    assert (await t.engine.run("sp-1").status()).status == "stuck"
+    await t.engine.run("sp-1").terminate()
+    await t.settle()
+    assert (await t.engine.run("shifty-kid").status()).status == "terminated"

@@ -19,6 +19,7 @@ import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NoReturn
 
 from fusee._errors import IoError, RejectedError
 from fusee._storage import Durability, Recovered
@@ -195,7 +196,19 @@ class LocalStorage:
         self.failed = RuntimeError("abandoned")
         self._stop_writer()
         self._shutdown()
+        self._release_files()
         self.directory.release()
+
+    def _release_files(self) -> None:
+        """Let go of the native objects that hold the directory's files, so they close now:
+        the engine's objects refer to each other in cycles, and an engine dropped after its
+        close would otherwise keep its segment and run-store files open until the cyclic
+        collector ran (a process that opens many engines runs out of descriptors). A late
+        call on a closed storage gets IoError."""
+        for store in self.stores.values():
+            store.files = _CLOSED  # type: ignore[assignment]
+            store.log = _CLOSED  # type: ignore[assignment]
+        self.log = _CLOSED  # type: ignore[assignment]
 
     def _shutdown(self) -> None:
         # A checkpoint under way finishes before the lock is released, so it cannot land
@@ -209,7 +222,18 @@ class LocalStorage:
         if self.failed is None and len(self.stores) == self.shards:
             await self.retire(fresh=True)
         self._shutdown()
+        self._release_files()
         self.directory.release()
+
+
+class _Closed:
+    """Stands where the native objects were once the storage is closed."""
+
+    def __getattr__(self, name: str) -> NoReturn:
+        raise IoError("the data directory was closed; open it again")
+
+
+_CLOSED = _Closed()
 
 
 class LocalShardStore:
