@@ -53,6 +53,7 @@ class LocalStorage:
         self.waiters: list[tuple[int, int, asyncio.Future[int] | Callable[[int | BaseException], None]]] = []
         self.notify_fd = -1
         self.failed: BaseException | None = None
+        self.released = False  # closed or abandoned: its native objects are let go
 
     @classmethod
     async def open(
@@ -193,6 +194,8 @@ class LocalStorage:
         """Stop as a crash would (the test kit's `crash()`): nothing more is written; a
         write under way finishes before the lock is released, so it cannot land after the
         next open began writing."""
+        if self.released:
+            return  # closed or abandoned already
         self.failed = RuntimeError("abandoned")
         self._stop_writer()
         self._shutdown()
@@ -205,6 +208,7 @@ class LocalStorage:
         close would otherwise keep its segment and run-store files open until the cyclic
         collector ran (a process that opens many engines runs out of descriptors). A late
         call on a closed storage gets IoError."""
+        self.released = True
         for store in self.stores.values():
             store.files = _CLOSED  # type: ignore[assignment]
             store.log = _CLOSED  # type: ignore[assignment]
@@ -217,6 +221,8 @@ class LocalStorage:
         self.executor.shutdown(wait=True)
 
     async def close(self) -> None:
+        if self.released:
+            return  # closed or abandoned already
         self._stop_writer()  # lets a write under way finish
         self._written()
         if self.failed is None and len(self.stores) == self.shards:
