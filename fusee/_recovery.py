@@ -135,7 +135,9 @@ def _revive(shard: Shard, wid: str, run_no: int, records: list[R.Rec], base: Ind
         shard.index_entries.put(wid, IndexEntry(wid, run_no, type_, last.status, ref))
         return
     run = shard.revive(wid, run_no, records)
-    if run.final:
-        shard.runs.pop(wid, None)
+    if run.final and shard.runs.get(wid) is run:
+        # Ended in its replay. (A run that continued as new there began its next run,
+        # which is the ID's run now: that one stays.)
+        del shard.runs[wid]
         ref = shard.store.put_run(R.encode_frame(R.Frame(wid, run_no, run.journal)))
         shard.index_entries.put(wid, IndexEntry(wid, run_no, run.type, run.status, ref))

@@ -272,8 +272,8 @@ class Shard(StepRunner, Delivery):
             # closed) is not driven: its coroutines are closed.
             if not self.closed and self.runs.get(run.wid) is run:
                 run.drive()
-            elif self.closed:
-                run.close_fibers()  # made after the shard let go: never to run
+            else:
+                run.close_fibers()  # let go of before its turn: never to run
 
     def turn(self, run: RunState) -> None:
         """Give a scheduled run its turn now: a call (a query, an update) must see the run
@@ -774,7 +774,7 @@ class Shard(StepRunner, Delivery):
         if self.timer_handle is not None:
             self.timer_handle.cancel()
             self.timer_handle = None
-        for run in self.runs.values():
+        for run in [*self.runs.values(), *self.ready]:
             for op in run.ops.values():
                 stop_step(op)
             run.close_fibers()

@@ -324,3 +324,26 @@ async def test_an_unacknowledged_message_makes_its_resend_the_next_due_time():
     assert shard.next_due_ms() == clock.now_ms() + 1000
     assert not shard.idle()
     await engine.close()
+
+
+@fusee.workflow("renewer")
+async def renewer(ctx: fusee.Ctx, n: int) -> int:
+    if n == 0:
+        ctx.continue_as_new(1)
+    got: int = await ctx.wait_for("go")
+    return got
+
+
+async def test_a_run_that_continues_as_new_in_its_recovery_keeps_its_next_run():
+    """The crash lost the record of run 1 continuing as new; replayed, its code continues
+    as new again and begins run 2. Recovery must keep run 2 as the ID's run, not file the
+    ID away as 'continued' with no run after it (found by the model test, seed 846186137)."""
+    t = await TestEngine.open([renewer], shards=1)
+    store = t.storage.stores[0]
+    store.append(R.encode_entry(R.Entry("r-1", 1, R.Started("renewer", 1, b"0", t.now_ms(), 1))))
+    await t.crash()
+    run = t.engine.run("r-1")
+    assert (await run.describe()).summary.run == 2
+    await run.signal("go", 7)
+    assert await t.result("r-1") == 7
+    await t.close()
