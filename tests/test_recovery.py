@@ -347,3 +347,60 @@ async def test_a_run_that_continues_as_new_in_its_recovery_keeps_its_next_run():
     await run.signal("go", 7)
     assert await t.result("r-1") == 7
     await t.close()
+
+
+async def test_a_message_unacknowledged_at_a_checkpoint_goes_out_again_after_reopening():
+    """The checkpoint holds the outbox: a child's start that shard 1 never acknowledged
+    (nobody held shard 1) is sent again by the next engine, and the child runs once."""
+    storage = MemoryStorage(2)
+    engine = await fusee.Engine.open(workflows=[mother, kid], storage=storage, shard_ids=[0])
+    parent = next(f"m-{i}" for i in range(100) if engine.shard_index(f"m-{i}") == 0)
+    child = next(f"k-{i}" for i in range(100) if engine.shard_index(f"k-{i}") == 1)
+    await engine.start(mother, parent, child)
+    await eventually(lambda: engine.unrouted)
+    await engine.close()  # flush, then a checkpoint with the start still pending
+    assert not storage.stores[0].log[storage.stores[0].checkpoint_position - storage.stores[0].log_start :]
+    effects.clear()
+    engine = await fusee.Engine.open(workflows=[mother, kid], storage=storage)
+    try:
+        assert await asyncio.wait_for(engine.run(parent).result(), 5) == 42
+        assert effects == ["kid-41"]
+    finally:
+        await engine.close()
+
+
+@fusee.workflow("waits-for-go")
+async def waits_for_go(ctx: fusee.Ctx) -> str:
+    got: str = await ctx.wait_for("go")
+    return got
+
+
+async def test_a_child_loaded_at_a_checkpoint_that_ends_after_it_sends_its_result_again():
+    """A child was loaded when the checkpoint was taken (so its journal starts in a frame,
+    with its parent in the frame's first record) and ended after it; the crash came before
+    the parent acknowledged the result. Recovery must find the parent in the frame and
+    send the result again, or the parent waits for ever."""
+    storage = MemoryStorage(2)
+    engine = await fusee.Engine.open(workflows=[waits_for_go], storage=storage, shard_ids=[0])
+    child = next(f"c-{i}" for i in range(100) if engine.shard_index(f"c-{i}") == 0)
+    shard = engine.by_index[0]
+    parent = R.Parent(1, "the-parent", 1, 3)
+    await shard.receive(Msg("start", 1, 5, child, name="waits-for-go", value=b"[]", parent=parent, op=3))
+    await eventually(lambda: child in shard.runs)
+    await shard.checkpoint(wait=True)
+    await engine.run(child).signal("go", "done")
+    assert await asyncio.wait_for(engine.run(child).result(), 5) == "done"
+
+    def results() -> list[Msg]:
+        return [m for _, m in engine.unrouted if isinstance(m, Msg) and m.kind == "result"]
+
+    await eventually(results)
+    sent = results()[0]
+    engine.abandon()  # a crash: shard 1 never acknowledged the result
+    engine = await fusee.Engine.open(workflows=[waits_for_go], storage=storage, shard_ids=[0])
+    try:
+        await eventually(results)
+        again = results()[0]
+        assert (again.target, again.seq, again.value) == ("the-parent", sent.seq, sent.value)
+    finally:
+        await engine.close()
