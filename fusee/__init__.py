@@ -1,19 +1,6 @@
 """Fusee: durable workflows in plain async Python."""
 
 from fusee._clock import SystemClock, VirtualClock
-from fusee._ctx import ChildHandle, Completion, Ctx, StepContext
-from fusee._definitions import (
-    Query,
-    Retry,
-    Signal,
-    Update,
-    Workflow,
-    query,
-    signal,
-    update,
-    workflow,
-)
-from fusee._engine import Engine
 from fusee._errors import (
     AlreadyExistsError,
     BusyError,
@@ -35,9 +22,22 @@ from fusee._errors import (
     UnknownWorkflowError,
     WorkflowError,
 )
-from fusee._handle import Run, RunDescription, RunSummary
-from fusee._replay import Replayer
-from fusee._storage import Durability
+from fusee.engine.engine import Engine
+from fusee.engine.handle import Run, RunDescription, RunSummary
+from fusee.engine.replay import Replayer
+from fusee.storage import Durability
+from fusee.workflow.ctx import ChildHandle, Completion, Ctx, StepContext
+from fusee.workflow.definitions import (
+    Query,
+    Retry,
+    Signal,
+    Update,
+    Workflow,
+    query,
+    signal,
+    update,
+    workflow,
+)
 
 __version__ = "0.1.0"
 

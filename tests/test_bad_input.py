@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import fusee
-from fusee import _records as R
+from fusee import journal as R
 from fusee.testing import TestEngine
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import fusee
-from fusee import _records as R
+from fusee import journal as R
 
 SHARDS = 2
 SEGMENT_BYTES_MIN, SEGMENT_BYTES_MAX = 16 << 10, 32 << 10  # small: many rolls

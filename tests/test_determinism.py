@@ -2,7 +2,7 @@
 
 Each test starts a run under version 1 of a workflow, lets it record some operations,
 then swaps in version 2 (the same workflow name) and crashes, so recovery replays the
-journal against the new code. Also `fusee._replay.Replayer` used directly.
+journal against the new code. Also `fusee.engine.replay.Replayer` used directly.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import asyncio
 import pytest
 
 import fusee
-from fusee import _records as R
-from fusee._replay import Replayer
+from fusee import journal as R
+from fusee.engine.replay import Replayer
 
 calls: list[str] = []
 

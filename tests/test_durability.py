@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 
 import fusee
-from fusee import _records as R
+from fusee import journal as R
 from fusee.testing import TestEngine
 
 seen: list[tuple[str, int, int]] = []
 
 
-def store_of(t: TestEngine, wid: str) -> fusee._storage.MemoryShardStore:
+def store_of(t: TestEngine, wid: str) -> fusee.storage.MemoryShardStore:
     return t.storage.stores[t.engine.shard_index(wid)]
 
 
@@ -186,7 +186,7 @@ async def test_a_message_leaves_only_once_the_record_that_sends_it_is_durable():
     early: list[str] = []  # collected, not raised: the engine would swallow an exception here
     route = t.engine.route
 
-    def checked_route(msg: fusee._messages.Msg) -> None:
+    def checked_route(msg: fusee.engine.outbox.Msg) -> None:
         store = t.storage.stores[msg.src]
         durable = [R.decode_entry(e).rec for e in store.log[: store.durable - store.log_start]]
         numbers = {getattr(r, "msg", 0) for r in durable}

@@ -16,9 +16,9 @@ import msgspec
 import pytest
 
 import fusee
-from fusee._index import RunIndex
-from fusee._messages import Ack, IndexEntry, Msg
-from fusee._storage import MemoryShardStore, MemoryStorage
+from fusee.engine.index import RunIndex
+from fusee.journal import Ack, IndexEntry, Msg
+from fusee.storage import MemoryShardStore, MemoryStorage
 from fusee.testing import TestEngine
 from tests.conftest import eventually
 from tests.test_shard_failures import SlowReads

@@ -2,7 +2,7 @@
 every test run, so a change that would strand running workflows fails here first.
 
 Each file is `{"id": ..., "workflow": <type>, "journal": [rows]}` with rows as
-`fusee._replay.journal_to_json` writes them. They were made by running the workflows below
+`fusee.engine.replay.journal_to_json` writes them. They were made by running the workflows below
 once on a TestEngine; to make them again (only when a change is meant to break old runs):
 
     python -m tests.test_golden --write
@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import fusee
-from fusee._replay import Replayer, journal_from_json, journal_to_json
+from fusee.engine.replay import Replayer, journal_from_json, journal_to_json
 
 GOLDEN = Path(__file__).parent / "golden"
 NONDETERMINISTIC = "nondeterministic.json"

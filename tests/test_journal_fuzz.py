@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fusee
-from fusee._replay import Replayer, journal_from_json
+from fusee.engine.replay import Replayer, journal_from_json
 from tests.test_golden import GOLDEN, g_approval, g_child, g_parent, g_pay, g_retry
 
 REPLAYER = Replayer([g_retry, g_approval, g_parent, g_child, g_pay])

@@ -538,7 +538,7 @@ async def dup_collector(ctx: fusee.Ctx) -> list[str]:
 async def test_a_duplicate_arriving_while_its_run_loads_is_applied_once():
     """Two copies of one message (a resend) reach a parked run whose frame takes a while to
     read: both wait for the same load; only one may be applied."""
-    from fusee._messages import Msg
+    from fusee.journal import Msg
     from tests.test_shard_failures import SlowReads
 
     clock = fusee.VirtualClock()

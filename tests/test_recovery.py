@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 
 import fusee
-from fusee import _records as R
-from fusee._messages import Msg
-from fusee._storage import MemoryShardStore, MemoryStorage
+from fusee import journal as R
+from fusee.journal import Msg
+from fusee.storage import MemoryShardStore, MemoryStorage
 from fusee.testing import TestEngine
 from tests.conftest import eventually
 

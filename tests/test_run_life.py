@@ -11,7 +11,7 @@ import time
 import pytest
 
 import fusee
-from fusee import _records as R
+from fusee import journal as R
 from fusee.testing import TestEngine
 
 count = fusee.query("count", None, int)

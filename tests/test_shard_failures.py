@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import fusee
-from fusee._storage import MemoryShardStore, MemoryStorage
+from fusee.storage import MemoryShardStore, MemoryStorage
 from fusee.testing import TestEngine
 
 

@@ -8,7 +8,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # What workflow code calls into: the context, operations, the run's scheduler, definitions.
-WORKFLOW_FACING = ["fusee/_ctx.py", "fusee/_ops.py", "fusee/_run.py", "fusee/_definitions.py"]
+WORKFLOW_FACING = [
+    "fusee/workflow/ctx.py",
+    "fusee/workflow/ops.py",
+    "fusee/engine/run.py",
+    "fusee/workflow/definitions.py",
+]
 FORBIDDEN = re.compile(r"\btime\.time\b|^\s*import random\b|\brandom\.|\buuid4\b|\basyncio\.sleep\b")
 ALLOW = "# tidy: recorded"
 

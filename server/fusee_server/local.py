@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from fusee._errors import IoError, RejectedError
-from fusee._storage import Durability, Recovered
+from fusee.storage import Durability, Recovered
 from fusee_server import _native
 
 logger = logging.getLogger("fusee.local")

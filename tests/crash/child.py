@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import fusee
-from fusee import _records as R
+from fusee import journal as R
 
 PID = os.getpid()
 files: dict[str, int] = {}

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from fusee import _records as R
-from fusee._index import BUCKET_MS, key_of
-from fusee._shard import IDLE_DUE_MS
+from fusee import journal as R
+from fusee.engine.index import BUCKET_MS, key_of
+from fusee.engine.shard import IDLE_DUE_MS
 
 from .harness import Harness, Violation
 from .journal import FINAL, Reading, live_due, read, wakeable

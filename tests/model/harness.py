@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import fusee
-from fusee import _records as R
-from fusee._engine import parse_token
-from fusee._index import BUCKET_MS
-from fusee._ops import StepOp
+from fusee import journal as R
+from fusee.engine.engine import parse_token
+from fusee.engine.index import BUCKET_MS
 from fusee.testing import TestEngine
+from fusee.workflow.ops import StepOp
 
 from .journal import live_due, read
 from .known import AVOID

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from fusee import _records as R
+from fusee import journal as R
 
 FINAL = ("ok", "failed", "cancelled", "timed_out", "terminated", "continued")
 
@@ -53,7 +53,7 @@ def read(journal: list[R.Rec]) -> Reading:
 
 
 class _Reader:
-    """One method per record kind, as the run has (fusee/_run.py)."""
+    """One method per record kind, as the run has (fusee/engine/run.py)."""
 
     def __init__(self) -> None:
         self.out = Reading()

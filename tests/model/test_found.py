@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import fusee
-from fusee import _records as R
+from fusee import journal as R
 from fusee.testing import TestEngine
 
 from .workflows import BUMP, CODE, GO, LEDGER, PLAN, TIMED, TIMED_MS, Plan

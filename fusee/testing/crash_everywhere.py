@@ -16,10 +16,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fusee import _records as R
-from fusee._definitions import Workflow
+from fusee import journal as R
 from fusee._errors import FuseeError
-from fusee._storage import MemoryShardStore, MemoryStorage
+from fusee.storage import MemoryShardStore, MemoryStorage
+from fusee.workflow.definitions import Workflow
 
 if TYPE_CHECKING:
     from fusee.testing import TestEngine

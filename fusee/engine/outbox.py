@@ -11,35 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import msgspec
-
-from fusee import _records as R
+from fusee import journal as R
 from fusee._errors import Failure
+from fusee.journal import Msg
 
 RESEND_MS = 1000
-
-
-class Msg(msgspec.Struct, array_like=True, omit_defaults=True):
-    kind: str  # start, signal, cancel, terminate, result
-    src: int  # sending shard
-    seq: int  # the sender's message number
-    target: str  # the workflow ID it is for
-    run: int = 0  # result: the parent's run
-    name: str | None = None  # start: workflow type; signal: its name
-    value: bytes | None = None
-    failure: Failure | None = None
-    parent: R.Parent | None = None
-    reason: str | None = None
-    timeout: int = 0
-    op: int = -1  # the sender's operation waiting for the answer (start, signal, cancel)
-
-
-class Ack(msgspec.Struct, array_like=True, omit_defaults=True):
-    """The receiver's answer: it applied message `seq` of shard `src` (durably)."""
-
-    src: int
-    seq: int
-    failure: Failure | None = None
 
 
 @dataclass(slots=True)
@@ -145,27 +121,3 @@ class Outbox:
         if pending is not None and pending.msg.op >= 0:
             self.by_op.pop((pending.wid, pending.run, pending.msg.op), None)
         return pending
-
-
-class IndexEntry(msgspec.Struct, array_like=True):
-    """A run the shard does not hold in memory (or, in a checkpoint, any run)."""
-
-    wid: str
-    run_no: int
-    type: str
-    status: str  # active (load at recovery), parked, waiting_for_code, or a final status
-    ref: int  # run-store offset of its frame
-    due: int = 0  # its next timer (parked runs), unix ms
-    key: int = 0  # the hash of `wid` the index keys it by (wid is "" when read from the index)
-
-
-class Checkpoint(msgspec.Struct, array_like=True):
-    position: int
-    next_msg: int
-    runs: list[IndexEntry]
-    outbox: list[tuple[Msg, str, int]]
-    received: list[tuple[int, int, Failure | None]]
-
-
-encode_checkpoint = msgspec.msgpack.Encoder().encode
-decode_checkpoint = msgspec.msgpack.Decoder(Checkpoint).decode

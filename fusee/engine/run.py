@@ -16,8 +16,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from fusee import _codec as codec
-from fusee import _records as R
-from fusee._definitions import Workflow
+from fusee import journal as R
 from fusee._errors import (
     CancelledError,
     CodecError,
@@ -29,8 +28,11 @@ from fusee._errors import (
     error_from,
     failure_from,
 )
-from fusee._ops import (
+from fusee.workflow.definitions import Retry, Workflow
+from fusee.workflow.ops import (
     ChildOp,
+    ContinueAsNew,
+    Fiber,
     FiberOp,
     Op,
     RaceOp,
@@ -43,7 +45,7 @@ from fusee._ops import (
 )
 
 if TYPE_CHECKING:
-    from fusee._shard import Shard
+    from fusee.engine.shard import Shard
 
 log = logging.getLogger("fusee")
 FINAL = ("ok", "failed", "cancelled", "timed_out", "terminated", "continued")
@@ -51,27 +53,6 @@ FINAL = ("ok", "failed", "cancelled", "timed_out", "terminated", "continued")
 
 class Stuck(BaseException):
     """Unwinds workflow code whose run stopped on a determinism error."""
-
-
-class ContinueAsNew(BaseException):
-    """Unwinds workflow code that called `ctx.continue_as_new`."""
-
-    def __init__(self, input: bytes, version: int) -> None:
-        self.input = input
-        self.version = version
-
-
-class Fiber:
-    """One coroutine of the run: the workflow's main code, an update handler, or a
-    coroutine given to `all`/`race`."""
-
-    __slots__ = ("coro", "on_done")
-
-    def __init__(
-        self, coro: Coroutine[Any, Any, Any], on_done: Callable[[Any, BaseException | None], None]
-    ) -> None:
-        self.coro = coro
-        self.on_done = on_done
 
 
 class RunState:
@@ -117,6 +98,8 @@ class RunState:
         self.timers: dict[int, int] = {}  # seq -> due, for parking and next due
         self.last_active_ms = 0
         self.ctx: Any = None
+        # (journal length, run-store offset) of its last frame: reused while unchanged
+        self.frame: tuple[int, int] | None = None
 
     # -- state ------------------------------------------------------------------------
 
@@ -182,6 +165,17 @@ class RunState:
         """An outcome from outside the code (a step finished, a timer fired, a signal)."""
         self.completions.append(rec)
         self.drive()
+
+    # -- what ctx asks of the engine (fusee.workflow.driver.Driver) ------------------------
+
+    def now_ms(self) -> int:
+        return self.shard.now_ms()
+
+    def default_retry(self) -> Retry:
+        return self.shard.engine.default_retry
+
+    def workflow_named(self, name: str) -> Workflow[Any] | None:
+        return self.shard.engine.workflows.get(name)
 
     def record(self, rec: R.Rec) -> None:
         self.journal.append(rec)
@@ -420,7 +414,7 @@ class RunState:
         return op
 
     def _apply_started(self, rec: R.Started) -> None:
-        from fusee._ctx import Ctx
+        from fusee.workflow.ctx import Ctx
 
         wf = self.workflow
         assert wf is not None
@@ -559,7 +553,7 @@ class RunState:
             if rec.failure is not None:
                 self.resolve(op, None, error_from(rec.failure))
             else:
-                from fusee._ctx import ChildHandle
+                from fusee.workflow.ctx import ChildHandle
 
                 self.children[op.seq] = op.wid
                 self.resolve(op, ChildHandle(self, op))
@@ -568,9 +562,9 @@ class RunState:
         self.child_results[rec.seq] = rec
         self.children.pop(rec.seq, None)
         for watch in self.child_watchers.pop(rec.seq, []):
-            self._resolve_child_watch(watch, rec)
+            self.resolve_child_watch(watch, rec)
 
-    def _resolve_child_watch(self, watch: WatchOp, rec: R.ChildResult) -> None:
+    def resolve_child_watch(self, watch: WatchOp, rec: R.ChildResult) -> None:
         op = self.ops.get(rec.seq)
         if rec.failure is not None:
             from fusee._errors import ChildError

@@ -13,7 +13,7 @@ import hashlib
 import heapq
 from collections.abc import Iterator
 
-from fusee._messages import IndexEntry
+from fusee.journal import IndexEntry
 
 STATUSES = ("parked", "waiting_for_code", "ok", "failed", "cancelled", "timed_out", "terminated", "continued")
 _STATUS_CODE = {name: code for code, name in enumerate(STATUSES)}

@@ -18,18 +18,8 @@ import msgspec
 
 from fusee import _codec as codec
 from fusee import _names as names
-from fusee import _records as R
+from fusee import journal as R
 from fusee._clock import Clock, SystemClock
-from fusee._definitions import (
-    DEFAULT_RETRY,
-    Retry,
-    Signal,
-    Update,
-    Workflow,
-    signal_of,
-    update_of,
-)
-from fusee._durations import Duration, to_ms
 from fusee._errors import (
     AlreadyExistsError,
     ClosedError,
@@ -38,12 +28,22 @@ from fusee._errors import (
     UnknownWorkflowError,
     failure_from,
 )
-from fusee._handle import Run, RunSummary, _status
-from fusee._messages import Ack, Msg
-from fusee._recovery import recover
-from fusee._run import RunState
-from fusee._shard import Shard
-from fusee._storage import MemoryStorage, Storage
+from fusee.engine.handle import Run, RunSummary, _status
+from fusee.engine.recovery import recover
+from fusee.engine.run import RunState
+from fusee.engine.shard import Shard
+from fusee.journal import Ack, Msg
+from fusee.storage import MemoryStorage, Storage
+from fusee.workflow.definitions import (
+    DEFAULT_RETRY,
+    Retry,
+    Signal,
+    Update,
+    Workflow,
+    signal_of,
+    update_of,
+)
+from fusee.workflow.durations import Duration, to_ms
 
 Out = TypeVar("Out")
 STEP_THREADS = 32

@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
 
 from fusee import _codec as codec
 from fusee import _names as names
-from fusee import _records as R
-from fusee._definitions import Query, Signal, Update, Workflow, query_of, signal_of, update_of
+from fusee import journal as R
 from fusee._errors import (
     Failure,
     FuseeError,
@@ -22,11 +21,12 @@ from fusee._errors import (
     error_from,
     failure_from,
 )
-from fusee._run import RunState
-from fusee._shard import Shard, StoredRun
+from fusee.engine.run import RunState
+from fusee.engine.shard import Shard, StoredRun
+from fusee.workflow.definitions import Query, Signal, Update, Workflow, query_of, signal_of, update_of
 
 if TYPE_CHECKING:
-    from fusee._engine import Engine
+    from fusee.engine.engine import Engine
 
 Out = TypeVar("Out")
 FINISHED = ("ok", "failed", "cancelled", "timed_out", "terminated")

@@ -9,10 +9,10 @@ from typing import Any
 import msgspec
 
 from fusee import _codec as codec
-from fusee import _records as R
-from fusee._definitions import DEFAULT_RETRY, Workflow
+from fusee import journal as R
 from fusee._errors import DeterminismError, Failure, FuseeError
-from fusee._run import RunState
+from fusee.engine.run import RunState
+from fusee.workflow.definitions import DEFAULT_RETRY, Workflow
 
 
 class _Sandbox:

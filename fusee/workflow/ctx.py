@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from fusee import _codec as codec
 from fusee import _names as names
-from fusee import _records as R
-from fusee._definitions import (
+from fusee import journal as R
+from fusee._errors import RejectedError
+from fusee.workflow.definitions import (
     Query,
     Retry,
     Signal,
@@ -24,12 +25,12 @@ from fusee._definitions import (
     signal_of,
     update_of,
 )
-from fusee._durations import Duration, at_ms, to_ms
-from fusee._errors import RejectedError
-from fusee._ops import (
+from fusee.workflow.durations import Duration, at_ms, to_ms
+from fusee.workflow.ops import (
     AllOp,
     CancelOp,
     ChildOp,
+    ContinueAsNew,
     DrawnOp,
     FiberOp,
     Op,
@@ -42,13 +43,12 @@ from fusee._ops import (
     current_step,
     inline_step,
 )
-from fusee._run import ContinueAsNew
 
 if TYPE_CHECKING:
-    from fusee._run import RunState
+    from fusee.workflow.driver import Driver
 
 
-def step_key(run: RunState, op: StepOp) -> str:
+def step_key(run: Driver, op: StepOp) -> str:
     """The idempotency key: stable across retries and recovery, new for a new run."""
     return f"{run.wid}/{run.run_no}/{op.seq}"
 
@@ -77,7 +77,7 @@ class ChildHandle:
 
     __slots__ = ("_op", "_run", "id")
 
-    def __init__(self, run: RunState, op: ChildOp) -> None:
+    def __init__(self, run: Driver, op: ChildOp) -> None:
         self._run = run
         self._op = op
         self.id = op.wid
@@ -87,7 +87,7 @@ class ChildHandle:
         watch = WatchOp(-1, f"child '{self.id}'")
         recorded = run.child_results.get(seq)
         if recorded is not None:
-            run._resolve_child_watch(watch, recorded)
+            run.resolve_child_watch(watch, recorded)
         else:
             run.child_watchers.setdefault(seq, []).append(watch)
         return watch
@@ -99,7 +99,7 @@ class Ctx:
 
     __slots__ = ("_run",)
 
-    def __init__(self, run: RunState) -> None:
+    def __init__(self, run: Driver) -> None:
         self._run = run
 
     @property
@@ -142,7 +142,7 @@ class Ctx:
             -1,
             name,
             fn,
-            run.shard.engine.default_retry if retry is None else _retry(retry, run),
+            run.default_retry() if retry is None else _retry(retry, run),
             None if timeout is None else _timeout(timeout, f"step '{name}' timeout"),
             read_only,
             thread,
@@ -238,7 +238,7 @@ class Ctx:
 
     def now(self) -> datetime:
         """The time, recorded: the same on every replay."""
-        ms = self._draw("now", lambda: self._run.shard.now_ms())
+        ms = self._draw("now", lambda: self._run.now_ms())
         return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
     def random(self) -> float:
@@ -381,11 +381,11 @@ def _callable(fn: Any, name: str) -> Any:
     return fn
 
 
-def _retry(retry: Any, run: RunState) -> Retry:
+def _retry(retry: Any, run: Driver) -> Retry:
     """The engine's default policy unless the call gives one (a step, a completion and a
     compensation alike)."""
     if retry is None:
-        default: Retry = run.shard.engine.default_retry
+        default: Retry = run.default_retry()
         return default
     if not isinstance(retry, Retry):
         raise RejectedError(f"retry: expected a fusee.Retry, got {type(retry).__name__}")
@@ -411,9 +411,9 @@ def _as_op(item: Awaitable[Any]) -> Op:
     raise TypeError(f"all/race take ctx operations or coroutines, not {type(item).__name__}")
 
 
-def _types_of(workflow: Workflow[Any] | str, run: RunState) -> tuple[str, Any, Any]:
+def _types_of(workflow: Workflow[Any] | str, run: Driver) -> tuple[str, Any, Any]:
     if isinstance(workflow, str):
-        known = run.shard.engine.workflows.get(workflow)
+        known = run.workflow_named(workflow)
         if known is None:
             return workflow, Any, Any
         workflow = known

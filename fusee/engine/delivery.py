@@ -1,21 +1,22 @@
 """A shard's messages to and from other shards: sending them once the records that imply
 them are durable, applying a received one once in effect, and taking the answers. Mixed
 into `Shard`; the outbox itself (what is unacknowledged, what was applied) is
-`fusee/_messages.py`."""
+`fusee/engine/outbox.py`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from fusee import _records as R
+from fusee import journal as R
 from fusee._errors import AlreadyExistsError, Failure, NotFoundError, failure_from
-from fusee._messages import Ack, IndexEntry, Msg, Outbox
-from fusee._ops import ChildOp
-from fusee._run import RunState
+from fusee.engine.outbox import Outbox
+from fusee.engine.run import RunState
+from fusee.journal import Ack, IndexEntry, Msg
+from fusee.workflow.ops import ChildOp
 
 if TYPE_CHECKING:
-    from fusee._engine import Engine
+    from fusee.engine.engine import Engine
 
 
 class Delivery:

@@ -17,8 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fusee import _records as R
-from fusee._delivery import Delivery
+from fusee import journal as R
 from fusee._errors import (
     AlreadyExistsError,
     ClosedError,
@@ -27,15 +26,17 @@ from fusee._errors import (
     IoError,
     RejectedError,
 )
-from fusee._index import RunIndex
-from fusee._messages import RESEND_MS, IndexEntry, Outbox
-from fusee._ops import StepOp
-from fusee._run import RunState, stop_step
-from fusee._steps import StepRunner
-from fusee._storage import ShardStore
+from fusee.engine.delivery import Delivery
+from fusee.engine.index import RunIndex
+from fusee.engine.outbox import RESEND_MS, Outbox
+from fusee.engine.run import RunState, stop_step
+from fusee.engine.steps import StepRunner
+from fusee.journal import IndexEntry
+from fusee.storage import ShardStore
+from fusee.workflow.ops import StepOp
 
 if TYPE_CHECKING:
-    from fusee._engine import Engine
+    from fusee.engine.engine import Engine
 
 log = logging.getLogger("fusee")
 TICK = -4  # timer entry: the shard's sweep (parking, resends, checkpoints)
@@ -747,7 +748,7 @@ class Shard(StepRunner, Delivery):
             if not wait or self.checkpoint_done is None:
                 return
             await asyncio.shield(self.checkpoint_done)
-        from fusee._recovery import snapshot
+        from fusee.engine.recovery import snapshot
 
         self.checkpointing = True
         self.checkpoint_done = asyncio.get_running_loop().create_future()

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, overload
 
 from fusee import _names as names
-from fusee._durations import Duration, to_ms
 from fusee._errors import RejectedError
+from fusee.workflow.durations import Duration, to_ms
 
 In = TypeVar("In")
 Out = TypeVar("Out")

@@ -9,11 +9,11 @@ finished runs stay index entries.
 
 from __future__ import annotations
 
-from fusee import _records as R
-from fusee._index import key_of
-from fusee._messages import Checkpoint, IndexEntry, decode_checkpoint, encode_checkpoint
-from fusee._run import RunState
-from fusee._shard import Shard
+from fusee import journal as R
+from fusee.engine.index import key_of
+from fusee.engine.run import RunState
+from fusee.engine.shard import Shard
+from fusee.journal import Checkpoint, IndexEntry, decode_checkpoint, encode_checkpoint
 
 
 def snapshot(shard: Shard) -> tuple[int, bytes]:
@@ -32,13 +32,13 @@ def snapshot(shard: Shard) -> tuple[int, bytes]:
 
 def _frame_of(shard: Shard, run: RunState) -> int:
     """An unchanged journal reuses the frame it already has in the run store."""
-    cached = getattr(run, "frame", None)
+    cached = run.frame
     if cached is not None and cached[0] == len(run.journal):
-        return int(cached[1])
+        return cached[1]
     ref = shard.put_frame(run)
     if ref is None:
         raise shard.stopped_error()
-    run.frame = (len(run.journal), ref)  # type: ignore[attr-defined]
+    run.frame = (len(run.journal), ref)
     return ref
 
 

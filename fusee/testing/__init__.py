@@ -9,16 +9,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from fusee import _records as R
+from fusee import journal as R
 from fusee._clock import VirtualClock
-from fusee._crash_everywhere import Case, crash_everywhere
-from fusee._definitions import Workflow
-from fusee._durations import Duration, to_ms
-from fusee._engine import Engine
 from fusee._errors import DeterminismError, NotFoundError
-from fusee._handle import Run
-from fusee._replay import Replayer, journal_to_json
-from fusee._storage import MemoryStorage
+from fusee.engine.engine import Engine
+from fusee.engine.handle import Run
+from fusee.engine.replay import Replayer, journal_to_json
+from fusee.storage import MemoryStorage
+from fusee.testing.crash_everywhere import Case, crash_everywhere
+from fusee.workflow.definitions import Workflow
+from fusee.workflow.durations import Duration, to_ms
 
 __all__ = ["Case", "TestEngine", "crash_everywhere"]
 

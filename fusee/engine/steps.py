@@ -13,18 +13,18 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fusee import _codec as codec
-from fusee import _records as R
-from fusee._ctx import Completion, StepContext, step_key, takes_context
+from fusee import journal as R
 from fusee._errors import CodecError, Failure, failure_from
-from fusee._ops import ChildOp, Op, SendOp, StepOp, TimerOp, WaitOp, current_step, inline_step
-from fusee._run import RunState
+from fusee.engine.run import RunState
+from fusee.workflow.ctx import Completion, StepContext, step_key, takes_context
+from fusee.workflow.ops import ChildOp, Op, SendOp, StepOp, TimerOp, WaitOp, current_step, inline_step
 
 log = logging.getLogger("fusee")
 
 if TYPE_CHECKING:
     from fusee._clock import Clock
-    from fusee._engine import Engine
-    from fusee._messages import Outbox
+    from fusee.engine.engine import Engine
+    from fusee.engine.outbox import Outbox
 
 
 class StepRunner:
@@ -218,7 +218,7 @@ class StepRunner:
         now = self.now_ms()
         retry_at = now + policy.delay_ms(op.attempt, random.random())
         if policy.max_elapsed is not None:
-            from fusee._durations import to_ms
+            from fusee.workflow.durations import to_ms
 
             first = op.first_failure_at or now
             if retry_at - first > to_ms(policy.max_elapsed):
@@ -226,7 +226,7 @@ class StepRunner:
         return retry_at
 
     def token(self, run: RunState, op: StepOp) -> str:
-        from fusee._engine import make_token
+        from fusee.engine.engine import make_token
 
         return make_token(run.wid, run.run_no, op.seq, op.attempt, run.started.seed)
 

@@ -12,15 +12,36 @@ from collections.abc import Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fusee._definitions import Retry
-    from fusee._run import Fiber, RunState
+    from fusee.workflow.definitions import Retry
+    from fusee.workflow.driver import Driver
 
 # The step whose function runs: a context variable for step functions on tasks and
 # threads, a plain slot for synchronous ones (they run on the loop, one at a time).
-current_step: contextvars.ContextVar[tuple[RunState, StepOp] | None] = contextvars.ContextVar(
+current_step: contextvars.ContextVar[tuple[Driver, StepOp] | None] = contextvars.ContextVar(
     "fusee_step", default=None
 )
-inline_step: list[tuple[RunState, StepOp] | None] = [None]
+inline_step: list[tuple[Driver, StepOp] | None] = [None]
+
+
+class ContinueAsNew(BaseException):
+    """Unwinds workflow code that called `ctx.continue_as_new`."""
+
+    def __init__(self, input: bytes, version: int) -> None:
+        self.input = input
+        self.version = version
+
+
+class Fiber:
+    """One coroutine of the run: the workflow's main code, an update handler, or a
+    coroutine given to `all`/`race`."""
+
+    __slots__ = ("coro", "on_done")
+
+    def __init__(
+        self, coro: Coroutine[Any, Any, Any], on_done: Callable[[Any, BaseException | None], None]
+    ) -> None:
+        self.coro = coro
+        self.on_done = on_done
 
 
 class Op:

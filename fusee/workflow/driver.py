@@ -1,0 +1,57 @@
+"""The run as workflow code's `ctx` sees it: what `ctx` asks of the engine that drives it.
+
+The engine's run (`fusee.engine.run.RunState`) is the one implementation; this protocol is
+what keeps `fusee.workflow` from importing the engine (imports point one way: the engine
+uses the workflow layer, never the reverse).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from fusee import journal as R
+    from fusee.workflow.definitions import Retry, Workflow
+    from fusee.workflow.ops import Op, WaitOp, WatchOp
+
+
+class Driver(Protocol):
+    wid: str
+    run_no: int
+    started: R.Started
+    workflow: Workflow[Any] | None
+    next_seq: int
+    pending_start: list[Op]
+    compensations: list[tuple[str, Callable[..., Any], dict[str, Any]]]
+    child_results: dict[int, R.ChildResult]
+    child_watchers: dict[int, list[WatchOp]]
+    query_handlers: dict[str, tuple[Any, Callable[..., Any]]]
+    update_handlers: dict[str, tuple[Any, Callable[..., Any], Callable[..., Any] | None]]
+    pending_updates: dict[str, list[R.UpdateAccepted]]
+
+    def issue(self, op: Op) -> Op:
+        """Give an operation its journal position, check it on replay, start it live."""
+
+    def issued_record(self, seq: int) -> R.Rec | None:
+        """On replay, the record the journal holds for operation `seq` (live: None)."""
+
+    def record(self, rec: R.Rec) -> None: ...
+
+    def resolve(self, op: Op, value: Any = None, exc: BaseException | None = None) -> None: ...
+
+    def combine(self, combined: Op, ops: list[Op]) -> Op:
+        """`all`/`race`: an operation that resolves from the ones it combines."""
+
+    def take_signal(self, op: WaitOp) -> None:
+        """A signal buffered before the code waited for it."""
+
+    def resolve_child_watch(self, watch: WatchOp, rec: R.ChildResult) -> None: ...
+
+    def start_update(self, rec: R.UpdateAccepted) -> None: ...
+
+    def now_ms(self) -> int: ...
+
+    def default_retry(self) -> Retry: ...
+
+    def workflow_named(self, name: str) -> Workflow[Any] | None: ...

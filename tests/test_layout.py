@@ -1,0 +1,123 @@
+"""The package's layout holds: imports point one way between fusee's subpackages (docs
+DESIGN and docs/engine.md), so a newcomer finds each mechanism in one place and the
+cold path imports only what it needs."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import fusee
+
+ROOT = Path(fusee.__file__).parent
+
+# Each unit and the units it may import. "base" is the package's top-level modules that
+# everything shares (errors, names, the value codec, clocks, the journal's record types);
+# "top" is the public face (`fusee/__init__.py`, the CLI), which may import anything.
+ALLOWED: dict[str, set[str]] = {
+    "base": set(),
+    "workflow": {"base"},
+    "storage": {"base"},
+    "protocol": {"base"},
+    "engine": {"base", "workflow", "storage", "protocol"},
+    "testing": {"base", "workflow", "storage", "engine"},
+}
+TOP = {"__init__", "__main__", "_cli"}
+
+
+def unit_of(module: str) -> str:
+    parts = module.split(".")  # fusee.engine.shard, fusee._codec, fusee
+    if len(parts) > 1 and (ROOT / parts[1]).is_dir():
+        return parts[1]
+    if len(parts) == 1 or parts[1] in TOP:
+        return "top"
+    return "base"
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every fusee module a file imports: at the top, inside functions, and under
+    TYPE_CHECKING alike (an annotation's import is a dependency too)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "fusee":
+                found.update(f"fusee.{alias.name}" for alias in node.names)
+            elif node.module.startswith("fusee."):
+                found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("fusee."))
+    return found
+
+
+def unit_graph() -> dict[str, dict[str, list[str]]]:
+    """unit -> unit it imports -> the imports that make the edge."""
+    graph: dict[str, dict[str, list[str]]] = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT.parent).with_suffix("").parts)
+        source = unit_of(module)
+        for target in sorted(imports_of(path)):
+            dest = unit_of(target)
+            if dest != source:
+                graph.setdefault(source, {}).setdefault(dest, []).append(f"{module} imports {target}")
+    return graph
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """A cycle as the list of nodes around it, or None."""
+    state: dict[str, int] = {}  # 1 on the path, 2 done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle_and_passes_a_tree():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_import_cycle_between_subpackages():
+    graph = unit_graph()
+    cycle = find_cycle({unit: set(dests) for unit, dests in graph.items()})
+    assert cycle is None, "import cycle between subpackages: " + " -> ".join(cycle or [])
+
+
+def test_each_subpackage_imports_only_the_layers_below_it():
+    wrong = []
+    for unit, dests in unit_graph().items():
+        if unit == "top":
+            continue
+        assert unit in ALLOWED, f"fusee/{unit}/ is new: say in ALLOWED what it may import"
+        for dest, why in dests.items():
+            if dest not in ALLOWED[unit]:
+                wrong.extend(why)
+    assert not wrong, "imports against the layering:\n" + "\n".join(wrong)
+
+
+def test_importing_fusee_loads_neither_the_server_nor_the_engine_internals_it_can_defer():
+    """`import fusee` is on an invoked function's cold path: the server's distribution,
+    the CLI and difflib (replay's diffs) load only when used."""
+    code = "import sys, fusee; print(' '.join(sorted(sys.modules)))"
+    loaded = set(
+        subprocess.run(
+            [sys.executable, "-c", code], check=True, capture_output=True, text=True
+        ).stdout.split()
+    )
+    assert not {m for m in loaded if m.startswith("fusee_server")}
+    assert "fusee._cli" not in loaded
