@@ -4,6 +4,7 @@ shard: the idle predicate, the next due time, steps run, types without code."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import fusee
 from fusee import journal as R
@@ -404,3 +405,38 @@ async def test_a_child_loaded_at_a_checkpoint_that_ends_after_it_sends_its_resul
         assert (again.target, again.seq, again.value) == ("the-parent", sent.seq, sent.value)
     finally:
         await engine.close()
+
+
+def checkpoint_files(t: TestEngine) -> object:
+    """What a checkpoint write would change: the memory store's checkpoint object, or the
+    local shard folder's checkpoint files with their modification times."""
+    if isinstance(t.storage, MemoryStorage):
+        return id(t.storage.stores[0].checkpoint_data)
+    folder = next(Path(t.dir).rglob("shard-000"))  # type: ignore[arg-type]
+    return sorted((f.name, f.stat().st_mtime_ns) for f in folder.glob("checkpoint-*"))
+
+
+async def test_a_close_with_nothing_changed_since_the_last_checkpoint_writes_none(kit):
+    """Opening a shard of parked runs and closing it again leaves its checkpoint as it
+    was (an invoked worker with nothing due costs no write); any change writes one."""
+    t = await kit(sleepy, shards=1)
+    for n in range(3):
+        await t.start(sleepy, f"quiet-{n}", n)
+    await t.settle()
+    await t.advance("10s")  # they park
+    await t.restart()
+    shard = t.engine.shards[0]
+    assert not shard.runs and len(shard.index_entries) == 3
+    before = checkpoint_files(t)
+    await t.restart()
+    await t.restart()
+    assert checkpoint_files(t) == before
+    await t.start(sleepy, "quiet-new", 9)  # a record: the next close writes a checkpoint
+    await t.settle()
+    await t.advance("10s")  # parked too (a run loaded at a checkpoint is loaded again, and
+    await t.restart()  # may change without a record: that close writes one as well)
+    after = checkpoint_files(t)
+    assert after != before
+    await t.restart()
+    assert checkpoint_files(t) == after
+    await t.close()

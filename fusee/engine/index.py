@@ -41,6 +41,7 @@ class RunIndex:
         self._type_ids: dict[str, int] = {}
         self._buckets: dict[int, list[int]] = {}
         self._bucket_heap: list[int] = []
+        self.changes = 0  # counts puts and pops: a checkpoint with none since the last is skipped
 
     def __len__(self) -> int:
         return len(self._table)
@@ -52,6 +53,7 @@ class RunIndex:
         self.put_key(key_of(wid), entry)
 
     def put_key(self, key: int, entry: IndexEntry) -> None:
+        self.changes += 1
         type_id = self._type_ids.get(entry.type)
         if type_id is None:
             type_id = self._type_ids[entry.type] = len(self._types)
@@ -84,7 +86,10 @@ class RunIndex:
 
     def pop_key(self, key: int, wid: str = "") -> IndexEntry | None:
         packed = self._table.pop(key, None)
-        return None if packed is None else self._unpack(key, packed, wid)
+        if packed is None:
+            return None
+        self.changes += 1
+        return self._unpack(key, packed, wid)
 
     def _unpack(self, key: int, packed: int, wid: str) -> IndexEntry:
         bucket = packed & BUCKET_MASK

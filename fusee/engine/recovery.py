@@ -95,6 +95,11 @@ async def recover(shard: Shard) -> None:
     # Messages recovered from durable records go out again; duplicates are absorbed.
     for pending in list(shard.outbox.pending.values()):
         shard._deliver(pending.msg)
+    if recovered.checkpoint is not None and not recovered.records and not active:
+        # Nothing after the checkpoint and no run loaded from it (a loaded run may change
+        # without a record: one whose code is missing here waits for it): the shard is
+        # as the checkpoint describes it, and closing before anything changes writes none.
+        shard.checkpointed = (shard.appended, shard.index_entries.changes)
     due = shard.index_entries.next_due_ms()
     if due:
         shard._arm_for(due)

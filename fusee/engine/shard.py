@@ -91,6 +91,9 @@ class Shard(StepRunner, Delivery):
         self.steps_run = 0
         self.calls = 0
         self.checkpoint_position = 0
+        # (log position, index changes) the newest checkpoint covers: the same pair now
+        # means a checkpoint would write what is already there, so none is written.
+        self.checkpointed: tuple[int, int] | None = None
         self.checkpointing = False
         self.checkpoint_done: asyncio.Future[None] | None = None
         self.closed = False
@@ -750,6 +753,9 @@ class Shard(StepRunner, Delivery):
             await asyncio.shield(self.checkpoint_done)
         from fusee.engine.recovery import snapshot
 
+        mark = (self.appended, self.index_entries.changes)
+        if mark == self.checkpointed:
+            return
         self.checkpointing = True
         self.checkpoint_done = asyncio.get_running_loop().create_future()
         try:
@@ -757,6 +763,7 @@ class Shard(StepRunner, Delivery):
             await self.durable_at(position)
             await self.store.checkpoint(position, data)
             self.checkpoint_position = position
+            self.checkpointed = mark
         finally:
             self.checkpointing = False
             self.checkpoint_done.set_result(None)
