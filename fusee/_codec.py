@@ -6,7 +6,6 @@ leading NUL marks a raw `bytes` value; no pickle anywhere.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -128,7 +127,9 @@ def _bad_path(value: Any, path: str) -> str | None:
             if found:
                 return found
         return path
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    if hasattr(value, "__dataclass_fields__") and not isinstance(value, type):
+        import dataclasses  # the value's own module loaded it already; kept off fusee's import path
+
         for field in dataclasses.fields(value):
             found = _bad_path(getattr(value, field.name), f"{path}.{field.name}")
             if found:

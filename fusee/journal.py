@@ -13,8 +13,6 @@ Two families, told apart by how replay uses them:
   each one, exactly as it ran live.
 """
 
-from __future__ import annotations
-
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -287,9 +285,7 @@ class Frame(msgspec.Struct, array_like=True):
 
 
 encode_entry = msgspec.msgpack.Encoder().encode
-decode_entry = msgspec.msgpack.Decoder(Entry).decode
 encode_frame = msgspec.msgpack.Encoder().encode
-decode_frame = msgspec.msgpack.Decoder(Frame).decode
 
 
 # -- messages between shards, and checkpoints --------------------------------------------
@@ -339,4 +335,26 @@ class Checkpoint(msgspec.Struct, array_like=True):
 
 
 encode_checkpoint = msgspec.msgpack.Encoder().encode
-decode_checkpoint = msgspec.msgpack.Decoder(Checkpoint).decode
+
+
+# Decoders are built on first use, not at import: building their type information costs
+# about 2.5 ms, which `import fusee` (on an invoked function's cold start) would pay even
+# where nothing is decoded (a client, a process that only starts runs). Once built, each
+# is a plain module attribute: no indirection on the decoding path.
+_DECODED = {"decode_entry": Entry, "decode_frame": Frame, "decode_checkpoint": Checkpoint}
+
+if TYPE_CHECKING:
+
+    def decode_entry(data: bytes) -> Entry: ...
+
+    def decode_frame(data: bytes) -> Frame: ...
+
+    def decode_checkpoint(data: bytes) -> Checkpoint: ...
+
+
+def __getattr__(name: str) -> Any:
+    type_ = _DECODED.get(name)
+    if type_ is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    decode = globals()[name] = msgspec.msgpack.Decoder(type_).decode
+    return decode

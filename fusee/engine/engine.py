@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import difflib
 import gc
-import hashlib
 import inspect
 import uuid
 import zlib
+from _blake2 import blake2b  # hashlib's own BLAKE2, without loading OpenSSL's (cold path)
 from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -44,6 +42,9 @@ from fusee.workflow.definitions import (
     update_of,
 )
 from fusee.workflow.durations import Duration, to_ms
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
 
 Out = TypeVar("Out")
 STEP_THREADS = 32
@@ -220,6 +221,8 @@ class Engine:
         returns (Python cannot stop a thread): once all of them are held so, thread steps
         wait for one to return (docs/engine.md)."""
         if self._step_threads is None:
+            from concurrent.futures import ThreadPoolExecutor  # loaded by the first thread step
+
             self._step_threads = ThreadPoolExecutor(max_workers=STEP_THREADS, thread_name_prefix="fusee-step")
         return self._step_threads
 
@@ -298,6 +301,8 @@ class Engine:
         known = self.workflows.get(name)
         if known is None:
             registered = sorted(self.workflows)
+            import difflib  # only for this error's hint: kept off the import path
+
             near = difflib.get_close_matches(name, registered, n=1)
             hint = f"; did you mean '{near[0]}'?" if near else ""
             raise UnknownWorkflowError(
@@ -504,7 +509,7 @@ def make_token(wid: str, run: int, seq: int, attempt: int, seed: int) -> str:
     """A completion token names the run, the step and the attempt; its MAC over the
     run's recorded seed makes it unguessable and lets a stale one be refused."""
     body = msgspec.json.encode([wid, run, seq, attempt])
-    mac = hashlib.blake2b(body, key=seed.to_bytes(8, "big"), digest_size=12).digest()
+    mac = blake2b(body, key=seed.to_bytes(8, "big"), digest_size=12).digest()
     return base64.urlsafe_b64encode(body).decode().rstrip("=") + "." + base64.urlsafe_b64encode(mac).decode()
 
 

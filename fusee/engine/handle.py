@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import uuid
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
+
+import msgspec
 
 from fusee import _codec as codec
 from fusee import _names as names
@@ -32,8 +33,7 @@ Out = TypeVar("Out")
 FINISHED = ("ok", "failed", "cancelled", "timed_out", "terminated")
 
 
-@dataclass(slots=True)
-class RunSummary:
+class RunSummary(msgspec.Struct):
     id: str
     run: int
     type: str
@@ -41,10 +41,9 @@ class RunSummary:
     shard: int
 
 
-@dataclass(slots=True)
-class RunDescription:
+class RunDescription(msgspec.Struct):
     summary: RunSummary
-    journal: list[R.Rec] = field(default_factory=list)
+    journal: list[R.Rec] = msgspec.field(default_factory=list)
 
 
 class Run(Generic[Out]):

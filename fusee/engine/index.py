@@ -9,8 +9,8 @@ the frame is read, and a run whose hash collides with another's is simply kept l
 
 from __future__ import annotations
 
-import hashlib
 import heapq
+from _blake2 import blake2b  # hashlib's own BLAKE2, without loading OpenSSL's (cold path)
 from collections.abc import Iterator
 
 from fusee.journal import IndexEntry
@@ -24,7 +24,7 @@ BUCKET_MASK = (1 << BUCKET_BITS) - 1
 
 
 def key_of(wid: str) -> int:
-    return int.from_bytes(hashlib.blake2b(wid.encode(), digest_size=8).digest(), "big") >> 4
+    return int.from_bytes(blake2b(wid.encode(), digest_size=8).digest(), "big") >> 4
 
 
 class RunIndex:

@@ -9,7 +9,7 @@ absorbs duplicates by remembering (in a Received record) what it answered.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 from fusee import journal as R
 from fusee._errors import Failure
@@ -18,8 +18,7 @@ from fusee.journal import Msg
 RESEND_MS = 1000
 
 
-@dataclass(slots=True)
-class Pending:
+class Pending(msgspec.Struct):
     msg: Msg
     wid: str  # the sending run (for answers that resolve one of its operations)
     run: int

@@ -13,7 +13,7 @@ from fusee import journal as R
 from fusee.engine.index import key_of
 from fusee.engine.run import RunState
 from fusee.engine.shard import Shard
-from fusee.journal import Checkpoint, IndexEntry, decode_checkpoint, encode_checkpoint
+from fusee.journal import Checkpoint, IndexEntry, encode_checkpoint
 
 
 def snapshot(shard: Shard) -> tuple[int, bytes]:
@@ -46,7 +46,7 @@ async def recover(shard: Shard) -> None:
     recovered = await shard.store.recover()
     active: list[IndexEntry] = []
     if recovered.checkpoint is not None:
-        checkpoint = decode_checkpoint(recovered.checkpoint)
+        checkpoint = R.decode_checkpoint(recovered.checkpoint)
         shard.appended = shard.durable = shard.checkpoint_position = checkpoint.position
         shard.outbox.next_msg = checkpoint.next_msg
         for msg, wid, run_no in checkpoint.outbox:

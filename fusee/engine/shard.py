@@ -14,8 +14,9 @@ import logging
 import random
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from fusee import journal as R
 from fusee._errors import (
@@ -47,8 +48,7 @@ def _closed() -> ClosedError:
     return ClosedError("the engine is closed; open a new one")
 
 
-@dataclass(slots=True)
-class StoredRun:
+class StoredRun(msgspec.Struct):
     """A run read back from the run store, not loaded."""
 
     wid: str

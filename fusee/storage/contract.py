@@ -9,8 +9,9 @@ writer computes, and closing a shard flushes, then checkpoints.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from typing import Protocol
+
+import msgspec
 
 
 class Durability(enum.Enum):
@@ -27,8 +28,7 @@ class Durability(enum.Enum):
     """A `fusee server` holds the log: durable once the server flushed it."""
 
 
-@dataclass(slots=True)
-class Recovered:
+class Recovered(msgspec.Struct):
     """What a shard recovers from: its newest checkpoint and the log records after it."""
 
     checkpoint: bytes | None

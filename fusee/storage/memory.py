@@ -4,12 +4,10 @@ test kit use it; nothing survives the process."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
 
 from fusee.storage.contract import Durability, Recovered
 
 
-@dataclass(slots=True)
 class MemoryShardStore:
     """A shard kept in memory. It outlives an engine, so `TestEngine.crash()` can drop the
     engine and recover a new one from what the store holds.
@@ -19,15 +17,16 @@ class MemoryShardStore:
     loses every record no flush covered. Tests use it to check that nothing leaves the
     engine before the records behind it are durable."""
 
-    instant: bool = True
-    durable: int = 0
-    flushes: int = 0
-    log: list[bytes] = field(default_factory=list)
-    log_start: int = 0  # position of log[0]: a checkpoint drops what it covers
-    runs: list[bytes] = field(default_factory=list)
-    checkpoint_data: bytes | None = None
-    checkpoint_position: int = 0
-    opened: bool = False
+    def __init__(self, instant: bool = True) -> None:
+        self.instant = instant
+        self.durable = 0
+        self.flushes = 0
+        self.log: list[bytes] = []
+        self.log_start = 0  # position of log[0]: a checkpoint drops what it covers
+        self.runs: list[bytes] = []
+        self.checkpoint_data: bytes | None = None
+        self.checkpoint_position = 0
+        self.opened = False
 
     def append(self, entry: bytes) -> int:
         self.log.append(entry)

@@ -7,9 +7,10 @@ import inspect
 import random as _random_module  # tidy: recorded (drawn live once, then replayed)
 import uuid as _uuid_module
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NoReturn
+
+import msgspec
 
 from fusee import _codec as codec
 from fusee import _names as names
@@ -53,8 +54,7 @@ def step_key(run: Driver, op: StepOp) -> str:
     return f"{run.wid}/{run.run_no}/{op.seq}"
 
 
-@dataclass(slots=True)
-class StepContext:
+class StepContext(msgspec.Struct):
     """What a step function may take as its one argument (built only when it does)."""
 
     key: str
@@ -64,8 +64,7 @@ class StepContext:
     cancelled: bool = False
 
 
-@dataclass(slots=True)
-class Completion:
+class Completion(msgspec.Struct):
     """What `await_completion`'s send function receives."""
 
     token: str

@@ -6,8 +6,9 @@ from __future__ import annotations
 import inspect
 import typing
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, overload
+
+import msgspec
 
 from fusee import _names as names
 from fusee._errors import RejectedError
@@ -103,16 +104,14 @@ def workflow(
     return define
 
 
-@dataclass(frozen=True, slots=True)
-class Signal(Generic[In]):
+class Signal(msgspec.Struct, Generic[In], frozen=True):
     """A signal's name and payload type."""
 
     name: str
     type: Any = Any
 
 
-@dataclass(frozen=True, slots=True)
-class Query(Generic[In, Out]):
+class Query(msgspec.Struct, Generic[In, Out], frozen=True):
     """A query's name, argument and result types."""
 
     name: str
@@ -120,8 +119,7 @@ class Query(Generic[In, Out]):
     result: Any = Any
 
 
-@dataclass(frozen=True, slots=True)
-class Update(Generic[In, Out]):
+class Update(msgspec.Struct, Generic[In, Out], frozen=True):
     """An update's name, argument and result types."""
 
     name: str
@@ -154,8 +152,7 @@ def update_of(u: Update[Any, Any] | str) -> Update[Any, Any]:
     return Update(u) if isinstance(u, str) else u
 
 
-@dataclass(frozen=True, slots=True)
-class Retry:
+class Retry(msgspec.Struct, frozen=True):
     """A step's retry policy. The default: 3 attempts, ~100 ms then ~200 ms apart, each
     delay drawn between half of it and all of it so runs that fail together do not retry
     together. A failure is final when it is a `fusee.Fatal`, has `retryable = False`, its
@@ -167,7 +164,7 @@ class Retry:
     max: Duration = "10s"
     jitter: bool = True
     max_elapsed: Duration | None = None
-    non_retryable: Sequence[type[BaseException] | str] = field(default=())
+    non_retryable: Sequence[type[BaseException] | str] = ()
     retry_if: Callable[[Any, int], bool] | None = None
 
     def __post_init__(self) -> None:
