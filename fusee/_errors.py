@@ -85,6 +85,14 @@ class ConnectionError(FuseeError):
     code = "Connection"
 
 
+class LeaseLostError(FuseeError):
+    """The engine no longer holds the shard: its lease went to another holder, or the
+    shard was detached or stopped. Nothing more is recorded there by this engine; retry
+    the call (it goes to the shard's next holder)."""
+
+    code = "LeaseLost"
+
+
 class _FailureError(FuseeError):
     """An error that wraps a recorded failure as its `cause`."""
 

@@ -562,6 +562,7 @@ CODES = {
     fusee.CodecError: "Codec",
     fusee.ConnectionError: "Connection",
     fusee.IoError: "Io",
+    fusee.LeaseLostError: "LeaseLost",
     fusee.BusyError: "Busy",
     fusee.ClosedError: "Closed",
 }
@@ -592,7 +593,7 @@ def test_public_names_are_pinned():
     pinned = """
         AlreadyExistsError BusyError CancelledError ChildError ChildHandle ClosedError CodecError
         Completion ConnectionError Ctx DeterminismError Durability Engine Failure Fatal FuseeError
-        IoError NotFoundError Query RejectedError Replayer Retry Run RunDescription RunSummary Signal
+        IoError LeaseLostError NotFoundError Query RejectedError Replayer Retry Run RunDescription RunSummary Signal
         StepContext StepError SystemClock TerminatedError TimeoutError UnknownWorkflowError Update
         VirtualClock Workflow WorkflowError query signal update workflow
     """.split()

@@ -11,6 +11,7 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -167,6 +168,43 @@ async def test_damage_to_acknowledged_records_refuses_to_open_and_releases_the_d
 SEGMENT_BYTES_MIN, SEGMENT_BYTES_MAX = 16 << 10, 32 << 10  # small: many rolls
 
 
+class Reports:
+    """Stands where a shard would: what a local shard store reports to it."""
+
+    def __init__(self) -> None:
+        self.got: list[int | BaseException] = []
+        self.event = asyncio.Event()
+
+    def __call__(self, result: int | BaseException) -> None:
+        self.got.append(result)
+        self.event.set()
+
+    async def flush(self, store: Any) -> int:
+        """Ask for a flush and wait for the store's report."""
+        self.event.clear()
+        store.flush()
+        await asyncio.wait_for(self.event.wait(), 10)
+        result = self.got[-1]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+
+async def open_store(storage: Any, index: int) -> tuple[Any, Reports]:
+    reports = Reports()
+    return await storage.open_shard(index, reports, lambda item: None), reports
+
+
+async def recovered(store: Any) -> tuple[bytes | None, list[bytes]]:
+    """The checkpoint and every record after it, page by page."""
+    checkpoint = await store.latest_checkpoint()
+    position = checkpoint[0] if checkpoint is not None else 0
+    records: list[bytes] = []
+    while page := await store.records(position + len(records)):
+        records += page
+    return (checkpoint[1] if checkpoint is not None else None), records
+
+
 async def test_checkpoints_whose_positions_end_in_b_are_read_as_theirs(tmp_path: Path) -> None:
     """`checkpoint-000000000000039b.fck` was read as the second copy of position 0x39:
     with both retained positions ending in b, both were declared damaged, the run store
@@ -177,13 +215,12 @@ async def test_checkpoints_whose_positions_end_in_b_are_read_as_theirs(tmp_path:
     storage = await LocalStorage.open(
         data, 1, segment_bytes_min=SEGMENT_BYTES_MIN, segment_bytes_max=SEGMENT_BYTES_MAX
     )
-    store = await storage.open_shard(0)
-    await store.recover()
+    store, reports = await open_store(storage, 0)
     frame = store.put_run(b"a parked run's frame")
     for position, state in ((0x39B, b"older"), (0x3AB, b"newer")):
         while store.next_position < position:
             store.append(b"record %d" % store.next_position)
-        assert await store.flush() == position
+        assert await reports.flush(store) == position
         await store.checkpoint(position, state)
     assert storage.log.segment_ids()[0] > 1, "segments under both checkpoints were retired"
     await storage.close()
@@ -192,11 +229,9 @@ async def test_checkpoints_whose_positions_end_in_b_are_read_as_theirs(tmp_path:
         data, 1, segment_bytes_min=SEGMENT_BYTES_MIN, segment_bytes_max=SEGMENT_BYTES_MAX
     )
     try:
-        store = await storage.open_shard(0)
-        recovered = await store.recover()
-        assert recovered.checkpoint == b"newer"
-        assert recovered.records == []
-        assert await store.get_run(frame) == b"a parked run's frame"
+        store, _ = await open_store(storage, 0)
+        assert await recovered(store) == (b"newer", [])
+        assert await store.get_runs([frame]) == [b"a parked run's frame"]
     finally:
         await storage.close()
 
@@ -212,27 +247,27 @@ async def test_a_record_longer_than_recovery_reads_is_refused_and_the_longest_is
     longest = bytes(range(256)) * (RECORD_BYTES_MAX // 256) + b"x" * (RECORD_BYTES_MAX % 256)
     data = tmp_path / "data"
     storage = await LocalStorage.open(data, 2)
-    store = await storage.open_shard(0)
-    await store.recover()
+    store, reports = await open_store(storage, 0)
     store.append(b"first")
     store.append(longest)
-    assert await store.flush() == 2
+    assert await reports.flush(store) == 2
     await storage.abandon()  # a crash
 
     storage = await LocalStorage.open(data, 2)
     try:
-        store = await storage.open_shard(0)
-        recovered = await store.recover()
-        assert len(recovered.records) == 2 and recovered.records[1] == longest
-        other = await storage.open_shard(1)
-        await other.recover()
+        store, reports = await open_store(storage, 0)
+        _, records = await recovered(store)
+        assert len(records) == 2 and records[1] == longest
+        other, other_reports = await open_store(storage, 1)
         other.append(b"x" * (64 << 20))  # a batch of it alone would be over 64 MiB
         with pytest.raises(fusee.IoError, match="RECORD_BYTES_MAX"):
-            await other.flush()
-        with pytest.raises(fusee.IoError, match="RECORD_BYTES_MAX"):
-            await other.flush()  # the shard stays stopped
+            await other_reports.flush(other)
+        other.flush()  # the shard stays stopped: nothing more is written or reported
+        other.append(b"more")
+        await asyncio.sleep(0.05)
+        assert len(other_reports.got) == 1 and storage.log.durable(1) == 0
         store.append(b"the other shard goes on")
-        assert await store.flush() == 3
+        assert await reports.flush(store) == 3
     finally:
         await storage.abandon()
 
@@ -420,11 +455,10 @@ async def test_a_shard_closed_during_its_checkpoint_still_gets_the_second_copy(t
     from fusee_server.local import LocalStorage
 
     storage = await LocalStorage.open(tmp_path / "data", 1)
-    store = await storage.open_shard(0)
-    await store.recover()
+    store, reports = await open_store(storage, 0)
     for i in range(5):
         store.append(b"record %d" % i)
-    assert await store.flush() == 5
+    assert await reports.flush(store) == 5
     writing = asyncio.ensure_future(store.checkpoint(5, b"state"))
     await asyncio.sleep(0)  # under way, not finished
     await store.close()

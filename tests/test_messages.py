@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import fusee
+from fusee.storage import MemoryStorage
 from fusee.testing import TestEngine
 
 CALLS: Counter[str] = Counter()
@@ -390,7 +391,7 @@ async def test_cancel_workflow_cancels_the_target(kit, where):
 
 async def _exchange_done_once(t: TestEngine, p: str, c: str) -> None:
     assert await t.result(p) == ["Point", 4, 40]
-    if t.storage.stores[0].instant:
+    if isinstance(t.storage, MemoryStorage) and t.storage.stores[0].instant:
         assert CALLS == {f"work:{c}": 1, f"finish:{c}": 1}
     else:
         # At least once: a crash between a step's function and its flushed result runs

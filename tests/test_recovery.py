@@ -121,7 +121,7 @@ async def test_checkpoint_then_crash_recovers_parked_runs_without_loading_them(k
     store = t.storage.stores[0]
     if isinstance(store, MemoryShardStore):
         assert store.checkpoint_position == shard.appended
-        assert (await store.recover()).records == []  # the checkpoint covers the whole log
+        assert store.log == []  # the checkpoint covers the whole log
     else:
         assert store.files.checkpoint_positions()[-1] == shard.appended
     await t.crash()
@@ -140,7 +140,7 @@ async def test_clean_close_leaves_nothing_to_replay():
     await asyncio.sleep(0)
     await engine.close()
     for store in storage.stores:
-        assert (await store.recover()).records == []
+        assert store.log == []  # a checkpoint covers every record
     again = await fusee.Engine.open(workflows=[sleepy], storage=storage)
     assert (await again.run("z-1").status()).status == "running"
     await again.close()
@@ -219,8 +219,8 @@ async def test_an_engine_can_hold_some_shards_only():
     child = next(f"k-{i}" for i in range(100) if engine.shard_index(f"k-{i}") != 0)
     await engine.start(mother, parent, child)
     # The child's start is for a shard held elsewhere: it waits for a relay.
-    await eventually(lambda: engine.unrouted)
-    index, msg = engine.unrouted[0]
+    await eventually(lambda: storage.relayed.waiting)
+    [(index, [msg])] = storage.relayed.waiting.items()
     assert index == engine.shard_index(child) and isinstance(msg, Msg) and msg.kind == "start"
     try:
         engine.run(child)._shard  # noqa: B018 - the property is the check
@@ -320,7 +320,7 @@ async def test_an_unacknowledged_message_makes_its_resend_the_next_due_time():
     parent = next(f"m-{i}" for i in range(100) if engine.shard_index(f"m-{i}") == 0)
     child = next(f"k-{i}" for i in range(100) if engine.shard_index(f"k-{i}") == 1)
     await engine.start(mother, parent, child)
-    await eventually(lambda: engine.unrouted)  # the start of a child on shard 1, not held here
+    await eventually(lambda: storage.relayed.waiting)  # the start of a child on shard 1, not held here
     shard = engine.by_index[0]
     assert shard.next_due_ms() == clock.now_ms() + 1000
     assert not shard.idle()
@@ -358,8 +358,9 @@ async def test_a_message_unacknowledged_at_a_checkpoint_goes_out_again_after_reo
     parent = next(f"m-{i}" for i in range(100) if engine.shard_index(f"m-{i}") == 0)
     child = next(f"k-{i}" for i in range(100) if engine.shard_index(f"k-{i}") == 1)
     await engine.start(mother, parent, child)
-    await eventually(lambda: engine.unrouted)
+    await eventually(lambda: storage.relayed.waiting)
     await engine.close()  # flush, then a checkpoint with the start still pending
+    storage.relayed.waiting.clear()  # the relay lost it: only the checkpoint's outbox has it
     assert not storage.stores[0].log[storage.stores[0].checkpoint_position - storage.stores[0].log_start :]
     effects.clear()
     engine = await fusee.Engine.open(workflows=[mother, kid], storage=storage)
@@ -393,11 +394,13 @@ async def test_a_child_loaded_at_a_checkpoint_that_ends_after_it_sends_its_resul
     assert await asyncio.wait_for(engine.run(child).result(), 5) == "done"
 
     def results() -> list[Msg]:
-        return [m for _, m in engine.unrouted if isinstance(m, Msg) and m.kind == "result"]
+        waiting = storage.relayed.waiting.get(1, [])
+        return [m for m in waiting if isinstance(m, Msg) and m.kind == "result"]
 
     await eventually(results)
     sent = results()[0]
     engine.abandon()  # a crash: shard 1 never acknowledged the result
+    storage.relayed.waiting.clear()  # and the relay lost it
     engine = await fusee.Engine.open(workflows=[waits_for_go], storage=storage, shard_ids=[0])
     try:
         await eventually(results)

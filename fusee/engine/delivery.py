@@ -66,6 +66,8 @@ class Delivery:
         if pending is None:
             return
         pending.sent_at = self.now_ms()
+        if not pending.first_sent:
+            pending.first_sent = pending.sent_at
         self.start_ticks()  # resends
         self.engine.route(msg)
 

@@ -27,6 +27,7 @@ from fusee._errors import (
     failure_from,
 )
 from fusee.engine.handle import Run, RunSummary, _status
+from fusee.engine.idle import IdleReport
 from fusee.engine.recovery import recover
 from fusee.engine.run import RunState
 from fusee.engine.shard import Shard
@@ -77,10 +78,6 @@ class Engine:
         self.by_index: dict[int, Shard] = {}
         self.stopped: dict[int, Shard] = {}  # shards that stopped (a failed flush): their error
         self.shard_count = storage.shards
-        # Messages for shards this engine does not hold go here: the remote backend relays
-        # them through the server; until one is attached they wait in `unrouted`.
-        self.relay: Callable[[int, Msg | Ack], None] | None = None
-        self.unrouted: list[tuple[int, Msg | Ack]] = []
         self.closed = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._step_threads: ThreadPoolExecutor | None = None
@@ -138,26 +135,66 @@ class Engine:
 
     async def _open_shards(self, shard_ids: Sequence[int] | None) -> None:
         """Open and recover the shards this engine holds (all, unless `shard_ids` names
-        some: an invoked worker holds only the shards it was granted)."""
-        for index in shard_ids if shard_ids is not None else range(self.storage.shards):
-            if not 0 <= index < self.storage.shards:
-                raise RejectedError(
-                    f"shard_ids: {index} is not a shard (the storage has {self.storage.shards})"
-                )
-            shard = Shard(self, index, await self.storage.open_shard(index))
-            self.shards.append(shard)
-            self.by_index[index] = shard
+        some: an invoked worker holds only the shards it was granted), side by side."""
+        indexes = list(shard_ids) if shard_ids is not None else list(range(self.storage.shards))
+        for index in indexes:
+            self._check_index(index)
         # Recovery allocates a run state per run it replays, all of them kept: the cyclic
         # collector would scan them again and again for nothing (a third of the time).
         collecting = gc.isenabled()
         gc.disable()
         try:
-            for shard in self.shards:
-                await recover(shard)
-                shard.start_ticks()
+            await asyncio.gather(*(self._attach(index) for index in dict.fromkeys(indexes)))
         finally:
             if collecting:
                 gc.enable()
+
+    def _check_index(self, index: int) -> None:
+        if type(index) is not int or not 0 <= index < self.storage.shards:
+            raise RejectedError(
+                f"shard_ids: {index!r} is not a shard (the storage has {self.storage.shards})"
+            )
+
+    async def attach(self, index: int) -> None:
+        """Take shard `index` while the engine runs (a standby taking a shard another
+        holder let go): open it under a new lease, recover it, and start its timers."""
+        self._check_open()
+        self._check_index(index)
+        if index in self.by_index:
+            raise RejectedError(f"shard {index} is attached already")
+        await self._attach(index)
+
+    async def _attach(self, index: int) -> None:
+        began = asyncio.get_running_loop().time()
+        shard = Shard(self, index)
+        shard.store = await self.storage.open_shard(index, shard.on_durable, shard.on_relayed)
+        try:
+            await recover(shard)
+        except BaseException:
+            shard.abandon()
+            shard.store.abandon()
+            raise
+        if self.closed:
+            shard.abandon()
+            shard.store.abandon()
+            raise ClosedError("the engine is closed; open a new one")
+        shard.open_ms = (asyncio.get_running_loop().time() - began) * 1000
+        self.by_index[index] = shard
+        self.shards.append(shard)
+        self.shards.sort(key=lambda s: s.index)
+        self.stopped.pop(index, None)
+        shard.start_ticks()
+
+    async def detach(self, index: int, deadline: float | None = None) -> IdleReport:
+        """Let go of shard `index` while the engine runs (an invoked worker's budget
+        ended, a drain finished): close it as `close` does (flush, then checkpoint,
+        within `deadline` seconds) and hand it back; calls for its workflows are
+        refused from then on."""
+        shard = self.by_index.get(index)
+        if shard is None:
+            raise RejectedError(f"shard {index} is not attached to this engine")
+        self._leave(shard)
+        return await shard.close(deadline)
 
     def register(self, *workflows: Workflow[Any]) -> None:
         """Add workflow code. Runs of these types that were waiting for their code (opened
@@ -185,24 +222,32 @@ class Engine:
     async def __aexit__(self, *_: Any) -> None:
         await self.close()
 
-    async def close(self) -> None:
-        """Flush and checkpoint every shard, then release the storage."""
+    async def close(self, deadline: float | None = None, *, budget_ended: bool = False) -> list[IdleReport]:
+        """Close every shard side by side (flush, then checkpoint), then release the
+        storage; never waits past `deadline` seconds (see `Shard.close`). Returns how
+        each shard was left."""
         if self.closed:
-            return
+            return []
         self.closed = True
+        shards = list(self.shards)
+        closing = [shard.close(deadline, budget_ended=budget_ended) for shard in shards]
+        results = await asyncio.gather(*closing, return_exceptions=True)
+        reports: list[IdleReport] = []
         error: BaseException | None = None
-        for shard in list(self.shards):
-            try:
-                await shard.close()
-            except Exception as exc:  # noqa: BLE001 - close the others and the storage first
-                error = error or exc
+        for shard, result in zip(shards, results, strict=True):
+            if isinstance(result, BaseException):
+                error = error or result  # the others and the storage are closed first
                 shard.abandon()
+                shard.store.abandon()
+            else:
+                reports.append(result)
         for task in self._tasks:
             task.cancel()
         self._stop_step_threads()
         await self.storage.close()
         if error is not None:
             raise error
+        return reports
 
     def abandon(self) -> None:
         """Drop the engine's memory without flushing (a crash, for the test kit)."""
@@ -251,34 +296,32 @@ class Engine:
         return shard
 
     def shard_stopped(self, shard: Shard) -> None:
-        """A shard stopped (a failed flush, a refused run-store write): it leaves the
-        engine; calls for its workflows get its error."""
+        """A shard stopped (a failed write, a lost lease): it leaves the engine; calls for
+        its workflows get its error."""
         if self.by_index.get(shard.index) is shard:
-            del self.by_index[shard.index]
-            self.shards.remove(shard)
+            self._leave(shard)
             self.stopped[shard.index] = shard
 
+    def _leave(self, shard: Shard) -> None:
+        del self.by_index[shard.index]
+        self.shards.remove(shard)
+
     def route(self, msg: Msg) -> None:
-        """Deliver a message to its target's shard, on a later turn of the loop."""
+        """Deliver a message to its target's shard, on a later turn of the loop; one this
+        engine does not hold goes through the storage's relay."""
         index = self.shard_index(msg.target)
         shard = self.by_index.get(index)
         if shard is None:
-            self._relay(index, msg)
+            self.storage.relay(index, msg)
         else:
             self._spawn(shard.receive(msg))
 
     def route_ack(self, src: int, ack: Ack) -> None:
         shard = self.by_index.get(src)
         if shard is None:
-            self._relay(src, ack)
+            self.storage.relay(src, ack)
         else:
             self._spawn(shard.acked(ack))
-
-    def _relay(self, index: int, item: Msg | Ack) -> None:
-        if self.relay is not None:
-            self.relay(index, item)
-        else:
-            self.unrouted.append((index, item))
 
     def _spawn(self, coro: Any) -> None:
         if self.closed:

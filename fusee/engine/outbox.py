@@ -16,13 +16,15 @@ from fusee._errors import Failure
 from fusee.journal import Msg
 
 RESEND_MS = 1000
+ANSWER_WAIT_MS = 3000  # how long an unanswered message keeps a shard from being idle
 
 
 class Pending(msgspec.Struct):
     msg: Msg
     wid: str  # the sending run (for answers that resolve one of its operations)
     run: int
-    sent_at: int = 0
+    sent_at: int = 0  # the latest send, unix ms (0: not sent yet)
+    first_sent: int = 0  # the first send by this holder: an idle shard waits 3 s for its answer
 
 
 class Outbox:

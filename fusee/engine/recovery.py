@@ -43,10 +43,13 @@ def _frame_of(shard: Shard, run: RunState) -> int:
 
 
 async def recover(shard: Shard) -> None:
-    recovered = await shard.store.recover()
+    """Rebuild a shard from its store: the newest checkpoint, then the log after it, read
+    page by page; run frames are read in one batch."""
+    store = shard.store
+    latest = await store.latest_checkpoint()
     active: list[IndexEntry] = []
-    if recovered.checkpoint is not None:
-        checkpoint = R.decode_checkpoint(recovered.checkpoint)
+    if latest is not None:
+        checkpoint = R.decode_checkpoint(latest[1])
         shard.appended = shard.durable = shard.checkpoint_position = checkpoint.position
         shard.outbox.next_msg = checkpoint.next_msg
         for msg, wid, run_no in checkpoint.outbox:
@@ -65,57 +68,72 @@ async def recover(shard: Shard) -> None:
 
     # The log after the checkpoint, grouped by workflow ID in order of first appearance.
     tails: dict[str, list[tuple[int, R.Rec]]] = {}
-    position = shard.appended
-    for data in recovered.records:
-        position += 1
-        logged = R.decode_entry(data)
-        if logged.wid == "":
-            shard.outbox.note("", 0, logged.rec, None)
-        else:
-            tails.setdefault(logged.wid, []).append((logged.run, logged.rec))
+    start = position = shard.appended
+    while page := await store.records(position):
+        for data in page:
+            position += 1
+            logged = R.decode_entry(data)
+            if logged.wid == "":
+                shard.outbox.note("", 0, logged.rec, None)
+            else:
+                tails.setdefault(logged.wid, []).append((logged.run, logged.rec))
     shard.appended = shard.durable = position
 
     # Runs that were loaded at the checkpoint are loaded again (a step may have been in
-    # flight); their IDs are in their frames.
+    # flight); their IDs are in their frames. Runs parked before it and active in the log
+    # after it start from their frames too: every frame is read in one batch.
     bases: dict[str, IndexEntry] = {}
-    for entry in active:
-        frame = R.decode_frame(await shard.store.get_run(entry.ref))
+    for entry, frame in zip(active, await _frames(shard, active), strict=True):
         entry.wid, entry.status = frame.wid, "parked"
         bases[frame.wid] = entry
         tails.setdefault(frame.wid, [])
+    for wid in tails:
+        if wid not in bases and (indexed := shard.index_entries.pop(wid)) is not None:
+            bases[wid] = indexed
+    frames = await _frames(shard, list(bases.values()))
+    in_frames = {wid: frame.records for wid, frame in zip(bases, frames, strict=True)}
 
     # Every record is read, and the outbox kept in step with it, before any run goes
     # live: a revived run may send at once, and must take a message number after every
     # number the log holds (one a later run's record raised the counter to), or the
     # receiver drops its message as a duplicate of that one.
-    journals = [await _journal_of(shard, wid, tails[wid], bases.get(wid)) for wid in list(tails)]
+    journals = [
+        _journal_of(shard, wid, tails[wid], bases.get(wid), in_frames.get(wid)) for wid in list(tails)
+    ]
     for wid, run_no, records, base in journals:
         _revive(shard, wid, run_no, records, base)
 
-    # Messages recovered from durable records go out again; duplicates are absorbed.
-    for pending in list(shard.outbox.pending.values()):
-        shard._deliver(pending.msg)
-    if recovered.checkpoint is not None and not recovered.records and not active:
+    if latest is not None and position == start and not active:
         # Nothing after the checkpoint and no run loaded from it (a loaded run may change
         # without a record: one whose code is missing here waits for it): the shard is
         # as the checkpoint describes it, and closing before anything changes writes none.
         shard.checkpointed = (shard.appended, shard.index_entries.changes)
+
+    # Messages recovered from durable records go out again; duplicates are absorbed.
+    for pending in list(shard.outbox.pending.values()):
+        shard._deliver(pending.msg)
     due = shard.index_entries.next_due_ms()
     if due:
         shard._arm_for(due)
 
 
-async def _journal_of(
-    shard: Shard, wid: str, tail: list[tuple[int, R.Rec]], base: IndexEntry | None
+async def _frames(shard: Shard, entries: list[IndexEntry]) -> list[R.Frame]:
+    if not entries:
+        return []
+    return [R.decode_frame(data) for data in await shard.store.get_runs([e.ref for e in entries])]
+
+
+def _journal_of(
+    shard: Shard,
+    wid: str,
+    tail: list[tuple[int, R.Rec]],
+    base: IndexEntry | None,
+    in_frame: list[R.Rec] | None,
 ) -> tuple[str, int, list[R.Rec], IndexEntry | None]:
     """A run's journal as recovery finds it: its frame (if it had one), then its records in
     the log after the checkpoint; each record is noted in the outbox."""
-    if base is None:
-        base = shard.index_entries.pop(wid)
     run_no = base.run_no if base is not None else 0
-    records: list[R.Rec] = []
-    if base is not None:
-        records = list(R.decode_frame(await shard.store.get_run(base.ref)).records)
+    records: list[R.Rec] = list(in_frame) if in_frame is not None else []
     started: R.Started | None = records[0] if records and isinstance(records[0], R.Started) else None
     for number, rec in tail:
         if number != run_no:

@@ -13,7 +13,7 @@ import heapq
 import logging
 import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -25,14 +25,16 @@ from fusee._errors import (
     Failure,
     FuseeError,
     IoError,
+    LeaseLostError,
     RejectedError,
 )
 from fusee.engine.delivery import Delivery
+from fusee.engine.idle import IdleReport
 from fusee.engine.index import RunIndex
-from fusee.engine.outbox import RESEND_MS, Outbox
+from fusee.engine.outbox import ANSWER_WAIT_MS, RESEND_MS, Outbox
 from fusee.engine.run import RunState, stop_step
 from fusee.engine.steps import StepRunner
-from fusee.journal import IndexEntry
+from fusee.journal import Ack, IndexEntry, Msg
 from fusee.storage import ShardStore
 from fusee.workflow.ops import StepOp
 
@@ -61,10 +63,10 @@ class StoredRun(msgspec.Struct):
 
 
 class Shard(StepRunner, Delivery):
-    def __init__(self, engine: Engine, index: int, store: ShardStore) -> None:
+    def __init__(self, engine: Engine, index: int) -> None:
         self.engine = engine
         self.index = index
-        self.store = store
+        self.store: ShardStore  # set by the engine: the store reports to this shard's methods
         self.clock = engine.clock
         self.runs: dict[str, RunState] = {}
         self.runs_peak = 0
@@ -74,8 +76,9 @@ class Shard(StepRunner, Delivery):
         self.durable = 0
         self.gates: deque[tuple[int, Callable[[], None]]] = deque()
         self.flushing = False
-        self.failed: BaseException | None = None
-        self.failed_why = ""
+        self.appending = False
+        self.failed: BaseException | None = None  # the storage failure that stopped it
+        self.stop_error: FuseeError | None = None  # what callers get once it stopped
         self.waiting: set[asyncio.Future[None]] = set()
         self.timers: list[tuple[int, int, str, int, int]] = []
         self.timer_count = 0
@@ -89,6 +92,7 @@ class Shard(StepRunner, Delivery):
         self.ready: set[RunState] = set()
         self.pump_scheduled = False
         self.steps_run = 0
+        self.open_ms = 0.0  # how long attaching took: opening, then recovery
         self.calls = 0
         self.checkpoint_position = 0
         # (log position, index changes) the newest checkpoint covers: the same pair now
@@ -111,7 +115,9 @@ class Shard(StepRunner, Delivery):
 
     def append(self, run: RunState, rec: R.Rec) -> int:
         """Stage a run's record. Visible at once; durable with the next flush."""
+        self.appending = True  # a store durable on append reports from inside it
         lsn = self.store.append(R.encode_entry(R.Entry(run.wid, run.run_no, rec)))
+        self.appending = False
         self.appended = lsn
         sent = self.outbox.note(run.wid, run.run_no, rec, run.started.parent)
         if sent is not None:
@@ -120,70 +126,69 @@ class Shard(StepRunner, Delivery):
         return lsn
 
     def append_shard(self, rec: R.Rec) -> int:
+        self.appending = True
         lsn = self.store.append(R.encode_entry(R.Entry("", 0, rec)))
+        self.appending = False
         self.appended = lsn
         self.outbox.note("", 0, rec, None)
         self._made(lsn)
         return lsn
 
     def _made(self, lsn: int) -> None:
-        if self.store.instant:
-            self.durable = lsn
+        if self.durable >= lsn:
             if self.gates:
                 self._release()
         elif not self.flushing:
+            # Asked for on the next turn: the records this turn makes (an effect and its
+            # dedupe record, a run's end and the next run's start) share one batch.
             self.flushing = True
             asyncio.get_running_loop().call_soon(self._start_flush)
+
+    def on_relayed(self, item: Msg | Ack) -> None:
+        """The store's relay: a message or acknowledgment from a shard another engine
+        holds (or held, before this one attached)."""
+        if self.closed:
+            return  # the sender resends what is not acknowledged
+        if isinstance(item, Msg):
+            self.engine._spawn(self.receive(item))
+        else:
+            self.engine._spawn(self.acked(item))
 
     def _start_flush(self) -> None:
         if self.closed:
             self.flushing = False
             return
-        request = getattr(self.store, "request_flush", None)
-        if request is not None:
-            request(self._flushed)
-        else:
-            self.engine._spawn(self._flush_loop())
+        self.store.flush()
 
-    def _flushed(self, durable: int | BaseException) -> None:
-        """A store that calls back when a flush is durable (local mode's writer thread)
-        saves a task and a turn of the loop per flush. The next flush is asked for at the
-        end of this callback: whatever the released gates recorded is complete by then,
-        so the records of one turn still share a batch."""
+    def on_durable(self, durable: int | BaseException) -> None:
+        """The store's one report: durable up to a position, or a failure that stops the
+        shard. One flush is asked for at a time; the next is asked for at the end of
+        this report, so whatever the released gates recorded goes in the next batch."""
         if self.closed:
-            # Abandoned (a crash) or closed: nothing is answered or released from here on,
-            # as nothing would be by a process that died.
+            # Abandoned (a crash), closed or stopped: nothing is answered or released
+            # from here on, as nothing would be by a process that died.
             self.flushing = False
             return
         if isinstance(durable, BaseException):
             self.flushing = False
-            log.error("shard %d: flush failed, the shard stops: %s", self.index, durable)
-            self.fail(durable)
+            # Never acknowledge after a failed write: the kernel may have dropped the
+            # pages, or another holder owns the shard now. Callers waiting on it get the
+            # error; nothing gated (a step, a message) is released.
+            if isinstance(durable, LeaseLostError):
+                log.warning("shard %d: lease lost, the shard stops here: %s", self.index, durable)
+                self.stop(durable)
+            else:
+                log.error("shard %d: a write failed, the shard stops: %s", self.index, durable)
+                self.fail(durable)
             return
-        self.durable = max(self.durable, durable)
+        if durable > self.durable:
+            self.durable = durable
+        if self.appending:
+            return  # inside `append`: it releases once its own bookkeeping is done
         self._release()
         if self.durable < self.appended and not self.closed:
-            self.store.request_flush(self._flushed)  # type: ignore[attr-defined]
+            self.store.flush()
         else:
-            self.flushing = False
-
-    async def _flush_loop(self) -> None:
-        """One flush in flight; the next starts when it completes, so batches grow with
-        load and an idle shard flushes a lone record at once."""
-        try:
-            while self.durable < self.appended and not self.closed:
-                durable = await self.store.flush()
-                if self.closed:
-                    break  # abandoned meanwhile: nothing is released
-                self.durable = durable
-                self._release()
-        except Exception as exc:  # noqa: BLE001
-            # Never acknowledge after a failed flush: the kernel may have dropped the
-            # pages, so the shard stops. Callers waiting for durability get the error;
-            # nothing gated (a step, a message) is released.
-            log.error("shard %d: flush failed, the shard stops: %s", self.index, exc)
-            self.fail(exc)
-        finally:
             self.flushing = False
 
     def when_durable(self, lsn: int, fn: Callable[[], None]) -> None:
@@ -210,28 +215,34 @@ class Shard(StepRunner, Delivery):
         await fut
 
     def check(self) -> None:
-        """Refuse work on a shard that stopped after a failed flush."""
-        if self.failed is not None:
-            raise self.stopped_error()
+        """Refuse work on a shard that stopped (a failed write, a lost lease, a detach)."""
+        if self.stop_error is not None:
+            raise self.stop_error
 
-    def stopped_error(self) -> IoError:
-        return IoError(
-            f"shard {self.index} {self.failed_why} ({self.failed}); nothing more is acknowledged "
-            "for its workflows: restart the process (what was acknowledged is recovered)"
-        )
+    def stopped_error(self) -> FuseeError:
+        return self.stop_error or _closed()
 
     def fail(self, exc: BaseException, why: str = "stopped after a failed flush") -> None:
-        """Stop the shard: nothing more is recorded or acknowledged (the kernel may have
-        dropped the pages of a failed write), every caller waiting on it gets the error,
-        and it leaves the engine, so it holds no timers and counts as neither busy nor
-        idle."""
-        if self.failed is not None:
-            return
+        """Stop the shard after a failure of its storage or of the engine itself."""
         self.failed = exc
-        self.failed_why = why
+        self.stop(
+            IoError(
+                f"shard {self.index} {why} ({exc}); nothing more is acknowledged for its "
+                "workflows: restart the process (what was acknowledged is recovered)"
+            )
+        )
+
+    def stop(self, error: FuseeError) -> None:
+        """Stop the shard at once: nothing more is recorded or acknowledged (the kernel may
+        have dropped the pages of a failed write; another holder may own the shard now),
+        every caller waiting on it gets `error`, and it leaves the engine, so it holds no
+        timers and counts as neither busy nor idle. What was acknowledged stays: the
+        shard's next holder recovers it."""
+        if self.stop_error is not None:
+            return
+        self.stop_error = error
         self.abandon()
         self.gates.clear()
-        error = self.stopped_error()
         waiting: list[asyncio.Future[Any]] = [*self.waiting, *self.loading.values()]
         for results in self.result_waiters.values():
             waiting.extend(results)
@@ -320,8 +331,9 @@ class Shard(StepRunner, Delivery):
                 run = self.runs.get(wid)
                 if run is not None and run.run_no == run_no and run.timers.get(seq) == due:
                     self._timer_due(run, seq)
-        for key in self.index_entries.take_due(now):
-            self.engine._spawn(self.wake(key))
+        due_keys = self.index_entries.take_due(now)
+        if due_keys:
+            self.engine._spawn(self.wake(due_keys))
         nexts = [d for d in (timers[0][0] if timers else 0, self.index_entries.next_due_ms()) if d]
         if nexts:
             self._arm(min(nexts))
@@ -342,7 +354,7 @@ class Shard(StepRunner, Delivery):
         elif op is not None and not op.done:
             run.event(R.TimerFired(seq))
 
-    def next_due_ms(self) -> int:
+    def next_due_ms(self, *, resends: bool = True) -> int:
         """The earliest timer, retry or resend this shard has (0: none)."""
         due = self.index_entries.next_due_ms()
         for entry in self.timers:
@@ -350,7 +362,7 @@ class Shard(StepRunner, Delivery):
                 continue
             if self._timer_valid(entry) and (not due or entry[0] < due):
                 due = entry[0]
-        for pending in self.outbox.pending.values():
+        for pending in self.outbox.pending.values() if resends else ():
             resend = pending.sent_at + RESEND_MS
             if not due or resend < due:
                 due = resend
@@ -447,16 +459,41 @@ class Shard(StepRunner, Delivery):
             self.stale_timers = 0
 
     def idle(self) -> bool:
-        """Nothing can make progress here (spec: Idle)."""
-        if self.appended > self.durable or self.calls or self.outbox.pending or self.ready or self.loading:
+        """Nothing can make progress here (spec: Idle): every loaded run waits on a timer,
+        a signal, a child or a completion; no load, call, flush or checkpoint is under
+        way; every message sent in the last 3 s is answered (an older one no longer holds
+        the shard: its resend goes out from the shard's next holder); and the next due
+        time is at least 250 ms away."""
+        if self.appended > self.durable or self.calls or self.ready or self.loading or self.checkpointing:
             return False
         for run in self.runs.values():
             if run.status == "running" and (
                 run.in_flight() or run.completions or run.pending_start or run.replaying
             ):
                 return False
+        now = self.now_ms()
+        for pending in self.outbox.pending.values():
+            if not pending.first_sent or now - pending.first_sent < ANSWER_WAIT_MS:
+                return False
+        due = self.next_due_ms(resends=False)
+        return not due or due - now >= IDLE_DUE_MS
+
+    def report(self, *, budget_ended: bool = False, handed_back: Sequence[str] = ()) -> IdleReport:
+        """What an invoked worker tells the server of this shard as it leaves."""
+        now = self.now_ms()
         due = self.next_due_ms()
-        return not due or due - self.now_ms() >= IDLE_DUE_MS
+        steps_running = bool(handed_back) or any(run.in_flight() for run in self.runs.values())
+        return IdleReport(
+            shard=self.index,
+            epoch=self.store.epoch,
+            work_left=steps_running or not self.idle(),
+            budget_ended=budget_ended,
+            next_due_ms=0 if steps_running else (max(0, due - now) if due else None),
+            steps_run=self.steps_run,
+            open_ms=self.open_ms,
+            types_without_code=sorted(self.types_without_code),
+            handed_back=list(handed_back),
+        )
 
     # -- runs: start, load, end ----------------------------------------------------------------
 
@@ -560,59 +597,80 @@ class Shard(StepRunner, Delivery):
             return None
         return await self._load_entry(entry, wid)
 
-    async def load_key(self, key: int) -> RunState | None:
-        """Load a parked run known by its index key (its timer came due)."""
-        entry = self.index_entries.get_key(key)
-        if entry is None or entry.status != "parked":
-            return None
-        return await self._load_entry(entry, "")
-
     async def _load_entry(self, entry: IndexEntry, wid: str) -> RunState | None:
-        name = wid or str(entry.key)
-        waiting = self.loading.get(name)
-        if waiting is not None:
-            return await waiting
+        return (await self._load_entries([(entry, wid)]))[0]
+
+    async def _load_entries(self, wanted: list[tuple[IndexEntry, str]]) -> list[RunState | None]:
+        """Load parked runs, their frames read in one batch (a mass wake-up makes one
+        round trip to the run store, not one per run). A run already being loaded is
+        waited for, not read twice."""
         self.check()
-        fut: asyncio.Future[RunState | None] = asyncio.get_running_loop().create_future()
-        self.loading[name] = fut
-        try:
-            try:
-                frame = R.decode_frame(await self.store.get_run(entry.ref))
-            except Exception as error:  # noqa: BLE001 - an unreadable frame stops the shard
-                log.error(
-                    "shard %d: a run-store frame cannot be read, the shard stops: %s", self.index, error
-                )
-                self.fail(error, "stopped after a run-store frame could not be read")
-                raise self.stopped_error() from None
-            if self.closed:
-                raise self.stopped_error() if self.failed is not None else _closed()
-            if wid and frame.wid != wid:
-                run = None  # the hash belongs to another ID: this one has no parked run
-            elif frame.wid in self.runs:
-                run = self.runs[frame.wid]
+        loop = asyncio.get_running_loop()
+        results: list[RunState | None] = [None] * len(wanted)
+        mine: list[tuple[int, IndexEntry, str, str, asyncio.Future[RunState | None]]] = []
+        others: list[tuple[int, asyncio.Future[RunState | None]]] = []
+        for i, (entry, wid) in enumerate(wanted):
+            name = wid or str(entry.key)
+            waiting = self.loading.get(name)
+            if waiting is not None:
+                others.append((i, waiting))
             else:
-                current = self.index_entries.get(frame.wid)
-                if current is None or current.ref != entry.ref or current.status != entry.status:
-                    run = self.runs.get(frame.wid)  # loaded, finished or re-parked meanwhile
-                else:
-                    self.index_entries.pop(frame.wid)
-                    run = self.revive(frame.wid, frame.run, frame.records)
-            if not fut.done():
-                fut.set_result(run)
-            return run
+                fut = self.loading[name] = loop.create_future()
+                mine.append((i, entry, wid, name, fut))
+        try:
+            if mine:
+                try:
+                    data = await self.store.get_runs([entry.ref for _, entry, _, _, _ in mine])
+                    frames = [R.decode_frame(frame) for frame in data]
+                except Exception as error:  # noqa: BLE001 - an unreadable frame stops the shard
+                    log.error(
+                        "shard %d: a run-store frame cannot be read, the shard stops: %s", self.index, error
+                    )
+                    self.fail(error, "stopped after a run-store frame could not be read")
+                    raise self.stopped_error() from None
+                if self.closed:
+                    raise self.stopped_error()
+                for (i, entry, wid, _, fut), frame in zip(mine, frames, strict=True):
+                    results[i] = run = self._loaded(entry, wid, frame)
+                    if not fut.done():
+                        fut.set_result(run)
         except BaseException as error:
-            if not fut.done():
-                fut.set_exception(error)
-                fut.exception()  # retrieved: the caller that raised reports it
+            for _, _, _, _, fut in mine:
+                if not fut.done():
+                    fut.set_exception(error)
+                    fut.exception()  # retrieved: the caller that raised reports it
             raise
         finally:
-            del self.loading[name]
+            for _, _, _, name, _ in mine:
+                del self.loading[name]
+        for i, waiting in others:
+            results[i] = await waiting
+        return results
 
-    async def wake(self, key: int) -> None:
-        """Load a parked run whose timer came due (a task of its own). A stopped or closed
-        shard has nothing to wake; its due time stays in its index and checkpoint."""
+    def _loaded(self, entry: IndexEntry, wid: str, frame: R.Frame) -> RunState | None:
+        if wid and frame.wid != wid:
+            return None  # the hash belongs to another ID: this one has no parked run
+        if frame.wid in self.runs:
+            return self.runs[frame.wid]
+        current = self.index_entries.get(frame.wid)
+        if current is None or current.ref != entry.ref or current.status != entry.status:
+            return self.runs.get(frame.wid)  # loaded, finished or re-parked meanwhile
+        self.index_entries.pop(frame.wid)
+        return self.revive(frame.wid, frame.run, frame.records)
+
+    async def wake(self, keys: list[int]) -> None:
+        """Load parked runs whose timers came due (a task of their own), in one batch. A
+        stopped or closed shard has nothing to wake; due times stay in its index and
+        checkpoint."""
+        wanted = []
+        for key in keys:
+            entry = self.index_entries.get_key(key)
+            if entry is not None and entry.status == "parked":
+                wanted.append((entry, ""))
+        if not wanted:
+            return
         try:
-            await self.load_key(key)
+            await self._load_entries(wanted)
         except FuseeError:
             pass
 
@@ -720,7 +778,7 @@ class Shard(StepRunner, Delivery):
         entry = self.index_entries.get(wid)
         if entry is None:
             return None
-        frame = R.decode_frame(await self.store.get_run(entry.ref))
+        frame = R.decode_frame((await self.store.get_runs([entry.ref]))[0])
         if frame.wid != wid:
             return None
         last = frame.records[-1]
@@ -728,10 +786,12 @@ class Shard(StepRunner, Delivery):
         return StoredRun(wid, frame.run, entry.type, entry.status, frame.records, outcome)
 
     async def indexed(self) -> list[tuple[str, IndexEntry]]:
-        """Every index entry with its workflow ID, read from its frame (for listings)."""
+        """Every index entry with its workflow ID, read from its frame (for listings): one
+        batch of run-store reads."""
+        entries = list(self.index_entries.entries())
         out = []
-        for entry in list(self.index_entries.entries()):
-            frame = R.decode_frame(await self.store.get_run(entry.ref))
+        for entry, data in zip(entries, await self.store.get_runs([e.ref for e in entries]), strict=True):
+            frame = R.decode_frame(data)
             entry.wid = frame.wid
             out.append((frame.wid, entry))
         return out
@@ -768,13 +828,34 @@ class Shard(StepRunner, Delivery):
             self.checkpointing = False
             self.checkpoint_done.set_result(None)
 
-    async def close(self, checkpoint: bool = True) -> None:
-        """Stop the shard; a clean close flushes, then checkpoints."""
-        if checkpoint and not self.closed:
-            await self.durable_at(self.appended)
-            await self.checkpoint(wait=True)
+    async def close(self, deadline: float | None = None, *, budget_ended: bool = False) -> IdleReport:
+        """Let go of the shard: flush, then checkpoint, then release it, and say how it was
+        left. Never waits past `deadline` seconds: what is durable by then stays, the
+        rest is dropped as a crash drops it, and the next holder recovers from the log.
+        Steps still running are not waited for: their runs are handed back and run them
+        again under the next holder (a result that arrives after this is dropped, so it
+        cannot overlap the next holder's attempt)."""
+        handed_back = [wid for wid, run in self.runs.items() if run.in_flight()]
+        if self.closed:
+            return self.report(budget_ended=budget_ended, handed_back=handed_back)
+        try:
+            async with asyncio.timeout(deadline):
+                await self.durable_at(self.appended)
+                await self.checkpoint(wait=True)
+        except TimeoutError:
+            log.warning(
+                "shard %d: not flushed within its %.3f s deadline; let go as after a crash",
+                self.index,
+                deadline,
+            )
+            report = self.report(budget_ended=budget_ended, handed_back=handed_back)
+            self.abandon()
+            self.store.abandon()
+            return report
+        report = self.report(budget_ended=budget_ended, handed_back=handed_back)
         self.abandon()
         await self.store.close()
+        return report
 
     def abandon(self) -> None:
         """Drop everything in memory (a crash, or after a clean close)."""

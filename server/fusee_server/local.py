@@ -16,13 +16,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NoReturn
 
-from fusee._errors import IoError, RejectedError
-from fusee.storage import Durability, Recovered
+from fusee._errors import IoError, LeaseLostError, RejectedError
+from fusee.journal import Ack, Msg
+from fusee.storage import PAGE_BYTES, Durability, Receive, Report
+from fusee.storage.relay import Relay
 from fusee_server import _native
 
 logger = logging.getLogger("fusee.local")
@@ -50,7 +52,9 @@ class LocalStorage:
             max_workers=min(CHECKPOINT_THREADS_MAX, self.shards), thread_name_prefix="fusee-checkpoint"
         )
         self.stores: dict[int, LocalShardStore] = {}
-        self.waiters: list[tuple[int, int, asyncio.Future[int] | Callable[[int | BaseException], None]]] = []
+        self.epochs: dict[int, int] = {}  # one process holds the directory: epochs count its opens
+        self.relayed = Relay()  # messages for shards this process has not opened wait here
+        self.waiters: list[tuple[int, int, Report]] = []
         self.notify_fd = -1
         self.failed: BaseException | None = None
         self.released = False  # closed or abandoned: its native objects are let go
@@ -97,7 +101,7 @@ class LocalStorage:
         storage.start_writer()
         return storage
 
-    async def open_shard(self, index: int) -> LocalShardStore:
+    async def open_shard(self, index: int, report: Report, receive: Receive) -> LocalShardStore:
         loop = asyncio.get_running_loop()
         try:
             # Checks the shard's checkpoint against the log and every run-store frame it
@@ -105,29 +109,25 @@ class LocalStorage:
             files = await loop.run_in_executor(self.executor, _native.Shard, str(self.root), index, self.log)
         except (_native.CorruptionError, OSError) as error:
             raise IoError(f"{self.root}: {error}") from None
-        store = LocalShardStore(self, index, files)
+        previous = self.stores.get(index)
+        if previous is not None:
+            previous.lose(LeaseLostError(f"shard {index} was opened again in this process"))
+        self.epochs[index] = epoch = self.epochs.get(index, 0) + 1
+        store = LocalShardStore(
+            self, index, files, epoch, report, lambda: self.relayed.detach(index, receive)
+        )
         self.stores[index] = store
+        self.relayed.attach(index, receive)
         return store
+
+    def relay(self, index: int, item: Msg | Ack) -> None:
+        self.relayed.send(index, item)
 
     def start_writer(self) -> None:
         """The log's writer thread signals an eventfd after each write; the loop reads it
         and releases the flushes the write made durable."""
         self.notify_fd = self.log.start_writer()
         asyncio.get_running_loop().add_reader(self.notify_fd, self._written)
-
-    async def flush_for(self, shard: int) -> int:
-        """Make `shard`'s staged records durable: ask the writer thread for a write, which
-        takes what every shard staged (group commit), and wait for the one that covers
-        these records (a write under way when they were staged is followed by another)."""
-        log = self.log
-        target = log.appended(shard)
-        if log.durable(shard) >= target:
-            return log.durable(shard)
-        self.check()
-        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self.waiters.append((shard, target, fut))
-        log.request_write()
-        return await fut
 
     def request(self, shard: int, target: int, callback: Callable[[int | BaseException], None]) -> None:
         """Call `callback` once `shard` is durable up to `target` (from the loop)."""
@@ -159,16 +159,7 @@ class LocalStorage:
         waiting, self.waiters = self.waiters, []
         for shard, target, waiter in waiting:
             durable = self.log.durable(shard)
-            if isinstance(waiter, asyncio.Future):
-                if waiter.done():
-                    continue
-                if durable >= target:
-                    waiter.set_result(durable)
-                elif self.failed is not None:
-                    waiter.set_exception(IoError(f"{self.root}: log write failed: {self.failed}"))
-                else:
-                    self.waiters.append((shard, target, waiter))
-            elif durable >= target:
+            if durable >= target:
                 waiter(durable)
             elif self.failed is not None:
                 waiter(IoError(f"{self.root}: log write failed: {self.failed}"))
@@ -246,26 +237,57 @@ class LocalShardStore:
     """One shard of a data directory: its records in the shared log, its run store and
     its checkpoints."""
 
-    instant = False
-
-    def __init__(self, storage: LocalStorage, index: int, files: _native.Shard) -> None:
+    def __init__(
+        self,
+        storage: LocalStorage,
+        index: int,
+        files: _native.Shard,
+        epoch: int,
+        report: Report,
+        release: Callable[[], None],
+    ) -> None:
         self.storage = storage
         self.index = index
         self.files = files
         self.log = storage.log
+        self.epoch = epoch
+        self._report = report
+        self.release = release  # stops the relay delivering to this holder
         self.runs_len = files.runs_len
         self.last_checkpoint: tuple[int, bytes] | None = None
         self.writing: asyncio.Future[None] | None = None  # the checkpoint being written
         self.pending: list[bytes] = []
-        self.next_position = 0  # set by recover()
-        self.stopped: IoError | None = None
+        self.stopped: IoError | LeaseLostError | None = None
+        self.dropped = False  # closed or abandoned: nothing more is reported
+        # What recovery reads: the checkpoint and the log after it, as the directory's
+        # open found them (the log is read once per open; later records are the engine's).
+        checkpoint = files.recovered_checkpoint()
+        self.found_checkpoint: tuple[int, bytes] | None = checkpoint
+        self.recovered_from = checkpoint[0] if checkpoint is not None else 0
+        self.log.ensure_next(index, self.recovered_from)
+        self.next_position = self.log.appended(index)
+        self.recovered: list[bytes] = self.log.take_recovered(index, self.recovered_from)
+
+    def report(self, result: int | BaseException) -> None:
+        if not self.dropped:
+            self._report(result)
+
+    def lose(self, error: IoError | LeaseLostError) -> None:
+        """Stop: nothing staged from now on is written, and the shard hears of it once."""
+        if self.stopped is None:
+            self.stopped = error
+            self.pending.clear()
+            asyncio.get_running_loop().call_soon(self.report, error)
+            self.dropped = True
+            self.release()
 
     def append(self, entry: bytes) -> int:
         # Kept here until the shard flushes: the engine flushes between turns of the
         # loop, so the records of one turn (an effect and its dedupe record, a run's end
         # and the next run's start) reach the log together and share a batch. Handing
         # them over one by one would let the writer thread cut a batch between them.
-        self.pending.append(entry)
+        if self.stopped is None:
+            self.pending.append(entry)
         self.next_position += 1
         return self.next_position
 
@@ -283,43 +305,71 @@ class LocalShardStore:
                 self.stopped = IoError(f"{self.storage.root}: shard {self.index}: {error}")
                 raise self.stopped from None
             if last != self.next_position:
-                raise IoError(f"shard {self.index}: log position {last}, expected {self.next_position}")
+                self.stopped = IoError(
+                    f"shard {self.index}: log position {last}, expected {self.next_position}"
+                )
+                raise self.stopped
 
-    async def flush(self) -> int:
-        self._hand_over()
-        return await self.storage.flush_for(self.index)
-
-    def request_flush(self, callback: Callable[[int | BaseException], None]) -> None:
-        """Hand the staged records to the log and call `callback` with the durable
-        position once a write covers them (or with the error of a failed flush)."""
+    def flush(self) -> None:
+        """Hand the staged records to the log; the durable position is reported once a
+        write covers them (or the error of a failed flush)."""
+        if self.dropped:
+            return
         try:
             self._hand_over()
-            self.storage.request(self.index, self.next_position, callback)
-        except IoError as error:
-            asyncio.get_running_loop().call_soon(callback, error)
+            self.storage.request(self.index, self.next_position, self.report)
+        except (IoError, LeaseLostError) as error:
+            self.dropped = True
+            self.release()
+            asyncio.get_running_loop().call_soon(self._report, error)
 
     def put_run(self, frame: bytes) -> int:
         # The writer states the offset; the store refuses one that is not its length.
         offset = self.runs_len
+        if self.stopped is not None:
+            return offset
         try:
             self.files.append_run(offset, frame)
         except (_native.CorruptionError, OSError) as error:
-            raise IoError(f"{self.storage.root}: {error}") from None
+            self.lose(IoError(f"{self.storage.root}: {error}"))
+            return offset
         self.runs_len = offset + FRAME_HEADER + len(frame)
         return offset
 
-    async def get_run(self, offset: int) -> bytes:
+    async def get_runs(self, offsets: Sequence[int]) -> list[bytes]:
         try:
-            return self.files.read_run(offset)
+            read = self.files.read_run
+            return [read(offset) for offset in offsets]
         except (_native.CorruptionError, OSError) as error:
             raise IoError(f"{self.storage.root}: {error}") from None
 
-    async def recover(self) -> Recovered:
-        checkpoint = self.files.recovered_checkpoint()
-        position, data = checkpoint if checkpoint is not None else (0, None)
-        self.log.ensure_next(self.index, position)
-        self.next_position = self.log.appended(self.index)
-        return Recovered(data, self.log.take_recovered(self.index, position))
+    async def latest_checkpoint(self) -> tuple[int, bytes] | None:
+        return self.found_checkpoint
+
+    async def records(self, after: int, max_bytes: int = PAGE_BYTES) -> list[bytes]:
+        """Pages of what the open recovered after the checkpoint. Records appended since
+        the open are the engine's own: this process never reads them back."""
+        if after < self.recovered_from:
+            raise IoError(
+                f"shard {self.index}: records after {after} were asked for, but the log "
+                f"here begins after the checkpoint at {self.recovered_from}"
+            )
+        page: list[bytes] = []
+        size = 0
+        for entry in self.recovered[after - self.recovered_from :]:
+            if page and size + len(entry) > max_bytes:
+                break
+            page.append(entry)
+            size += len(entry)
+        return page
+
+    def abandon(self) -> None:
+        """Drop the shard as a crash would: nothing staged is written, nothing reported."""
+        self.dropped = True
+        if self.stopped is None:
+            self.stopped = IoError(f"shard {self.index} was let go of")
+        self.pending.clear()
+        self.release()
 
     async def checkpoint(self, position: int, data: bytes) -> None:
         await self._write_checkpoint(position, data)
@@ -350,9 +400,11 @@ class LocalShardStore:
         can be retired. A checkpoint still being written finishes first (the engine may
         have started one that its close did not wait for); the copy is made only of a
         checkpoint that covers every record, and only once."""
+        self.release()
         writing = self.writing
         if writing is not None:
             await asyncio.wait([writing])
+        self.dropped = True
         last = self.last_checkpoint
         if last is None or self.storage.failed is not None or self.stopped is not None:
             return

@@ -279,7 +279,13 @@ def _check_shards(
                 f"shard {shard.index}: next_due_ms() is {got or 0} ({'now+' + str(got - now) if got else 'none'}); "
                 f"the earliest live timer is '{want[2]}' at now+{want[1] - now} ms{' (parked)' if want[3] else ''}",
             )
-        busy = h.gates_open(shard.index) or (want is not None and want[0] - now < IDLE_DUE_MS)
+        # A checkpoint being written is progress too (spec: Idle): local mode writes it on
+        # a thread, which may still be at it when the model looks.
+        busy = (
+            h.gates_open(shard.index)
+            or shard.checkpointing
+            or (want is not None and want[0] - now < IDLE_DUE_MS)
+        )
         if shard.idle() == busy:
             raise Violation(
                 "idle",
@@ -287,6 +293,8 @@ def _check_shards(
                 + (
                     "a gated step runs"
                     if h.gates_open(shard.index)
+                    else "a checkpoint is being written"
+                    if shard.checkpointing
                     else f"the next timer is due in {want[0] - now} ms"
                     if want is not None
                     else "nothing can progress"
