@@ -304,6 +304,8 @@ class Msg(msgspec.Struct, array_like=True, omit_defaults=True):
     reason: str | None = None
     timeout: int = 0
     op: int = -1  # the sender's operation waiting for the answer (start, signal, cancel)
+    epoch: int = 0  # the sender's lease when it sent this: the answer names it back
+    low: int = 0  # the sender's lowest unanswered message then: it never resends one below
 
 
 class Ack(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -312,6 +314,7 @@ class Ack(msgspec.Struct, array_like=True, omit_defaults=True):
     src: int
     seq: int
     failure: Failure | None = None
+    epoch: int = 0  # the lease the message was sent under: another holder's answer is dropped
 
 
 class IndexEntry(msgspec.Struct, array_like=True):

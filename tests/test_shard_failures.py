@@ -29,10 +29,17 @@ def two_ids(t: TestEngine) -> tuple[str, str]:
 
 
 def refuse_run_store(store: Any) -> None:
-    def put_run(frame: bytes) -> int:
-        raise OSError(28, "No space left on device")
+    """The disk under a local shard's run store fills up."""
+    files = store.files
 
-    store.put_run = put_run
+    class Full:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(files, name)
+
+        def append_run(self, offset: int, frame: bytes) -> None:
+            raise OSError(28, "No space left on device")
+
+    store.files = Full()
 
 
 async def test_a_run_store_write_refused_in_a_flush_callback_stops_that_shard_alone(tmp_path: Path):

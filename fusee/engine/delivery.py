@@ -17,6 +17,7 @@ from fusee.workflow.ops import ChildOp
 
 if TYPE_CHECKING:
     from fusee.engine.engine import Engine
+    from fusee.storage import ShardStore
 
 
 class Delivery:
@@ -25,6 +26,8 @@ class Delivery:
     engine: Engine
     outbox: Outbox
     appended: int
+    store: ShardStore
+    draining: bool
 
     if TYPE_CHECKING:  # provided by Shard
 
@@ -68,13 +71,18 @@ class Delivery:
         pending.sent_at = self.now_ms()
         if not pending.first_sent:
             pending.first_sent = pending.sent_at
+        msg.epoch = self.store.epoch
+        msg.low = self.outbox.lowest_pending()
         self.start_ticks()  # resends
         self.engine.route(msg)
 
     async def receive(self, msg: Msg) -> None:
         """Apply a message from another shard (or this one), once in effect: a resend, or
         a duplicate that arrived while this one loaded its run, gets the recorded answer."""
+        if self.draining:
+            return  # not acknowledged: the sender sends it again to the next holder
         key = (msg.src, msg.seq)
+        self.outbox.saw_low(msg.src, msg.low)
         if key not in self.outbox.received:
             # The run is loaded first; from the check after the load to the Received
             # record nothing awaits, so two copies can never both be applied.
@@ -83,11 +91,11 @@ class Delivery:
                 failure = self._apply_msg(msg, run)
                 lsn = self.append_shard(R.Received(msg.src, msg.seq, failure))
                 await self.durable_at(lsn)
-                self.engine.route_ack(msg.src, Ack(msg.src, msg.seq, failure))
+                self.engine.route_ack(msg.src, Ack(msg.src, msg.seq, failure, msg.epoch))
                 return
         failure = self.outbox.received[key]
         await self.durable_at(self.appended)
-        self.engine.route_ack(msg.src, Ack(msg.src, msg.seq, failure))
+        self.engine.route_ack(msg.src, Ack(msg.src, msg.seq, failure, msg.epoch))
 
     def _apply_msg(self, msg: Msg, run: RunState | None) -> Failure | None:
         if msg.kind == "start":
@@ -117,6 +125,10 @@ class Delivery:
         return None
 
     async def acked(self, ack: Ack) -> None:
+        if ack.epoch and ack.epoch != self.store.epoch:
+            # An answer to a send of this shard's previous holder: it is sent again from
+            # here (the outbox was rebuilt from the log) and answered under this lease.
+            return
         pending = self.outbox.answered(ack.seq)
         if pending is None:
             return  # a duplicate answer

@@ -22,6 +22,7 @@ from fusee._errors import (
     AlreadyExistsError,
     ClosedError,
     Failure,
+    LeaseLostError,
     RejectedError,
     UnknownWorkflowError,
     failure_from,
@@ -60,6 +61,7 @@ class Engine:
         workflows: Sequence[Workflow[Any]],
         clock: Clock,
         park_after_ms: int,
+        retention_ms: int,
         profile: str | None,
         record_stacks: bool,
         default_retry: Retry,
@@ -68,6 +70,9 @@ class Engine:
         self.clock = clock
         self.workflows: dict[str, Workflow[Any]] = {}
         self.park_after_ms = park_after_ms
+        self.retention_ms = retention_ms  # how long a finished run stays in the index
+        self.activity = asyncio.Event()  # set when a shard's state changes, while one waits
+        self.idle_waiters = 0
         self.tick_ms = max(10, min(park_after_ms // 2, 500))
         self.checkpoint_records = 50_000
         self.profile = profile
@@ -92,6 +97,7 @@ class Engine:
         shards: int | None = None,
         durability: str = "memory",
         park_after: Duration = "1s",
+        retention: Duration = "7d",
         profile: str | None = None,
         record_stacks: bool = True,
         retry: Retry = DEFAULT_RETRY,
@@ -117,6 +123,7 @@ class Engine:
             workflows,
             clock or SystemClock(),
             to_ms(park_after, "park_after"),
+            to_ms(retention, "retention"),
             profile,
             record_stacks,
             retry,
@@ -285,6 +292,10 @@ class Engine:
     def shard_of(self, wid: str) -> Shard:
         index = self.shard_index(wid)
         shard = self.by_index.get(index)
+        if shard is not None and shard.draining:
+            raise LeaseLostError(
+                f"shard {index} is draining: this engine is letting it go; retry (its next holder answers)"
+            )
         if shard is None:
             stopped = self.stopped.get(index)
             if stopped is not None:
@@ -294,6 +305,68 @@ class Engine:
                 f"opened with shard_ids={sorted(self.by_index)}); use an engine that holds it"
             )
         return shard
+
+    # -- idle, for invoked workers ---------------------------------------------------------
+
+    def idle(self) -> bool:
+        """Every shard this engine holds is idle (spec: Idle)."""
+        return all(shard.idle() for shard in self.shards)
+
+    async def wait_idle(self, grace: float = 0.1, timeout: float | None = None) -> bool:
+        """Wait until every shard has been idle for `grace` seconds on end (an invoked
+        worker's 100 ms: a trickle of calls shares one invocation); False if `timeout`
+        seconds pass first. Woken by the shards' own changes, and by the clock when a
+        shard's next due time comes within 250 ms: nothing is polled."""
+        loop = asyncio.get_running_loop()
+        give_up = None if timeout is None else loop.time() + timeout
+        idle_since: float | None = None
+        self.idle_waiters += 1
+        try:
+            while True:
+                self.activity.clear()
+                now = loop.time()
+                if self.idle():
+                    idle_since = now if idle_since is None else idle_since
+                    wait = idle_since + grace - now
+                    if wait <= 0:
+                        return True
+                    due = self._next_busy_in()
+                    if due is not None:
+                        wait = min(wait, due)
+                else:
+                    idle_since = None
+                    wait = self._next_busy_in() or 3600.0
+                if give_up is not None:
+                    if now >= give_up:
+                        return False
+                    wait = min(wait, give_up - now)
+                try:
+                    await asyncio.wait_for(self.activity.wait(), max(wait, 0.001))
+                except TimeoutError:
+                    pass
+        finally:
+            self.idle_waiters -= 1
+
+    def _next_busy_in(self) -> float | None:
+        """Seconds until a shard's next due time comes within 250 ms, or an unanswered
+        message stops holding its shard (None: neither)."""
+        soonest: int | None = None
+        for shard in self.shards:
+            at = shard.next_change_ms()
+            if at and (soonest is None or at < soonest):
+                soonest = at
+        if soonest is None:
+            return None
+        return max(0.0, (soonest - self.clock.now_ms()) / 1000)
+
+    def drain(self, indexes: Sequence[int] | None = None) -> None:
+        """Route nothing new to these shards (all, by default) and answer what was already
+        routed: new calls are refused with LeaseLostError (the caller retries against the
+        shard's next holder) and messages from other shards are left unanswered (their
+        senders send them again). An invoked worker drains before it leaves."""
+        for shard in self.shards:
+            if indexes is None or shard.index in indexes:
+                shard.draining = True
 
     def shard_stopped(self, shard: Shard) -> None:
         """A shard stopped (a failed write, a lost lease): it leaves the engine; calls for

@@ -18,6 +18,7 @@ from fusee.journal import IndexEntry
 STATUSES = ("parked", "waiting_for_code", "ok", "failed", "cancelled", "timed_out", "terminated", "continued")
 _STATUS_CODE = {name: code for code, name in enumerate(STATUSES)}
 _PARKED = _STATUS_CODE["parked"]
+_FINAL = _STATUS_CODE["ok"]  # this and later codes: the run ended
 BUCKET_MS = 100
 BUCKET_BITS = 42  # due // BUCKET_MS up to the year 9999
 BUCKET_MASK = (1 << BUCKET_BITS) - 1
@@ -58,10 +59,13 @@ class RunIndex:
         if type_id is None:
             type_id = self._type_ids[entry.type] = len(self._types)
             self._types.append(entry.type)
-        bucket = entry.due // BUCKET_MS if entry.due and entry.status == "parked" else 0
-        packed = ((entry.ref << 16 | type_id) << 32 | entry.run_no) << 4 | _STATUS_CODE[entry.status]
+        # A parked run's due time wakes it; a finished run's is when its retention ends
+        # (it leaves the index then), which wakes nothing.
+        bucket = entry.due // BUCKET_MS if entry.due else 0
+        status = _STATUS_CODE[entry.status]
+        packed = ((entry.ref << 16 | type_id) << 32 | entry.run_no) << 4 | status
         self._table[key] = packed << BUCKET_BITS | bucket
-        if bucket:
+        if bucket and status == _PARKED:
             keys = self._buckets.get(bucket)
             if keys is None:
                 keys = self._buckets[bucket] = []
@@ -116,6 +120,14 @@ class RunIndex:
             if (packed := table.get(key)) is not None
             and packed & BUCKET_MASK == bucket
             and (packed >> BUCKET_BITS) & 0xF == _PARKED
+        ]
+
+    def expired(self, now_ms: int) -> list[int]:
+        """Keys of finished runs whose retention ended by `now_ms`."""
+        return [
+            key
+            for key, packed in self._table.items()
+            if (packed >> BUCKET_BITS) & 0xF >= _FINAL and 0 < packed & BUCKET_MASK <= now_ms // BUCKET_MS
         ]
 
     def next_due_ms(self) -> int:

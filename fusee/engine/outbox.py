@@ -35,6 +35,10 @@ class Outbox:
         self.pending: dict[int, Pending] = {}
         self.by_op: dict[tuple[str, int, int], int] = {}
         self.received: dict[tuple[int, int], Failure | None] = {}
+        # Per sending shard, the lowest message it had unanswered (it never resends below
+        # it): seen now, and as of the last checkpoint, below which Received entries go.
+        self.low: dict[int, int] = {}
+        self.low_at_checkpoint: dict[int, int] = {}
         self.next_msg = 1
 
     def take_number(self) -> int:
@@ -116,6 +120,27 @@ class Outbox:
         if msg.seq >= self.next_msg:
             self.next_msg = msg.seq + 1
         return msg
+
+    def lowest_pending(self) -> int:
+        return min(self.pending, default=self.next_msg)
+
+    def saw_low(self, src: int, low: int) -> None:
+        if low > self.low.get(src, 0):
+            self.low[src] = low
+
+    def prune_received(self) -> int:
+        """Forget the answers to messages their senders can no longer send again: those
+        below the sender's low mark as of the previous checkpoint (a checkpoint interval
+        later, no copy of such a message is still on its way). Called at each checkpoint;
+        returns how many were forgotten. Without it the set grows with every message."""
+        below = self.low_at_checkpoint
+        self.low_at_checkpoint = dict(self.low)
+        if not below:
+            return 0
+        stale = [key for key in self.received if key[1] < below.get(key[0], 0)]
+        for key in stale:
+            del self.received[key]
+        return len(stale)
 
     def answered(self, seq: int) -> Pending | None:
         pending = self.pending.pop(seq, None)

@@ -25,6 +25,8 @@ def snapshot(shard: Shard) -> tuple[int, bytes]:
         status = "active" if run.status in ("running", "stuck") else run.status
         entries.append(IndexEntry("", run.run_no, run.type, status, ref, run.next_due(), key_of(run.wid)))
     outbox = [(p.msg, p.wid, p.run) for p in shard.outbox.pending.values()]
+    shard.outbox.prune_received()
+    shard.prune_finished()
     received = [(src, msg, failure) for (src, msg), failure in shard.outbox.received.items()]
     data = encode_checkpoint(Checkpoint(position, shard.outbox.next_msg, entries, outbox, received))
     return position, data
@@ -36,8 +38,8 @@ def _frame_of(shard: Shard, run: RunState) -> int:
     if cached is not None and cached[0] == len(run.journal):
         return cached[1]
     ref = shard.put_frame(run)
-    if ref is None:
-        raise shard.stopped_error()
+    if shard.closed:
+        raise shard.stopped_error()  # the store refused the frame: the shard stopped
     run.frame = (len(run.journal), ref)
     return ref
 
@@ -155,7 +157,8 @@ def _revive(shard: Shard, wid: str, run_no: int, records: list[R.Rec], base: Ind
         started = records[0]
         ref = shard.store.put_run(R.encode_frame(R.Frame(wid, run_no, records)))
         type_ = started.type if isinstance(started, R.Started) else "?"
-        shard.index_entries.put(wid, IndexEntry(wid, run_no, type_, last.status, ref))
+        expires = shard.now_ms() + shard.engine.retention_ms
+        shard.index_entries.put(wid, IndexEntry(wid, run_no, type_, last.status, ref, expires))
         return
     run = shard.revive(wid, run_no, records)
     if run.final and shard.runs.get(wid) is run:
@@ -163,4 +166,5 @@ def _revive(shard: Shard, wid: str, run_no: int, records: list[R.Rec], base: Ind
         # which is the ID's run now: that one stays.)
         del shard.runs[wid]
         ref = shard.store.put_run(R.encode_frame(R.Frame(wid, run_no, run.journal)))
-        shard.index_entries.put(wid, IndexEntry(wid, run_no, run.type, run.status, ref))
+        expires = shard.now_ms() + shard.engine.retention_ms
+        shard.index_entries.put(wid, IndexEntry(wid, run_no, run.type, run.status, ref, expires))

@@ -101,6 +101,7 @@ class Shard(StepRunner, Delivery):
         self.checkpointing = False
         self.checkpoint_done: asyncio.Future[None] | None = None
         self.closed = False
+        self.draining = False  # routes nothing new; answers what was routed (Engine.drain)
         self.types_without_code: set[str] = set()
 
     # -- time -----------------------------------------------------------------------------
@@ -135,6 +136,8 @@ class Shard(StepRunner, Delivery):
         return lsn
 
     def _made(self, lsn: int) -> None:
+        if self.engine.idle_waiters:
+            self.engine.activity.set()
         if self.durable >= lsn:
             if self.gates:
                 self._release()
@@ -179,12 +182,13 @@ class Shard(StepRunner, Delivery):
                 self.stop(durable)
             else:
                 log.error("shard %d: a write failed, the shard stops: %s", self.index, durable)
-                self.fail(durable)
+                self.fail(durable, "stopped after a failed write")
             return
         if durable > self.durable:
             self.durable = durable
         if self.appending:
             return  # inside `append`: it releases once its own bookkeeping is done
+        self.poke()
         self._release()
         if self.durable < self.appended and not self.closed:
             self.store.flush()
@@ -256,6 +260,7 @@ class Shard(StepRunner, Delivery):
         self.result_waiters.clear()
         self.update_waiters.clear()
         self.engine.shard_stopped(self)
+        self.poke()
 
     def _release(self) -> None:
         """Run what waited for the durable position. Called from the storage's flush
@@ -321,6 +326,7 @@ class Shard(StepRunner, Delivery):
         self.timer_handle = None
         if self.closed:
             return
+        self.poke()
         now = self.now_ms()
         timers = self.timers
         while timers and timers[0][0] <= now:
@@ -428,8 +434,8 @@ class Shard(StepRunner, Delivery):
         if self.index_entries.collides(run.wid):
             return  # another ID shares its hash: this one stays loaded
         ref = self.put_frame(run)
-        if ref is None:
-            return
+        if self.closed:
+            return  # the store refused the frame: the shard stopped
         due = run.next_due()
         self.index_entries.put(run.wid, IndexEntry(run.wid, run.run_no, run.type, "parked", ref, due))
         del self.runs[run.wid]
@@ -438,15 +444,22 @@ class Shard(StepRunner, Delivery):
         if due:
             self._arm_for(due)
 
-    def put_frame(self, run: RunState) -> int | None:
-        """Write a run's journal to the run store; its offset, or None when the store
-        refused (the shard stops: a frame it cannot write is one it cannot reference)."""
-        try:
-            return self.store.put_run(R.encode_frame(R.Frame(run.wid, run.run_no, run.journal)))
-        except Exception as error:  # noqa: BLE001 - whatever the store raised, the shard stops
-            log.error("shard %d: the run store refused a frame, the shard stops: %s", self.index, error)
-            self.fail(error, "stopped after the run store refused a write")
-            return None
+    def put_frame(self, run: RunState) -> int:
+        """Write a run's journal to the run store; its offset. A write the store cannot make
+        is reported by the store and stops the shard (a frame it cannot write is one it
+        cannot reference)."""
+        return self.store.put_run(R.encode_frame(R.Frame(run.wid, run.run_no, run.journal)))
+
+    def prune_finished(self) -> None:
+        """Forget finished runs whose retention ended: they leave the index (lookups find
+        nothing, and the ID starts afresh). Runs at each checkpoint."""
+        expired = self.index_entries.expired(self.now_ms())
+        for key in expired:
+            self.index_entries.pop_key(key)
+        if expired:
+            log.debug(
+                "shard %d: %d finished runs past their retention left the index", self.index, len(expired)
+            )
 
     def _forget_timers(self, run: RunState) -> None:
         """A run that leaves memory leaves its heap entries stale; rebuild the heap once
@@ -477,6 +490,24 @@ class Shard(StepRunner, Delivery):
                 return False
         due = self.next_due_ms(resends=False)
         return not due or due - now >= IDLE_DUE_MS
+
+    def next_change_ms(self) -> int:
+        """When an idle shard may stop being idle, or a busy one become idle, with no
+        event of its own: its next due time comes within 250 ms, or an unanswered
+        message's 3 s run out (0: never). What `Engine.wait_idle` sleeps until."""
+        at = 0
+        due = self.next_due_ms(resends=False)
+        if due:
+            at = due - IDLE_DUE_MS
+        for pending in self.outbox.pending.values():
+            if pending.first_sent and (not at or pending.first_sent + ANSWER_WAIT_MS < at):
+                at = pending.first_sent + ANSWER_WAIT_MS
+        return at
+
+    def poke(self) -> None:
+        """Something changed that may change `idle()`: wake `Engine.wait_idle`."""
+        if self.engine.idle_waiters:
+            self.engine.activity.set()
 
     def report(self, *, budget_ended: bool = False, handed_back: Sequence[str] = ()) -> IdleReport:
         """What an invoked worker tells the server of this shard as it leaves."""
@@ -643,6 +674,7 @@ class Shard(StepRunner, Delivery):
         finally:
             for _, _, _, name, _ in mine:
                 del self.loading[name]
+            self.poke()
         for i, waiting in others:
             results[i] = await waiting
         return results
@@ -747,9 +779,12 @@ class Shard(StepRunner, Delivery):
                     fut.set_result(run)
             if self.runs.get(run.wid) is run and not self.index_entries.collides(run.wid):
                 ref = self.put_frame(run)
-                if ref is None:
-                    return
-                self.index_entries.put(run.wid, IndexEntry(run.wid, run.run_no, run.type, run.status, ref))
+                if self.closed:
+                    return  # the store refused the frame: the shard stopped
+                expires = self.now_ms() + self.engine.retention_ms
+                self.index_entries.put(
+                    run.wid, IndexEntry(run.wid, run.run_no, run.type, run.status, ref, expires)
+                )
                 self.runs.pop(run.wid)
                 self._forget_timers(run)
 
@@ -827,6 +862,7 @@ class Shard(StepRunner, Delivery):
         finally:
             self.checkpointing = False
             self.checkpoint_done.set_result(None)
+            self.poke()
 
     async def close(self, deadline: float | None = None, *, budget_ended: bool = False) -> IdleReport:
         """Let go of the shard: flush, then checkpoint, then release it, and say how it was

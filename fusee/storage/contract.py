@@ -65,7 +65,8 @@ class ShardStore(Protocol):
     def put_run(self, frame: bytes) -> int:
         """Append a run's frame to the run store and return its offset. Never raises: a
         write the store cannot make (a full disk, an offset that disagrees with the
-        store's length, a lost lease) is reported, and the shard stops. The frame
+        store's length) is reported from inside this call, and the shard stops (it
+        must not go on to reference the offset). The frame
         becomes durable with the next checkpoint, the first thing to reference it."""
 
     async def get_runs(self, offsets: Sequence[int]) -> list[bytes]:

@@ -99,13 +99,16 @@ class MemoryLease:
             return False
         return True
 
-    def lose(self, error: BaseException) -> None:
-        """Report a failure once, on a later turn (the shard may be in the middle of an
-        append), and report nothing after it."""
+    def lose(self, error: BaseException, *, now: bool = False) -> None:
+        """Report a failure once (`now`: from inside this call; else on a later turn, as
+        the shard may be in the middle of an append) and nothing after it."""
         if not self.dropped:
             self.dropped = True
             self.release()
-            asyncio.get_running_loop().call_soon(self.report, error)
+            if now:
+                self.report(error)
+            else:
+                asyncio.get_running_loop().call_soon(self.report, error)
 
     def append(self, entry: bytes) -> int:
         self.position += 1
@@ -141,7 +144,7 @@ class MemoryLease:
         try:
             return self.data.put_run(frame)
         except Exception as error:  # noqa: BLE001 - reported, never raised: the shard stops
-            self.lose(error)
+            self.lose(error, now=True)  # at once: the shard must not reference the offset
             return len(self.data.runs)
 
     async def get_runs(self, offsets: Sequence[int]) -> list[bytes]:

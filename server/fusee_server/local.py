@@ -272,12 +272,16 @@ class LocalShardStore:
         if not self.dropped:
             self._report(result)
 
-    def lose(self, error: IoError | LeaseLostError) -> None:
-        """Stop: nothing staged from now on is written, and the shard hears of it once."""
+    def lose(self, error: IoError | LeaseLostError, *, now: bool = False) -> None:
+        """Stop: nothing staged from now on is written, and the shard hears of it once
+        (`now`: from inside this call, else on a later turn)."""
         if self.stopped is None:
             self.stopped = error
             self.pending.clear()
-            asyncio.get_running_loop().call_soon(self.report, error)
+            if now:
+                self.report(error)
+            else:
+                asyncio.get_running_loop().call_soon(self.report, error)
             self.dropped = True
             self.release()
 
@@ -331,7 +335,9 @@ class LocalShardStore:
         try:
             self.files.append_run(offset, frame)
         except (_native.CorruptionError, OSError) as error:
-            self.lose(IoError(f"{self.storage.root}: {error}"))
+            # Reported at once: the shard must not go on to reference the offset.
+            why = f"{self.storage.root}: shard {self.index}: the run store refused a write: {error}"
+            self.lose(IoError(why), now=True)
             return offset
         self.runs_len = offset + FRAME_HEADER + len(frame)
         return offset
