@@ -430,8 +430,8 @@ async def test_a_resent_message_is_acknowledged_by_its_number_to_a_shard_held_el
         await engine.start(waiter, wid)
         shard = engine.shards[0]
         msg = Msg("signal", 1, 7, wid, name="go", value=b'"relayed"')
-        await shard.receive(msg)
-        await shard.receive(msg)  # the resend
+        await shard.messages.receive(msg)
+        await shard.messages.receive(msg)  # the resend
         assert storage.relayed.waiting == {1: [Ack(1, 7), Ack(1, 7)]}  # nobody holds shard 1
         assert await asyncio.wait_for(engine.run(wid).result(), 5) == "relayed"
     finally:

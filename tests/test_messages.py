@@ -550,7 +550,7 @@ async def test_a_duplicate_arriving_while_its_run_loads_is_applied_once():
     shard = engine.shards[0]
     assert not shard.runs
     msg = Msg("signal", 0, 99, "c-1", name="s", value=b'"once"')
-    await asyncio.gather(shard.receive(msg), shard.receive(msg))
+    await asyncio.gather(shard.messages.receive(msg), shard.messages.receive(msg))
     signals = [
         r for r in (await engine.run("c-1").describe()).journal if type(r).__name__ == "SignalReceived"
     ]

@@ -188,8 +188,8 @@ async def test_a_duplicate_message_is_absorbed(kit):
     await t.settle()
     shard = t.engine.shard_of("l-1")
     msg = Msg("signal", src=1 - shard.index, seq=7, target="l-1", name="go", value=b"3")
-    await shard.receive(msg)
-    await shard.receive(msg)  # a resend: same sender, same number
+    await shard.messages.receive(msg)
+    await shard.messages.receive(msg)  # a resend: same sender, same number
     assert await t.result("l-1") == 30  # the second wait timed out: one signal only
     received = [r for r in (await t.journal("l-1")) if r["kind"] == "SignalReceived"]
     assert len(received) == 1
@@ -387,7 +387,9 @@ async def test_a_child_loaded_at_a_checkpoint_that_ends_after_it_sends_its_resul
     child = next(f"c-{i}" for i in range(100) if engine.shard_index(f"c-{i}") == 0)
     shard = engine.by_index[0]
     parent = R.Parent(1, "the-parent", 1, 3)
-    await shard.receive(Msg("start", 1, 5, child, name="waits-for-go", value=b"[]", parent=parent, op=3))
+    await shard.messages.receive(
+        Msg("start", 1, 5, child, name="waits-for-go", value=b"[]", parent=parent, op=3)
+    )
     await eventually(lambda: child in shard.runs)
     await shard.checkpoint(wait=True)
     await engine.run(child).signal("go", "done")

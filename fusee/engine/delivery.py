@@ -1,106 +1,74 @@
 """A shard's messages to and from other shards: sending them once the records that imply
-them are durable, applying a received one once in effect, and taking the answers. Mixed
-into `Shard`; the outbox itself (what is unacknowledged, what was applied) is
-`fusee/engine/outbox.py`."""
+them are durable, applying a received one once in effect, and taking the answers. The
+outbox itself (what is unacknowledged, what was applied) is `fusee/engine/outbox.py`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from fusee import journal as R
 from fusee._errors import AlreadyExistsError, Failure, NotFoundError, failure_from
 from fusee.engine.outbox import Outbox
 from fusee.engine.run import RunState
-from fusee.journal import Ack, IndexEntry, Msg
+from fusee.journal import Ack, Msg
 from fusee.workflow.ops import ChildOp
 
 if TYPE_CHECKING:
-    from fusee.engine.engine import Engine
-    from fusee.storage import ShardStore
+    from fusee.engine.shard import Shard
 
 
 class Delivery:
-    """The shard's part that carries messages between shards."""
+    """The shard's messages to and from other shards: sent once the record behind them is
+    durable, applied once in effect, answered under the sender's lease."""
 
-    engine: Engine
-    outbox: Outbox
-    appended: int
-    store: ShardStore
-    draining: bool
+    def __init__(self, shard: Shard) -> None:
+        self.shard = shard
+        self.outbox: Outbox = shard.outbox
 
-    if TYPE_CHECKING:  # provided by Shard
-
-        def now_ms(self) -> int: ...
-
-        def start_ticks(self) -> None: ...
-
-        def when_durable(self, lsn: int, fn: Callable[[], None]) -> None: ...
-
-        async def durable_at(self, lsn: int) -> None: ...
-
-        def append_shard(self, rec: R.Rec) -> int: ...
-
-        async def load(self, wid: str) -> RunState | None: ...
-
-        def start(
-            self,
-            type_: str,
-            wid: str,
-            input: bytes,
-            *,
-            policy: dict[str, str] | None = None,
-            timeout_ms: int | None = None,
-            parent: R.Parent | None = None,
-            update: tuple[str, str, bytes] | None = None,
-            version: int | None = None,
-            signal: tuple[str, bytes] | None = None,
-        ) -> tuple[RunState | IndexEntry, bool]: ...
-
-    def _send_when_durable(self, lsn: int, msgs: list[Msg]) -> None:
+    def send_when_durable(self, lsn: int, msgs: list[Msg]) -> None:
         def send() -> None:
             for msg in msgs:
-                self._deliver(msg)
+                self.deliver(msg)
 
-        self.when_durable(lsn, send)
+        self.shard.when_durable(lsn, send)
 
-    def _deliver(self, msg: Msg) -> None:
+    def deliver(self, msg: Msg) -> None:
         pending = self.outbox.pending.get(msg.seq)
         if pending is None:
             return
-        pending.sent_at = self.now_ms()
+        pending.sent_at = self.shard.now_ms()
         if not pending.first_sent:
             pending.first_sent = pending.sent_at
-        msg.epoch = self.store.epoch
+        msg.epoch = self.shard.store.epoch
         msg.low = self.outbox.lowest_pending()
-        self.start_ticks()  # resends
-        self.engine.route(msg)
+        self.shard.start_ticks()  # resends
+        self.shard.engine.route(msg)
 
     async def receive(self, msg: Msg) -> None:
         """Apply a message from another shard (or this one), once in effect: a resend, or
         a duplicate that arrived while this one loaded its run, gets the recorded answer."""
-        if self.draining:
+        if self.shard.draining:
             return  # not acknowledged: the sender sends it again to the next holder
         key = (msg.src, msg.seq)
         self.outbox.saw_low(msg.src, msg.low)
         if key not in self.outbox.received:
             # The run is loaded first; from the check after the load to the Received
             # record nothing awaits, so two copies can never both be applied.
-            run = await self.load(msg.target) if msg.kind != "start" else None
+            run = await self.shard.load(msg.target) if msg.kind != "start" else None
             if key not in self.outbox.received:
-                failure = self._apply_msg(msg, run)
-                lsn = self.append_shard(R.Received(msg.src, msg.seq, failure))
-                await self.durable_at(lsn)
-                self.engine.route_ack(msg.src, Ack(msg.src, msg.seq, failure, msg.epoch))
+                failure = self._apply(msg, run)
+                lsn = self.shard.append_shard(R.Received(msg.src, msg.seq, failure))
+                await self.shard.durable_at(lsn)
+                self.shard.engine.route_ack(msg.src, Ack(msg.src, msg.seq, failure, msg.epoch))
                 return
         failure = self.outbox.received[key]
-        await self.durable_at(self.appended)
-        self.engine.route_ack(msg.src, Ack(msg.src, msg.seq, failure, msg.epoch))
+        await self.shard.durable_at(self.shard.appended)
+        self.shard.engine.route_ack(msg.src, Ack(msg.src, msg.seq, failure, msg.epoch))
 
-    def _apply_msg(self, msg: Msg, run: RunState | None) -> Failure | None:
+    def _apply(self, msg: Msg, run: RunState | None) -> Failure | None:
         if msg.kind == "start":
             try:
-                self.start(
+                self.shard.start(
                     msg.name or "",
                     msg.target,
                     msg.value or b"null",
@@ -125,7 +93,7 @@ class Delivery:
         return None
 
     async def acked(self, ack: Ack) -> None:
-        if ack.epoch and ack.epoch != self.store.epoch:
+        if ack.epoch and ack.epoch != self.shard.store.epoch:
             # An answer to a send of this shard's previous holder: it is sent again from
             # here (the outbox was rebuilt from the log) and answered under this lease.
             return
@@ -133,14 +101,14 @@ class Delivery:
         if pending is None:
             return  # a duplicate answer
         msg = pending.msg
-        run = await self.load(pending.wid) if msg.kind in ("start", "signal", "cancel") else None
+        run = await self.shard.load(pending.wid) if msg.kind in ("start", "signal", "cancel") else None
         if run is not None and run.run_no == pending.run and not run.final:
             if msg.kind == "start":
                 run.event(R.ChildStarted(msg.op, ack.failure))
             else:
                 run.event(R.Delivered(msg.op, ack.failure))
         else:
-            self.append_shard(R.Acked(msg.seq))
+            self.shard.append_shard(R.Acked(msg.seq))
 
     def prepare_end(self, run: RunState, rec: R.Finished | R.ContinuedAsNew) -> None:
         """Number the messages the end sends: the outcome to a parent (the chain's last run

@@ -174,7 +174,7 @@ class Engine:
     async def _attach(self, index: int) -> None:
         began = asyncio.get_running_loop().time()
         shard = Shard(self, index)
-        shard.store = await self.storage.open_shard(index, shard.on_durable, shard.on_relayed)
+        shard.store = await self.storage.open_shard(index, shard.durability.on_durable, shard.on_relayed)
         try:
             await recover(shard)
         except BaseException:
@@ -387,14 +387,14 @@ class Engine:
         if shard is None:
             self.storage.relay(index, msg)
         else:
-            self._spawn(shard.receive(msg))
+            self._spawn(shard.messages.receive(msg))
 
     def route_ack(self, src: int, ack: Ack) -> None:
         shard = self.by_index.get(src)
         if shard is None:
             self.storage.relay(src, ack)
         else:
-            self._spawn(shard.acked(ack))
+            self._spawn(shard.messages.acked(ack))
 
     def _spawn(self, coro: Any) -> None:
         if self.closed:

@@ -52,7 +52,8 @@ async def recover(shard: Shard) -> None:
     active: list[IndexEntry] = []
     if latest is not None:
         checkpoint = R.decode_checkpoint(latest[1])
-        shard.appended = shard.durable = shard.checkpoint_position = checkpoint.position
+        shard.durability.reset(checkpoint.position)
+        shard.checkpoint_position = checkpoint.position
         shard.outbox.next_msg = checkpoint.next_msg
         for msg, wid, run_no in checkpoint.outbox:
             shard.outbox._add(msg, wid, run_no)
@@ -79,7 +80,7 @@ async def recover(shard: Shard) -> None:
                 shard.outbox.note("", 0, logged.rec, None)
             else:
                 tails.setdefault(logged.wid, []).append((logged.run, logged.rec))
-    shard.appended = shard.durable = position
+    shard.durability.reset(position)
 
     # Runs that were loaded at the checkpoint are loaded again (a step may have been in
     # flight); their IDs are in their frames. Runs parked before it and active in the log
@@ -113,7 +114,7 @@ async def recover(shard: Shard) -> None:
 
     # Messages recovered from durable records go out again; duplicates are absorbed.
     for pending in list(shard.outbox.pending.values()):
-        shard._deliver(pending.msg)
+        shard.messages.deliver(pending.msg)
     due = shard.index_entries.next_due_ms()
     if due:
         shard._arm_for(due)

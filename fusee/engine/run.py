@@ -207,7 +207,7 @@ class RunState:
                         # A wait a kept signal satisfied at once still records its
                         # WaitStarted, so a replay checks the wait's position too.
                         if not op.done or (isinstance(op, WaitOp) and not op.recorded):
-                            self.shard.start_op(self, op)
+                            self.shard.steps.start_op(self, op)
                     continue
                 if self.code_outcome is not None:
                     # The code ended: record the end after what it called was started, so
@@ -630,7 +630,7 @@ class RunState:
         """Record the end live (also terminate and deadline), then apply it."""
         if self.final:
             return
-        self.shard.prepare_end(self, rec)
+        self.shard.messages.prepare_end(self, rec)
         self.record(rec)
         self._end(rec)
 

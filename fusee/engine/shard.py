@@ -12,8 +12,7 @@ import asyncio
 import heapq
 import logging
 import random
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -25,15 +24,15 @@ from fusee._errors import (
     Failure,
     FuseeError,
     IoError,
-    LeaseLostError,
     RejectedError,
 )
 from fusee.engine.delivery import Delivery
+from fusee.engine.durability import Durability
 from fusee.engine.idle import IdleReport
 from fusee.engine.index import RunIndex
 from fusee.engine.outbox import ANSWER_WAIT_MS, RESEND_MS, Outbox
 from fusee.engine.run import RunState, stop_step
-from fusee.engine.steps import StepRunner
+from fusee.engine.steps import Steps
 from fusee.journal import Ack, IndexEntry, Msg
 from fusee.storage import ShardStore
 from fusee.workflow.ops import StepOp
@@ -62,7 +61,7 @@ class StoredRun(msgspec.Struct):
     stuck_error: None = None
 
 
-class Shard(StepRunner, Delivery):
+class Shard:
     def __init__(self, engine: Engine, index: int) -> None:
         self.engine = engine
         self.index = index
@@ -72,14 +71,14 @@ class Shard(StepRunner, Delivery):
         self.runs_peak = 0
         self.index_entries = RunIndex()
         self.outbox = Outbox(index)
-        self.appended = 0
-        self.durable = 0
-        self.gates: deque[tuple[int, Callable[[], None]]] = deque()
-        self.flushing = False
-        self.appending = False
+        self.messages = Delivery(self)
+        self.steps = Steps(self)
+        self.durability = Durability(self)
+        # Bound once: what outputs and step gates wait on (no wrapper on the hot path).
+        self.when_durable = self.durability.when_durable
+        self.durable_at = self.durability.durable_at
         self.failed: BaseException | None = None  # the storage failure that stopped it
         self.stop_error: FuseeError | None = None  # what callers get once it stopped
-        self.waiting: set[asyncio.Future[None]] = set()
         self.timers: list[tuple[int, int, str, int, int]] = []
         self.timer_count = 0
         self.ticking = False
@@ -112,40 +111,32 @@ class Shard(StepRunner, Delivery):
     def new_seed(self) -> int:
         return random.getrandbits(63)
 
-    # -- records and durability -------------------------------------------------------------
+    # -- records ---------------------------------------------------------------------------
+
+    @property
+    def appended(self) -> int:
+        return self.durability.appended
+
+    @property
+    def durable(self) -> int:
+        return self.durability.durable
 
     def append(self, run: RunState, rec: R.Rec) -> int:
         """Stage a run's record. Visible at once; durable with the next flush."""
-        self.appending = True  # a store durable on append reports from inside it
-        lsn = self.store.append(R.encode_entry(R.Entry(run.wid, run.run_no, rec)))
-        self.appending = False
-        self.appended = lsn
+        durability = self.durability
+        lsn = durability.stage(R.encode_entry(R.Entry(run.wid, run.run_no, rec)))
         sent = self.outbox.note(run.wid, run.run_no, rec, run.started.parent)
         if sent is not None:
-            self._send_when_durable(lsn, sent if isinstance(sent, list) else [sent])
-        self._made(lsn)
+            self.messages.send_when_durable(lsn, sent if isinstance(sent, list) else [sent])
+        durability.made(lsn)
         return lsn
 
     def append_shard(self, rec: R.Rec) -> int:
-        self.appending = True
-        lsn = self.store.append(R.encode_entry(R.Entry("", 0, rec)))
-        self.appending = False
-        self.appended = lsn
+        durability = self.durability
+        lsn = durability.stage(R.encode_entry(R.Entry("", 0, rec)))
         self.outbox.note("", 0, rec, None)
-        self._made(lsn)
+        durability.made(lsn)
         return lsn
-
-    def _made(self, lsn: int) -> None:
-        if self.engine.idle_waiters:
-            self.engine.activity.set()
-        if self.durable >= lsn:
-            if self.gates:
-                self._release()
-        elif not self.flushing:
-            # Asked for on the next turn: the records this turn makes (an effect and its
-            # dedupe record, a run's end and the next run's start) share one batch.
-            self.flushing = True
-            asyncio.get_running_loop().call_soon(self._start_flush)
 
     def on_relayed(self, item: Msg | Ack) -> None:
         """The store's relay: a message or acknowledgment from a shard another engine
@@ -153,70 +144,9 @@ class Shard(StepRunner, Delivery):
         if self.closed:
             return  # the sender resends what is not acknowledged
         if isinstance(item, Msg):
-            self.engine._spawn(self.receive(item))
+            self.engine._spawn(self.messages.receive(item))
         else:
-            self.engine._spawn(self.acked(item))
-
-    def _start_flush(self) -> None:
-        if self.closed:
-            self.flushing = False
-            return
-        self.store.flush()
-
-    def on_durable(self, durable: int | BaseException) -> None:
-        """The store's one report: durable up to a position, or a failure that stops the
-        shard. One flush is asked for at a time; the next is asked for at the end of
-        this report, so whatever the released gates recorded goes in the next batch."""
-        if self.closed:
-            # Abandoned (a crash), closed or stopped: nothing is answered or released
-            # from here on, as nothing would be by a process that died.
-            self.flushing = False
-            return
-        if isinstance(durable, BaseException):
-            self.flushing = False
-            # Never acknowledge after a failed write: the kernel may have dropped the
-            # pages, or another holder owns the shard now. Callers waiting on it get the
-            # error; nothing gated (a step, a message) is released.
-            if isinstance(durable, LeaseLostError):
-                log.warning("shard %d: lease lost, the shard stops here: %s", self.index, durable)
-                self.stop(durable)
-            else:
-                log.error("shard %d: a write failed, the shard stops: %s", self.index, durable)
-                self.fail(durable, "stopped after a failed write")
-            return
-        if durable > self.durable:
-            self.durable = durable
-        if self.appending:
-            return  # inside `append`: it releases once its own bookkeeping is done
-        self.poke()
-        self._release()
-        if self.durable < self.appended and not self.closed:
-            self.store.flush()
-        else:
-            self.flushing = False
-
-    def when_durable(self, lsn: int, fn: Callable[[], None]) -> None:
-        """Run `fn` once everything up to `lsn` is durable (at once if it is)."""
-        if self.durable >= lsn:
-            fn()
-        else:
-            self.gates.append((lsn, fn))
-
-    async def durable_at(self, lsn: int) -> None:
-        """Wait until everything up to `lsn` is durable (what an output waits for)."""
-        if self.durable >= lsn:
-            return
-        self.check()
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.waiting.add(fut)
-
-        def release() -> None:
-            self.waiting.discard(fut)
-            if not fut.done():
-                fut.set_result(None)
-
-        self.gates.append((lsn, release))
-        await fut
+            self.engine._spawn(self.messages.acked(item))
 
     def check(self) -> None:
         """Refuse work on a shard that stopped (a failed write, a lost lease, a detach)."""
@@ -246,8 +176,8 @@ class Shard(StepRunner, Delivery):
             return
         self.stop_error = error
         self.abandon()
-        self.gates.clear()
-        waiting: list[asyncio.Future[Any]] = [*self.waiting, *self.loading.values()]
+        self.durability.gates.clear()
+        waiting: list[asyncio.Future[Any]] = [*self.durability.waiting, *self.loading.values()]
         for results in self.result_waiters.values():
             waiting.extend(results)
         for updates in self.update_waiters.values():
@@ -256,25 +186,11 @@ class Shard(StepRunner, Delivery):
             if not fut.done():
                 fut.set_exception(error)
                 fut.exception()  # a loader nobody awaits must not be reported as unretrieved
-        self.waiting.clear()
+        self.durability.waiting.clear()
         self.result_waiters.clear()
         self.update_waiters.clear()
         self.engine.shard_stopped(self)
         self.poke()
-
-    def _release(self) -> None:
-        """Run what waited for the durable position. Called from the storage's flush
-        callback, which serves every shard: a gate that raises must not reach it (the
-        other shards' waiters behind it would be dropped, and this shard would stay
-        `flushing` for ever), so the error stops this shard alone."""
-        gates = self.gates
-        while gates and gates[0][0] <= self.durable:
-            try:
-                gates.popleft()[1]()
-            except Exception as error:
-                log.exception("shard %d: stopping after an internal error", self.index)
-                self.fail(error, "stopped after an internal error")
-                return
 
     # -- scheduling runs -------------------------------------------------------------------
 
@@ -356,7 +272,7 @@ class Shard(StepRunner, Delivery):
             op.retry_at = 0
             op.started = True
             lsn = run.last_lsn
-            self.when_durable(lsn, lambda: self._execute(run, op))
+            self.when_durable(lsn, lambda: self.steps.execute(run, op))
         elif op is not None and not op.done:
             run.event(R.TimerFired(seq))
 
@@ -413,7 +329,7 @@ class Shard(StepRunner, Delivery):
             self.runs_peak = len(self.runs)
         for pending in list(self.outbox.pending.values()):
             if pending.sent_at and now - pending.sent_at >= RESEND_MS:
-                self._deliver(pending.msg)
+                self.messages.deliver(pending.msg)
         if (
             self.appended - self.checkpoint_position >= self.engine.checkpoint_records
             and not self.checkpointing

@@ -8,8 +8,6 @@ import contextvars
 import inspect
 import logging
 import random
-from collections import deque
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fusee import _codec as codec
@@ -22,31 +20,16 @@ from fusee.workflow.ops import ChildOp, Op, SendOp, StepOp, TimerOp, WaitOp, cur
 log = logging.getLogger("fusee")
 
 if TYPE_CHECKING:
-    from fusee._clock import Clock
-    from fusee.engine.engine import Engine
-    from fusee.engine.outbox import Outbox
+    from fusee.engine.shard import Shard
 
 
-class StepRunner:
-    """The shard's part that starts operations; mixed into `Shard`."""
+class Steps:
+    """The shard's part that starts operations the code called: steps (on the loop, on
+    a task, or on the engine's step threads), their retries and timeouts, timers, waits
+    and messages."""
 
-    engine: Engine
-    clock: Clock
-    durable: int
-    closed: bool
-    steps_run: int
-    outbox: Outbox
-    gates: deque[tuple[int, Callable[[], None]]]
-
-    if TYPE_CHECKING:  # provided by Shard
-
-        def now_ms(self) -> int: ...
-
-        def add_timer(
-            self, due: int, run: RunState | None, seq: int, wid: str = "", run_no: int = 0
-        ) -> None: ...
-
-        def when_durable(self, lsn: int, fn: Callable[[], None]) -> None: ...
+    def __init__(self, shard: Shard) -> None:
+        self.shard = shard
 
     def start_op(self, run: RunState, op: Op) -> None:
         """Start an operation the code called (live), recording what it issued."""
@@ -56,33 +39,34 @@ class StepRunner:
             if op.retry_at:
                 # Waiting for its retry is not running: the run may park meanwhile.
                 run.timers[op.seq] = op.retry_at
-                self.add_timer(op.retry_at, run, op.seq)
+                self.shard.add_timer(op.retry_at, run, op.seq)
                 return
             op.started = True
             if op.read_only:
-                self._execute(run, op)
+                self.execute(run, op)
             else:
                 # The step's function sees only state a crash cannot take back.
                 lsn = run.last_lsn
-                if self.durable >= lsn:
-                    self._execute(run, op)
+                durability = self.shard.durability
+                if durability.durable >= lsn:
+                    self.execute(run, op)
                 else:
-                    self.gates.append((lsn, lambda: self._execute(run, op)))
+                    durability.gates.append((lsn, lambda: self.execute(run, op)))
         elif isinstance(op, TimerOp):
             if not op.recorded:
-                op.due = op.due or self.now_ms() + (op.duration_ms or 0)
+                op.due = op.due or self.shard.now_ms() + (op.duration_ms or 0)
                 run.record(R.TimerStarted(op.seq, op.name, op.due))
                 op.recorded = True
             run.timers[op.seq] = op.due
-            self.add_timer(op.due, run, op.seq)
+            self.shard.add_timer(op.due, run, op.seq)
         elif isinstance(op, WaitOp):
             if not op.recorded:
-                op.due = self.now_ms() + op.timeout_ms if op.timeout_ms is not None else 0
+                op.due = self.shard.now_ms() + op.timeout_ms if op.timeout_ms is not None else 0
                 run.record(R.WaitStarted(op.seq, op.name, op.due))
                 op.recorded = True
             if op.due and not op.done:
                 run.timers[op.seq] = op.due
-                self.add_timer(op.due, run, op.seq)
+                self.shard.add_timer(op.due, run, op.seq)
         elif isinstance(op, ChildOp):
             if not op.recorded:
                 run.record(
@@ -91,7 +75,7 @@ class StepRunner:
                         op.workflow,
                         op.wid,
                         op.input,
-                        self.outbox.take_number(),
+                        self.shard.outbox.take_number(),
                         op.close,
                         op.timeout_ms,
                     )
@@ -99,19 +83,19 @@ class StepRunner:
                 op.recorded = True
         elif isinstance(op, SendOp):
             if not op.recorded:
-                number = self.outbox.take_number()
+                number = self.shard.outbox.take_number()
                 if op.kind == "cancel_workflow":
                     run.record(R.CancelSent(op.seq, op.target, op.payload, number))
                 else:
                     run.record(R.SignalSent(op.seq, op.target, op.name, op.payload, number))
                 op.recorded = True
 
-    def _execute(self, run: RunState, op: StepOp) -> None:
+    def execute(self, run: RunState, op: StepOp) -> None:
         """Run one attempt of a step's function."""
-        if op.done or run.final or self.closed:
+        if op.done or run.final or self.shard.closed:
             return
         fn = op.fn
-        mock = self.engine.step_mocks.get((run.type, op.name)) if self.engine.step_mocks else None
+        mock = self.shard.engine.step_mocks.get((run.type, op.name)) if self.shard.engine.step_mocks else None
         if mock is not None:
             args: tuple[Any, ...] = (op.attempt,)
             fn = mock
@@ -131,7 +115,7 @@ class StepRunner:
                 current_step.reset(token)
                 loop = asyncio.get_running_loop()
                 pending: Any = loop.run_in_executor(
-                    self.engine.step_threads(), lambda: context.run(fn, *args)
+                    self.shard.engine.step_threads(), lambda: context.run(fn, *args)
                 )
             else:
                 # A synchronous function runs here and now: a plain slot tells ctx.key()
@@ -168,11 +152,11 @@ class StepRunner:
         self._step_outcome(run, op, None if exc else task.result(), exc)
 
     def _step_outcome(self, run: RunState, op: StepOp, value: Any, exc: BaseException | None) -> None:
-        if op.done or run.final or self.closed:
+        if op.done or run.final or self.shard.closed:
             # Cancelled or terminated meanwhile, or the shard let go of the run (a thread
             # that outlived a close): the result is discarded, never recorded late.
             return
-        self.steps_run += 1
+        self.shard.steps_run += 1
         rec: R.Rec
         if exc is None:
             if op.completion:
@@ -184,10 +168,10 @@ class StepRunner:
                     # Every attempt would fail the same way: fail at once, no retries.
                     rec = R.StepFailed(op.seq, op.name, failure_from(error))
         else:
-            failure = failure_from(exc, self.engine.record_stacks)
+            failure = failure_from(exc, self.shard.engine.record_stacks)
             retry_at = self._retry_at(op, exc, failure)
             if retry_at:
-                rec = R.Attempt(op.seq, op.name, op.attempt, failure, retry_at, self.now_ms())
+                rec = R.Attempt(op.seq, op.name, op.attempt, failure, retry_at, self.shard.now_ms())
             else:
                 rec = R.StepFailed(op.seq, op.name, failure)
         op.started = False
@@ -215,7 +199,7 @@ class StepRunner:
                 return 0
             if not again:
                 return 0
-        now = self.now_ms()
+        now = self.shard.now_ms()
         retry_at = now + policy.delay_ms(op.attempt, random.random())
         if policy.max_elapsed is not None:
             from fusee.workflow.durations import to_ms

@@ -1,0 +1,134 @@
+"""A shard's log position and what waits on it: records are staged at once (visible
+before they are durable) and made durable in batches, one flush in flight per shard; the
+store pushes each durable position back, and what waited for it is released in order.
+
+Only outputs wait for durability (an acknowledgment, a result, a message to another
+shard) and a step's function, for the records before it; the code never does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from fusee._errors import LeaseLostError
+
+if TYPE_CHECKING:
+    from fusee.engine.shard import Shard
+
+log = logging.getLogger("fusee")
+
+
+class Durability:
+    def __init__(self, shard: Shard) -> None:
+        self.shard = shard
+        self.appended = 0  # the last staged record's position
+        self.durable = 0  # the last position the store reported durable
+        self.gates: deque[tuple[int, Callable[[], None]]] = deque()
+        self.waiting: set[asyncio.Future[None]] = set()
+        self.flushing = False  # a flush is asked for and not yet reported
+        self.appending = False  # inside the store's append (it may report from there)
+
+    def reset(self, position: int) -> None:
+        """Recovery: the log is durable up to `position`, nothing staged."""
+        self.appended = self.durable = position
+
+    def stage(self, entry: bytes) -> int:
+        self.appending = True
+        self.appended = lsn = self.shard.store.append(entry)
+        self.appending = False
+        return lsn
+
+    def made(self, lsn: int) -> None:
+        """After a staged record's bookkeeping: release what it made durable (a store
+        durable on append), or ask for a flush."""
+        shard = self.shard
+        if shard.engine.idle_waiters:
+            shard.engine.activity.set()
+        if self.durable >= lsn:
+            if self.gates:
+                self.release()
+        elif not self.flushing:
+            # Asked for on the next turn: the records this turn makes (an effect and its
+            # dedupe record, a run's end and the next run's start) share one batch.
+            self.flushing = True
+            asyncio.get_running_loop().call_soon(self._start_flush)
+
+    def _start_flush(self) -> None:
+        if self.shard.closed:
+            self.flushing = False
+            return
+        self.shard.store.flush()
+
+    def on_durable(self, durable: int | BaseException) -> None:
+        """The store's one report: durable up to a position, or a failure that stops the
+        shard. One flush is asked for at a time; the next is asked for at the end of
+        this report, so whatever the released gates recorded goes in the next batch."""
+        shard = self.shard
+        if shard.closed:
+            # Abandoned (a crash), closed or stopped: nothing is answered or released
+            # from here on, as nothing would be by a process that died.
+            self.flushing = False
+            return
+        if isinstance(durable, BaseException):
+            self.flushing = False
+            # Never acknowledge after a failed write: the kernel may have dropped the
+            # pages, or another holder owns the shard now. Callers waiting on it get the
+            # error; nothing gated (a step, a message) is released.
+            if isinstance(durable, LeaseLostError):
+                log.warning("shard %d: lease lost, the shard stops here: %s", shard.index, durable)
+                shard.stop(durable)
+            else:
+                log.error("shard %d: a write failed, the shard stops: %s", shard.index, durable)
+                shard.fail(durable, "stopped after a failed write")
+            return
+        if durable > self.durable:
+            self.durable = durable
+        if self.appending:
+            return  # inside `stage`: the record's bookkeeping releases once it is done
+        shard.poke()
+        self.release()
+        if self.durable < self.appended and not shard.closed:
+            shard.store.flush()
+        else:
+            self.flushing = False
+
+    def when_durable(self, lsn: int, fn: Callable[[], None]) -> None:
+        """Run `fn` once everything up to `lsn` is durable (at once if it is)."""
+        if self.durable >= lsn:
+            fn()
+        else:
+            self.gates.append((lsn, fn))
+
+    async def durable_at(self, lsn: int) -> None:
+        """Wait until everything up to `lsn` is durable (what an output waits for)."""
+        if self.durable >= lsn:
+            return
+        self.shard.check()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiting.add(fut)
+
+        def release() -> None:
+            self.waiting.discard(fut)
+            if not fut.done():
+                fut.set_result(None)
+
+        self.gates.append((lsn, release))
+        await fut
+
+    def release(self) -> None:
+        """Run what waited for the durable position. Called from the store's report, which
+        serves every shard of a data directory: a gate that raises must not reach it (the
+        other shards' waiters behind it would be dropped, and this shard would stay
+        `flushing` for ever), so the error stops this shard alone."""
+        gates = self.gates
+        while gates and gates[0][0] <= self.durable:
+            try:
+                gates.popleft()[1]()
+            except Exception as error:
+                log.exception("shard %d: stopping after an internal error", self.shard.index)
+                self.shard.fail(error, "stopped after an internal error")
+                return
