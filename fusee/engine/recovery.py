@@ -117,7 +117,7 @@ async def recover(shard: Shard) -> None:
         shard.messages.deliver(pending.msg)
     due = shard.index_entries.next_due_ms()
     if due:
-        shard._arm_for(due)
+        shard.timers.arm_for(due)
 
 
 async def _frames(shard: Shard, entries: list[IndexEntry]) -> list[R.Frame]:

@@ -449,7 +449,7 @@ class RunState:
             op.started = False
             if not self.replaying:
                 self.timers[op.seq] = rec.retry_at
-                self.shard.add_timer(rec.retry_at, self, op.seq)
+                self.shard.timers.add(rec.retry_at, self, op.seq)
 
     def _apply_step_failed(self, rec: R.StepFailed) -> None:
         op = self._verify(rec)

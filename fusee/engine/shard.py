@@ -9,7 +9,6 @@ piece of code at a time.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
 import random
 from collections.abc import Sequence
@@ -33,6 +32,7 @@ from fusee.engine.index import RunIndex
 from fusee.engine.outbox import ANSWER_WAIT_MS, RESEND_MS, Outbox
 from fusee.engine.run import RunState, stop_step
 from fusee.engine.steps import Steps
+from fusee.engine.timers import TICK, Timers
 from fusee.journal import Ack, IndexEntry, Msg
 from fusee.storage import ShardStore
 from fusee.workflow.ops import StepOp
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     from fusee.engine.engine import Engine
 
 log = logging.getLogger("fusee")
-TICK = -4  # timer entry: the shard's sweep (parking, resends, checkpoints)
 IDLE_DUE_MS = 250
 
 
@@ -79,12 +78,8 @@ class Shard:
         self.durable_at = self.durability.durable_at
         self.failed: BaseException | None = None  # the storage failure that stopped it
         self.stop_error: FuseeError | None = None  # what callers get once it stopped
-        self.timers: list[tuple[int, int, str, int, int]] = []
-        self.timer_count = 0
-        self.ticking = False
-        self.stale_timers = 0
-        self.armed_at = 0
-        self.timer_handle: Any = None
+        self.timers = Timers(self)
+        self.ticking = False  # the sweep is scheduled
         self.loading: dict[str, asyncio.Future[RunState | None]] = {}
         self.result_waiters: dict[str, list[asyncio.Future[RunState]]] = {}
         self.update_waiters: dict[tuple[str, str], list[asyncio.Future[R.UpdateDone]]] = {}
@@ -219,48 +214,10 @@ class Shard:
             if not self.closed:
                 run.drive()
 
-    # -- timers ---------------------------------------------------------------------------
+    # -- timers (fusee/engine/timers.py) and the sweep --------------------------------------
 
-    def add_timer(self, due: int, run: RunState | None, seq: int, wid: str = "", run_no: int = 0) -> None:
-        self.timer_count += 1
-        if run is not None:
-            wid, run_no = run.wid, run.run_no
-        heapq.heappush(self.timers, (due, self.timer_count, wid, run_no, seq))
-        self._arm_for(due)
-
-    def _arm_for(self, due: int) -> None:
-        if self.timer_handle is None or due < self.armed_at:
-            self._arm(due)
-
-    def _arm(self, due: int) -> None:
-        if self.timer_handle is not None:
-            self.timer_handle.cancel()
-        self.armed_at = due
-        self.timer_handle = self.clock.call_at(due, self._fire)
-
-    def _fire(self) -> None:
-        self.timer_handle = None
-        if self.closed:
-            return
-        self.poke()
-        now = self.now_ms()
-        timers = self.timers
-        while timers and timers[0][0] <= now:
-            due, _, wid, run_no, seq = heapq.heappop(timers)
-            if seq == TICK:
-                self._tick(now)
-            else:
-                run = self.runs.get(wid)
-                if run is not None and run.run_no == run_no and run.timers.get(seq) == due:
-                    self._timer_due(run, seq)
-        due_keys = self.index_entries.take_due(now)
-        if due_keys:
-            self.engine._spawn(self.wake(due_keys))
-        nexts = [d for d in (timers[0][0] if timers else 0, self.index_entries.next_due_ms()) if d]
-        if nexts:
-            self._arm(min(nexts))
-
-    def _timer_due(self, run: RunState, seq: int) -> None:
+    def timer_due(self, run: RunState, seq: int) -> None:
+        """A loaded run's timer came due."""
         del run.timers[seq]
         if seq == -1:
             run.end(
@@ -279,32 +236,24 @@ class Shard:
     def next_due_ms(self, *, resends: bool = True) -> int:
         """The earliest timer, retry or resend this shard has (0: none)."""
         due = self.index_entries.next_due_ms()
-        for entry in self.timers:
-            if entry[4] == TICK:
-                continue
-            if self._timer_valid(entry) and (not due or entry[0] < due):
-                due = entry[0]
+        loaded = self.timers.next_due_ms()
+        if loaded and (not due or loaded < due):
+            due = loaded
         for pending in self.outbox.pending.values() if resends else ():
             resend = pending.sent_at + RESEND_MS
             if not due or resend < due:
                 due = resend
         return due
 
-    def _timer_valid(self, entry: tuple[int, int, str, int, int]) -> bool:
-        due, _, wid, run_no, seq = entry
-        run = self.runs.get(wid)
-        return run is not None and run.run_no == run_no and run.timers.get(seq) == due
-
-    # -- the sweep: parking, resends, checkpoints -------------------------------------------
-
     def start_ticks(self) -> None:
         """The sweep runs while the shard has loaded runs or unacknowledged messages, so an
         idle shard (and a virtual clock moving over days) pays for no ticks."""
         if not self.ticking and not self.closed:
             self.ticking = True
-            self.add_timer(self.now_ms() + self.engine.tick_ms, None, TICK)
+            self.timers.add(self.now_ms() + self.engine.tick_ms, None, TICK)
 
-    def _tick(self, now: int) -> None:
+    def sweep(self, now: int) -> None:
+        """Every tick while runs are loaded: park idle runs, resend, checkpoint."""
         park_after = self.engine.park_after_ms
         parked = False
         self.runs_peak = max(self.runs_peak, len(self.runs))
@@ -336,7 +285,7 @@ class Shard:
         ):
             self.engine._spawn(self.checkpoint())
         if self.runs or self.outbox.pending:
-            self.add_timer(now + self.engine.tick_ms, None, TICK)
+            self.timers.add(now + self.engine.tick_ms, None, TICK)
         else:
             self.ticking = False
             if self.appended > self.checkpoint_position and not self.checkpointing:
@@ -356,9 +305,9 @@ class Shard:
         self.index_entries.put(run.wid, IndexEntry(run.wid, run.run_no, run.type, "parked", ref, due))
         del self.runs[run.wid]
         run.close_fibers()
-        self._forget_timers(run)
+        self.timers.forget(run)
         if due:
-            self._arm_for(due)
+            self.timers.arm_for(due)
 
     def put_frame(self, run: RunState) -> int:
         """Write a run's journal to the run store; its offset. A write the store cannot make
@@ -376,16 +325,6 @@ class Shard:
             log.debug(
                 "shard %d: %d finished runs past their retention left the index", self.index, len(expired)
             )
-
-    def _forget_timers(self, run: RunState) -> None:
-        """A run that leaves memory leaves its heap entries stale; rebuild the heap once
-        they are the majority, so a parked run keeps nothing here."""
-        self.stale_timers += len(run.timers) + 1
-        if self.stale_timers > 256 and self.stale_timers * 2 > len(self.timers):
-            # In place: `_fire` may be iterating this very list.
-            self.timers[:] = [t for t in self.timers if t[4] == TICK or self._timer_valid(t)]
-            heapq.heapify(self.timers)
-            self.stale_timers = 0
 
     def idle(self) -> bool:
         """Nothing can make progress here (spec: Idle): every loaded run waits on a timer,
@@ -522,7 +461,7 @@ class Shard:
         run.last_active_ms = self.now_ms()
         if started.deadline:
             run.timers[-1] = started.deadline
-            self.add_timer(started.deadline, run, -1)
+            self.timers.add(started.deadline, run, -1)
         if run.workflow is None:
             # Another process may hold the code: the run waits, it does not fail (its
             # deadline still ends it: that needs no code).
@@ -637,7 +576,7 @@ class Shard:
             self.types_without_code.add(started.type)
             if started.deadline and not any(isinstance(r, (R.Finished, R.ContinuedAsNew)) for r in records):
                 run.timers[-1] = started.deadline
-                self.add_timer(started.deadline, run, -1)
+                self.timers.add(started.deadline, run, -1)
             return run
         run.replay(records)
         if run.final:
@@ -645,7 +584,7 @@ class Shard:
         if run.status == "stuck":
             return run
         if started.deadline:
-            self.add_timer(started.deadline, run, -1)
+            self.timers.add(started.deadline, run, -1)
         run.go_live()
         return run
 
@@ -702,7 +641,7 @@ class Shard:
                     run.wid, IndexEntry(run.wid, run.run_no, run.type, run.status, ref, expires)
                 )
                 self.runs.pop(run.wid)
-                self._forget_timers(run)
+                self.timers.forget(run)
 
         self.when_durable(run.last_lsn, release)
 
@@ -812,9 +751,7 @@ class Shard:
     def abandon(self) -> None:
         """Drop everything in memory (a crash, or after a clean close)."""
         self.closed = True
-        if self.timer_handle is not None:
-            self.timer_handle.cancel()
-            self.timer_handle = None
+        self.timers.cancel()
         for run in [*self.runs.values(), *self.ready]:
             for op in run.ops.values():
                 stop_step(op)

@@ -39,7 +39,7 @@ class Steps:
             if op.retry_at:
                 # Waiting for its retry is not running: the run may park meanwhile.
                 run.timers[op.seq] = op.retry_at
-                self.shard.add_timer(op.retry_at, run, op.seq)
+                self.shard.timers.add(op.retry_at, run, op.seq)
                 return
             op.started = True
             if op.read_only:
@@ -58,7 +58,7 @@ class Steps:
                 run.record(R.TimerStarted(op.seq, op.name, op.due))
                 op.recorded = True
             run.timers[op.seq] = op.due
-            self.shard.add_timer(op.due, run, op.seq)
+            self.shard.timers.add(op.due, run, op.seq)
         elif isinstance(op, WaitOp):
             if not op.recorded:
                 op.due = self.shard.now_ms() + op.timeout_ms if op.timeout_ms is not None else 0
@@ -66,7 +66,7 @@ class Steps:
                 op.recorded = True
             if op.due and not op.done:
                 run.timers[op.seq] = op.due
-                self.shard.add_timer(op.due, run, op.seq)
+                self.shard.timers.add(op.due, run, op.seq)
         elif isinstance(op, ChildOp):
             if not op.recorded:
                 run.record(

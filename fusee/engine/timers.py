@@ -1,0 +1,97 @@
+"""A shard's timers: one heap of loaded runs' timers (sleeps, waits' timeouts, step
+retries, deadlines) and the shard's sweep, plus the run index's due buckets for parked
+runs, behind one clock callback armed for the earliest of them.
+
+A run that leaves memory leaves its heap entries behind as stale (checked when they
+come due); the heap is rebuilt once stale entries are the majority.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fusee.engine.run import RunState
+    from fusee.engine.shard import Shard
+
+TICK = -4  # a heap entry's position for the shard's sweep (parking, resends, checkpoints)
+
+Entry = tuple[int, int, str, int, int]  # due, order, workflow ID, run, position
+
+
+class Timers:
+    def __init__(self, shard: Shard) -> None:
+        self.shard = shard
+        self.heap: list[Entry] = []
+        self.count = 0
+        self.stale = 0
+        self.armed_at = 0
+        self.handle: Any = None
+
+    def add(self, due: int, run: RunState | None, seq: int) -> None:
+        self.count += 1
+        wid, run_no = (run.wid, run.run_no) if run is not None else ("", 0)
+        heapq.heappush(self.heap, (due, self.count, wid, run_no, seq))
+        self.arm_for(due)
+
+    def arm_for(self, due: int) -> None:
+        if self.handle is None or due < self.armed_at:
+            self.arm(due)
+
+    def arm(self, due: int) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+        self.armed_at = due
+        self.handle = self.shard.clock.call_at(due, self.fire)
+
+    def cancel(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+
+    def fire(self) -> None:
+        self.handle = None
+        shard = self.shard
+        if shard.closed:
+            return
+        shard.poke()
+        now = shard.now_ms()
+        heap = self.heap
+        while heap and heap[0][0] <= now:
+            due, _, wid, run_no, seq = heapq.heappop(heap)
+            if seq == TICK:
+                shard.sweep(now)
+            else:
+                run = shard.runs.get(wid)
+                if run is not None and run.run_no == run_no and run.timers.get(seq) == due:
+                    shard.timer_due(run, seq)
+        due_keys = shard.index_entries.take_due(now)
+        if due_keys:
+            shard.engine._spawn(shard.wake(due_keys))
+        nexts = [d for d in (heap[0][0] if heap else 0, shard.index_entries.next_due_ms()) if d]
+        if nexts:
+            self.arm(min(nexts))
+
+    def next_due_ms(self) -> int:
+        """The earliest live timer of a loaded run (0: none)."""
+        due = 0
+        for entry in self.heap:
+            if entry[4] != TICK and self.valid(entry) and (not due or entry[0] < due):
+                due = entry[0]
+        return due
+
+    def valid(self, entry: Entry) -> bool:
+        due, _, wid, run_no, seq = entry
+        run = self.shard.runs.get(wid)
+        return run is not None and run.run_no == run_no and run.timers.get(seq) == due
+
+    def forget(self, run: RunState) -> None:
+        """A run left memory: its entries are stale. Rebuild the heap once they are the
+        majority, so a parked run keeps nothing here."""
+        self.stale += len(run.timers) + 1
+        if self.stale > 256 and self.stale * 2 > len(self.heap):
+            # In place: `fire` may be iterating this very list.
+            self.heap[:] = [t for t in self.heap if t[4] == TICK or self.valid(t)]
+            heapq.heapify(self.heap)
+            self.stale = 0
