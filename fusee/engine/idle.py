@@ -1,8 +1,19 @@
-"""What a shard reports when an invoked worker lets it go (spec: Invoked workers, IDLE)."""
+"""When a shard is idle (spec: Invoked workers, Idle), when that may change by itself,
+and what a shard reports when an invoked worker lets it go (IDLE)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import msgspec
+
+from fusee.engine.outbox import ANSWER_WAIT_MS
+
+if TYPE_CHECKING:
+    from fusee.engine.shard import Shard
+
+IDLE_DUE_MS = 250  # a shard whose next due time is nearer than this is not idle
 
 
 class IdleReport(msgspec.Struct, frozen=True):
@@ -27,3 +38,63 @@ class IdleReport(msgspec.Struct, frozen=True):
     handed_back: list[str]
     """Runs whose steps were still running when the shard was let go: they run again
     under the next holder (a step's result that arrives after this is dropped)."""
+
+
+def is_idle(shard: Shard) -> bool:
+    """Nothing can make progress on the shard: every loaded run waits on a timer, a
+    signal, a child or a completion (no step runs, no code replays); no load, call being
+    answered, flush or checkpoint is under way; every message sent in the last 3 s is
+    answered (an older one no longer holds the shard: its resend goes out from the
+    shard's next holder); and its next due time is at least 250 ms away."""
+    if (
+        shard.appended > shard.durable
+        or shard.calls
+        or shard.update_waiters
+        or shard.ready
+        or shard.loading
+        or shard.checkpointing
+    ):
+        return False
+    for run in shard.runs.values():
+        if run.status == "running" and (
+            run.in_flight() or run.completions or run.pending_start or run.replaying
+        ):
+            return False
+    now = shard.now_ms()
+    for pending in shard.outbox.pending.values():
+        if not pending.first_sent or now - pending.first_sent < ANSWER_WAIT_MS:
+            return False
+    due = shard.next_due_ms(resends=False)
+    return not due or due - now >= IDLE_DUE_MS
+
+
+def next_change_ms(shard: Shard) -> int:
+    """When the shard may become idle or stop being idle with no event of its own: its
+    next due time comes within 250 ms, or an unanswered message's 3 s run out (0:
+    never). What `Engine.wait_idle` sleeps until, instead of polling."""
+    at = 0
+    due = shard.next_due_ms(resends=False)
+    if due:
+        at = due - IDLE_DUE_MS
+    for pending in shard.outbox.pending.values():
+        if pending.first_sent and (not at or pending.first_sent + ANSWER_WAIT_MS < at):
+            at = pending.first_sent + ANSWER_WAIT_MS
+    return at
+
+
+def report(shard: Shard, *, budget_ended: bool = False, handed_back: Sequence[str] = ()) -> IdleReport:
+    """What an invoked worker tells the server of the shard as it leaves."""
+    now = shard.now_ms()
+    due = shard.next_due_ms()
+    steps_running = bool(handed_back) or any(run.in_flight() for run in shard.runs.values())
+    return IdleReport(
+        shard=shard.index,
+        epoch=shard.store.epoch,
+        work_left=steps_running or not is_idle(shard),
+        budget_ended=budget_ended,
+        next_due_ms=0 if steps_running else (max(0, due - now) if due else None),
+        steps_run=shard.steps_run,
+        open_ms=shard.open_ms,
+        types_without_code=sorted(shard.types_without_code),
+        handed_back=list(handed_back),
+    )

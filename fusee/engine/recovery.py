@@ -10,38 +10,8 @@ finished runs stay index entries.
 from __future__ import annotations
 
 from fusee import journal as R
-from fusee.engine.index import key_of
-from fusee.engine.run import RunState
 from fusee.engine.shard import Shard
-from fusee.journal import Checkpoint, IndexEntry, encode_checkpoint
-
-
-def snapshot(shard: Shard) -> tuple[int, bytes]:
-    """Frames for the loaded runs and the index, all as of the current position."""
-    position = shard.appended
-    entries = list(shard.index_entries.entries())
-    for run in shard.runs.values():
-        ref = _frame_of(shard, run)
-        status = "active" if run.status in ("running", "stuck") else run.status
-        entries.append(IndexEntry("", run.run_no, run.type, status, ref, run.next_due(), key_of(run.wid)))
-    outbox = [(p.msg, p.wid, p.run) for p in shard.outbox.pending.values()]
-    shard.outbox.prune_received()
-    shard.prune_finished()
-    received = [(src, msg, failure) for (src, msg), failure in shard.outbox.received.items()]
-    data = encode_checkpoint(Checkpoint(position, shard.outbox.next_msg, entries, outbox, received))
-    return position, data
-
-
-def _frame_of(shard: Shard, run: RunState) -> int:
-    """An unchanged journal reuses the frame it already has in the run store."""
-    cached = run.frame
-    if cached is not None and cached[0] == len(run.journal):
-        return cached[1]
-    ref = shard.put_frame(run)
-    if shard.closed:
-        raise shard.stopped_error()  # the store refused the frame: the shard stopped
-    run.frame = (len(run.journal), ref)
-    return ref
+from fusee.journal import IndexEntry
 
 
 async def recover(shard: Shard) -> None:

@@ -25,11 +25,13 @@ from fusee._errors import (
     IoError,
     RejectedError,
 )
+from fusee.engine import checkpoint as checkpoints
+from fusee.engine import idle
 from fusee.engine.delivery import Delivery
 from fusee.engine.durability import Durability
 from fusee.engine.idle import IdleReport
 from fusee.engine.index import RunIndex
-from fusee.engine.outbox import ANSWER_WAIT_MS, RESEND_MS, Outbox
+from fusee.engine.outbox import RESEND_MS, Outbox
 from fusee.engine.run import RunState, stop_step
 from fusee.engine.steps import Steps
 from fusee.engine.timers import TICK, Timers
@@ -41,7 +43,6 @@ if TYPE_CHECKING:
     from fusee.engine.engine import Engine
 
 log = logging.getLogger("fusee")
-IDLE_DUE_MS = 250
 
 
 def _closed() -> ClosedError:
@@ -327,37 +328,10 @@ class Shard:
             )
 
     def idle(self) -> bool:
-        """Nothing can make progress here (spec: Idle): every loaded run waits on a timer,
-        a signal, a child or a completion; no load, call, flush or checkpoint is under
-        way; every message sent in the last 3 s is answered (an older one no longer holds
-        the shard: its resend goes out from the shard's next holder); and the next due
-        time is at least 250 ms away."""
-        if self.appended > self.durable or self.calls or self.ready or self.loading or self.checkpointing:
-            return False
-        for run in self.runs.values():
-            if run.status == "running" and (
-                run.in_flight() or run.completions or run.pending_start or run.replaying
-            ):
-                return False
-        now = self.now_ms()
-        for pending in self.outbox.pending.values():
-            if not pending.first_sent or now - pending.first_sent < ANSWER_WAIT_MS:
-                return False
-        due = self.next_due_ms(resends=False)
-        return not due or due - now >= IDLE_DUE_MS
+        return idle.is_idle(self)
 
     def next_change_ms(self) -> int:
-        """When an idle shard may stop being idle, or a busy one become idle, with no
-        event of its own: its next due time comes within 250 ms, or an unanswered
-        message's 3 s run out (0: never). What `Engine.wait_idle` sleeps until."""
-        at = 0
-        due = self.next_due_ms(resends=False)
-        if due:
-            at = due - IDLE_DUE_MS
-        for pending in self.outbox.pending.values():
-            if pending.first_sent and (not at or pending.first_sent + ANSWER_WAIT_MS < at):
-                at = pending.first_sent + ANSWER_WAIT_MS
-        return at
+        return idle.next_change_ms(self)
 
     def poke(self) -> None:
         """Something changed that may change `idle()`: wake `Engine.wait_idle`."""
@@ -365,21 +339,7 @@ class Shard:
             self.engine.activity.set()
 
     def report(self, *, budget_ended: bool = False, handed_back: Sequence[str] = ()) -> IdleReport:
-        """What an invoked worker tells the server of this shard as it leaves."""
-        now = self.now_ms()
-        due = self.next_due_ms()
-        steps_running = bool(handed_back) or any(run.in_flight() for run in self.runs.values())
-        return IdleReport(
-            shard=self.index,
-            epoch=self.store.epoch,
-            work_left=steps_running or not self.idle(),
-            budget_ended=budget_ended,
-            next_due_ms=0 if steps_running else (max(0, due - now) if due else None),
-            steps_run=self.steps_run,
-            open_ms=self.open_ms,
-            types_without_code=sorted(self.types_without_code),
-            handed_back=list(handed_back),
-        )
+        return idle.report(self, budget_ended=budget_ended, handed_back=handed_back)
 
     # -- runs: start, load, end ----------------------------------------------------------------
 
@@ -689,35 +649,7 @@ class Shard:
     # -- checkpoints and close --------------------------------------------------------------
 
     async def checkpoint(self, *, wait: bool = False) -> None:
-        """Snapshot the shard at the current position, then record it once the log up to
-        there is durable. Frames are taken at the same instant, so a record is either in a
-        frame or in the log after the checkpoint, never both.
-
-        One at a time. A timed checkpoint finding one under way leaves it to finish; with
-        `wait` (a clean close) it waits for it and then takes its own, so the last
-        checkpoint covers the last record (else the close's second copy is skipped and
-        the next open replays what the first one had already covered)."""
-        while self.checkpointing:
-            if not wait or self.checkpoint_done is None:
-                return
-            await asyncio.shield(self.checkpoint_done)
-        from fusee.engine.recovery import snapshot
-
-        mark = (self.appended, self.index_entries.changes)
-        if mark == self.checkpointed:
-            return
-        self.checkpointing = True
-        self.checkpoint_done = asyncio.get_running_loop().create_future()
-        try:
-            position, data = snapshot(self)
-            await self.durable_at(position)
-            await self.store.checkpoint(position, data)
-            self.checkpoint_position = position
-            self.checkpointed = mark
-        finally:
-            self.checkpointing = False
-            self.checkpoint_done.set_result(None)
-            self.poke()
+        await checkpoints.take(self, wait=wait)
 
     async def close(self, deadline: float | None = None, *, budget_ended: bool = False) -> IdleReport:
         """Let go of the shard: flush, then checkpoint, then release it, and say how it was
