@@ -13,11 +13,33 @@ Two families, told apart by how replay uses them:
   each one, exactly as it ran live.
 """
 
+import enum
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from fusee._errors import Failure
+
+
+class Status(enum.StrEnum):
+    """A run's status, and an index entry's. Strings on disk and in answers (a member
+    equals its value), so records written before the enum read the same."""
+
+    RUNNING = "running"  # loaded, its code going on
+    STUCK = "stuck"  # stopped on a determinism error, until matching code is deployed
+    WAITING_FOR_CODE = "waiting_for_code"  # opened by an engine without its type's code
+    ACTIVE = "active"  # in a checkpoint: loaded when it was taken (loaded again at recovery)
+    PARKED = "parked"  # in the index, out of memory, its next due time kept
+    OK = "ok"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
+    TERMINATED = "terminated"
+    CONTINUED = "continued"  # continued as new: the ID's next run holds it
+
+
+ENDED = frozenset({Status.OK, Status.FAILED, Status.CANCELLED, Status.TIMED_OUT, Status.TERMINATED})
+FINAL = ENDED | {Status.CONTINUED}
 
 
 class Rec(msgspec.Struct, array_like=True, omit_defaults=True, tag_field="k"):

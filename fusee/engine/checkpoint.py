@@ -10,7 +10,7 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from fusee.engine.index import key_of
-from fusee.journal import Checkpoint, IndexEntry, encode_checkpoint
+from fusee.journal import Checkpoint, IndexEntry, Status, encode_checkpoint
 
 if TYPE_CHECKING:
     from fusee.engine.run import RunState
@@ -54,7 +54,7 @@ def snapshot(shard: Shard) -> tuple[int, bytes]:
     entries = list(shard.index_entries.entries())
     for run in shard.runs.values():
         ref = _frame_of(shard, run)
-        status = "active" if run.status in ("running", "stuck") else run.status
+        status = Status.ACTIVE if run.status in (Status.RUNNING, Status.STUCK) else run.status
         entries.append(IndexEntry("", run.run_no, run.type, status, ref, run.next_due(), key_of(run.wid)))
     outbox = [(p.msg, p.wid, p.run) for p in shard.outbox.pending.values()]
     shard.outbox.prune_received()

@@ -10,7 +10,7 @@ from fusee import journal as R
 from fusee._errors import AlreadyExistsError, Failure, NotFoundError, failure_from
 from fusee.engine.outbox import Outbox
 from fusee.engine.run import RunState
-from fusee.journal import Ack, Msg
+from fusee.journal import Ack, Msg, Status
 from fusee.workflow.ops import ChildOp
 
 if TYPE_CHECKING:
@@ -89,7 +89,9 @@ class Delivery:
         elif msg.kind == "cancel":
             run.event(R.CancelRequested(msg.reason, f"workflow:{msg.src}"))
         elif msg.kind == "terminate":
-            run.end(R.Finished("terminated", failure=Failure(msg.reason or "terminated", type="Terminated")))
+            run.end(
+                R.Finished(Status.TERMINATED, failure=Failure(msg.reason or "terminated", type="Terminated"))
+            )
         return None
 
     async def acked(self, ack: Ack) -> None:
@@ -126,7 +128,7 @@ def _running_children(run: RunState) -> list[tuple[str, str]]:
     """The children a run started that have not ended, with their close policy. A run
     without its code was never replayed, and a stuck one only up to where its code
     differs: theirs are read from the journal instead."""
-    if run.workflow is not None and run.status != "stuck":
+    if run.workflow is not None and run.status != Status.STUCK:
         out = []
         for seq, child in run.children.items():
             op = run.ops.get(seq)

@@ -32,7 +32,7 @@ from fusee.engine.idle import IdleReport
 from fusee.engine.recovery import recover
 from fusee.engine.run import RunState
 from fusee.engine.shard import Shard
-from fusee.journal import Ack, Msg
+from fusee.journal import Ack, Msg, Status
 from fusee.storage import MemoryStorage, Storage
 from fusee.workflow.definitions import (
     DEFAULT_RETRY,
@@ -582,7 +582,11 @@ class Engine:
             seen = shard.appended
             rows += [
                 RunSummary(
-                    wid, e.run_no, e.type, "running" if e.status == "parked" else e.status, shard.index
+                    wid,
+                    e.run_no,
+                    e.type,
+                    Status.RUNNING if e.status == Status.PARKED else e.status,
+                    shard.index,
                 )
                 for wid, e in await shard.indexed()
             ]

@@ -24,13 +24,14 @@ from fusee._errors import (
 )
 from fusee.engine.run import RunState
 from fusee.engine.shard import Shard, StoredRun
+from fusee.journal import ENDED, Status
 from fusee.workflow.definitions import Query, Signal, Update, Workflow, query_of, signal_of, update_of
 
 if TYPE_CHECKING:
     from fusee.engine.engine import Engine
 
 Out = TypeVar("Out")
-FINISHED = ("ok", "failed", "cancelled", "timed_out", "terminated")
+FINISHED = ENDED
 
 
 class RunSummary(msgspec.Struct):
@@ -153,9 +154,9 @@ class Run(Generic[Out]):
     def _check_answerable(self, shard: Shard, state: RunState, what: str) -> None:
         """A run whose code cannot run here has no handlers to ask (checked before the
         durability wait of the refusal, which the caller does)."""
-        if state.status == "stuck" and state.stuck_error is not None:
+        if state.status == Status.STUCK and state.stuck_error is not None:
             raise RejectedError(f"{what} refused: {state.stuck_error.message}")
-        if state.status == "waiting_for_code":
+        if state.status == Status.WAITING_FOR_CODE:
             raise RejectedError(
                 f"{what} refused: workflow '{self.id}' waits for the code of its type '{state.type}', "
                 "which this engine does not have registered"
@@ -235,12 +236,12 @@ class Run(Generic[Out]):
         if done is not None:
             await shard.durable_at(state.last_lsn)
             return _update_result(u, done)
-        if state.final or state.status == "stuck":
+        if state.final or state.status == Status.STUCK:
             await self._refuse(
                 shard,
                 RejectedError(
                     f"update '{u.name}' has no answer: workflow '{self.id}' "
-                    + ("is stuck" if state.status == "stuck" else f"ended ({state.status})")
+                    + ("is stuck" if state.status == Status.STUCK else f"ended ({state.status})")
                     + " before the update finished"
                 ),
             )
@@ -263,7 +264,7 @@ class Run(Generic[Out]):
                 if isinstance(state, RunState):
                     await shard.durable_at(state.last_lsn)
                 return self._outcome(state)
-            if state.status == "stuck" and self.engine.profile == "dev" and state.stuck_error:
+            if state.status == Status.STUCK and self.engine.profile == "dev" and state.stuck_error:
                 raise state.stuck_error
             fut: asyncio.Future[RunState] = asyncio.get_running_loop().create_future()
             shard.result_waiters.setdefault(self.id, []).append(fut)
@@ -272,7 +273,7 @@ class Run(Generic[Out]):
     def _outcome(self, state: RunState | StoredRun) -> Out:
         rec = state.outcome
         assert isinstance(rec, R.Finished)
-        if rec.status == "ok":
+        if rec.status == Status.OK:
             wf = self.workflow or self.engine.workflows.get(state.type)
             result: Out = codec.decode(
                 rec.value or b"null", wf.output_type if wf else Any, "the workflow's result"
@@ -312,7 +313,7 @@ class Run(Generic[Out]):
         reason = names.text(reason, "terminate reason")
         shard = self._shard
         state = await self._running(shard)
-        state.end(R.Finished("terminated", failure=Failure(reason or "terminated", type="Terminated")))
+        state.end(R.Finished(Status.TERMINATED, failure=Failure(reason or "terminated", type="Terminated")))
         await shard.durable_at(state.last_lsn)
 
 
@@ -326,7 +327,7 @@ def _recorded_update(state: RunState, update_id: str) -> R.UpdateDone | None:
     """An update's recorded answer. A stuck run has records its replay did not reach, and
     a run waiting for its code has not been replayed at all: its answer may be among them."""
     done = state.update_results.get(update_id)
-    if done is None and state.status in ("stuck", "waiting_for_code"):
+    if done is None and state.status in (Status.STUCK, Status.WAITING_FOR_CODE):
         done = next((r for r in state.journal if isinstance(r, R.UpdateDone) and r.id == update_id), None)
     return done
 
@@ -338,4 +339,4 @@ def _update_result(u: Update[Any, Any], rec: R.UpdateDone) -> Any:
 
 
 def _status(state: RunState | StoredRun) -> str:
-    return "running" if state.status == "running" else state.status
+    return state.status

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from fusee.engine.outbox import ANSWER_WAIT_MS
+from fusee.journal import Status
 
 if TYPE_CHECKING:
     from fusee.engine.shard import Shard
@@ -56,7 +57,7 @@ def is_idle(shard: Shard) -> bool:
     ):
         return False
     for run in shard.runs.values():
-        if run.status == "running" and (
+        if run.status == Status.RUNNING and (
             run.in_flight() or run.completions or run.pending_start or run.replaying
         ):
             return False

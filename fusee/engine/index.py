@@ -13,12 +13,22 @@ import heapq
 from _blake2 import blake2b  # hashlib's own BLAKE2, without loading OpenSSL's (cold path)
 from collections.abc import Iterator
 
-from fusee.journal import IndexEntry
+from fusee.journal import IndexEntry, Status
 
-STATUSES = ("parked", "waiting_for_code", "ok", "failed", "cancelled", "timed_out", "terminated", "continued")
-_STATUS_CODE = {name: code for code, name in enumerate(STATUSES)}
-_PARKED = _STATUS_CODE["parked"]
-_FINAL = _STATUS_CODE["ok"]  # this and later codes: the run ended
+# Packed as 4 bits, in this order (the final ones last: `_FINAL` and up).
+STATUSES = (
+    Status.PARKED,
+    Status.WAITING_FOR_CODE,
+    Status.OK,
+    Status.FAILED,
+    Status.CANCELLED,
+    Status.TIMED_OUT,
+    Status.TERMINATED,
+    Status.CONTINUED,
+)
+_STATUS_CODE: dict[str, int] = {name: code for code, name in enumerate(STATUSES)}
+_PARKED = _STATUS_CODE[Status.PARKED]
+_FINAL = _STATUS_CODE[Status.OK]  # this and later codes: the run ended
 BUCKET_MS = 100
 BUCKET_BITS = 42  # due // BUCKET_MS up to the year 9999
 BUCKET_MASK = (1 << BUCKET_BITS) - 1

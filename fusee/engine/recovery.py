@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from fusee import journal as R
 from fusee.engine.shard import Shard
-from fusee.journal import IndexEntry
+from fusee.journal import IndexEntry, Status
 
 
 async def recover(shard: Shard) -> None:
@@ -32,11 +32,13 @@ async def recover(shard: Shard) -> None:
         workflows = shard.engine.workflows
         for entry in checkpoint.runs:
             # A run that waited for its code is loaded when this engine has that code.
-            if entry.status == "active" or (entry.status == "waiting_for_code" and entry.type in workflows):
+            if entry.status == Status.ACTIVE or (
+                entry.status == Status.WAITING_FOR_CODE and entry.type in workflows
+            ):
                 active.append(entry)
                 continue
             shard.index_entries.put_key(entry.key, entry)
-            if entry.status == "waiting_for_code":
+            if entry.status == Status.WAITING_FOR_CODE:
                 shard.types_without_code.add(entry.type)
 
     # The log after the checkpoint, grouped by workflow ID in order of first appearance.
@@ -57,7 +59,7 @@ async def recover(shard: Shard) -> None:
     # after it start from their frames too: every frame is read in one batch.
     bases: dict[str, IndexEntry] = {}
     for entry, frame in zip(active, await _frames(shard, active), strict=True):
-        entry.wid, entry.status = frame.wid, "parked"
+        entry.wid, entry.status = frame.wid, Status.PARKED
         bases[frame.wid] = entry
         tails.setdefault(frame.wid, [])
     for wid in tails:

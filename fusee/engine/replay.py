@@ -12,6 +12,7 @@ from fusee import _codec as codec
 from fusee import journal as R
 from fusee._errors import DeterminismError, Failure, FuseeError
 from fusee.engine.run import RunState
+from fusee.journal import Status
 from fusee.workflow.definitions import DEFAULT_RETRY, Workflow
 
 
@@ -58,10 +59,10 @@ class Replayer:
         sandbox = _Sandbox(self.workflows)
         run = RunState(sandbox, wid, run_no, started)  # type: ignore[arg-type]
         run.replay(list(records))
-        if run.status == "stuck":
+        if run.status == Status.STUCK:
             raise DeterminismError(sandbox.stuck_message or f"run '{wid}' does not match its journal")
         last = records[-1]
-        if isinstance(last, R.Finished) and last.status == "ok" and run.code_outcome is not None:
+        if isinstance(last, R.Finished) and last.status == Status.OK and run.code_outcome is not None:
             value, exc = run.code_outcome
             if exc is None and codec.encode(value) != last.value:
                 raise DeterminismError(

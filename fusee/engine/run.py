@@ -28,6 +28,7 @@ from fusee._errors import (
     error_from,
     failure_from,
 )
+from fusee.journal import FINAL, Status
 from fusee.workflow.definitions import Retry, Workflow
 from fusee.workflow.ops import (
     ChildOp,
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
     from fusee.engine.shard import Shard
 
 log = logging.getLogger("fusee")
-FINAL = ("ok", "failed", "cancelled", "timed_out", "terminated", "continued")
 
 
 class Stuck(BaseException):
@@ -76,7 +76,7 @@ class RunState:
         self.replaying = False
         self.expected: dict[int, tuple[str, str]] = {}
         self.issued: dict[int, R.Rec] = {}
-        self.status = "running"
+        self.status = Status.RUNNING
         self.outcome: R.Finished | R.ContinuedAsNew | None = None
         self.code_outcome: tuple[Any, BaseException | None] | None = None
         self.stuck_error: DeterminismError | None = None
@@ -133,7 +133,7 @@ class RunState:
                 self.journal.append(rec)
                 self.apply(rec)
                 self._run_fibers()
-                if self.status == "stuck":
+                if self.status == Status.STUCK:
                     # A stuck run waits unchanged: it keeps every record it had, so a
                     # checkpoint or a park writes its journal whole.
                     self.journal.extend(records[index + 1 :])
@@ -147,7 +147,7 @@ class RunState:
 
     def go_live(self) -> None:
         """After replay: start what the journal left unfinished."""
-        if self.final or self.status == "stuck":
+        if self.final or self.status == Status.STUCK:
             return
         # Every operation the replay left unresolved starts now, in position order (the
         # replay queued them as the code called them; each is started once).
@@ -192,7 +192,7 @@ class RunState:
                 self._run_fibers()
                 if self.final:
                     return
-                if self.status == "stuck":
+                if self.status == Status.STUCK:
                     # Its code cannot run, but what it is sent (a signal, a cancel) is
                     # recorded, never acknowledged and dropped: a replay with fixed code
                     # applies it in order.
@@ -237,12 +237,12 @@ class RunState:
             except (Exception, ContinueAsNew) as error:  # noqa: BLE001
                 # The code's failure is its outcome. Only Exception: KeyboardInterrupt,
                 # SystemExit and a test runner's timeout go on up, they are not the code's.
-                if self.status == "stuck":
+                if self.status == Status.STUCK:
                     ready.clear()
                     return
                 fiber.on_done(None, error)
                 continue
-            if self.status == "stuck":
+            if self.status == Status.STUCK:
                 ready.clear()
                 return
             if isinstance(yielded, Op):
@@ -388,7 +388,7 @@ class RunState:
         self.resolve(op, value)
 
     def _stuck(self, message: str) -> None:
-        self.status = "stuck"
+        self.status = Status.STUCK
         self.stuck_error = DeterminismError(
             f"run '{self.wid}' (run {self.run_no}) does not match its journal: {message}. "
             "The run waits, unchanged: deploy code that matches the journal for runs started "
@@ -595,7 +595,11 @@ class RunState:
                 self._resolve_decoded(op, rec.value or b"null", getattr(op, "output", None), "completion")
 
     def _apply_finished(self, rec: R.Finished) -> None:
-        if self.replaying and rec.status not in ("terminated", "timed_out") and self.code_outcome is None:
+        if (
+            self.replaying
+            and rec.status not in (Status.TERMINATED, Status.TIMED_OUT)
+            and self.code_outcome is None
+        ):
             self._stuck(f"the journal records the run ended ({rec.status}) but the code did not end there")
             return
         self._end(rec)
@@ -618,11 +622,11 @@ class RunState:
             rec = R.ContinuedAsNew(exc.input, exc.version, self.shard.new_seed(), self.shard.now_ms())
         elif exc is None:
             try:
-                rec = R.Finished("ok", codec.encode(value, "the workflow's result"))
+                rec = R.Finished(Status.OK, codec.encode(value, "the workflow's result"))
             except FuseeError as error:
-                rec = R.Finished("failed", failure=failure_from(error))
+                rec = R.Finished(Status.FAILED, failure=failure_from(error))
         else:
-            status = "cancelled" if isinstance(exc, CancelledError) else "failed"
+            status = Status.CANCELLED if isinstance(exc, CancelledError) else Status.FAILED
             rec = R.Finished(status, failure=failure_from(exc, self.shard.engine.record_stacks))
         self.end(rec)
 
@@ -636,7 +640,7 @@ class RunState:
 
     def _end(self, rec: R.Finished | R.ContinuedAsNew) -> None:
         self.outcome = rec
-        self.status = rec.status if isinstance(rec, R.Finished) else "continued"
+        self.status = Status(rec.status) if isinstance(rec, R.Finished) else Status.CONTINUED
         self.timers.clear()
         for op in self.ops.values():
             if not op.done:

@@ -35,7 +35,7 @@ from fusee.engine.outbox import RESEND_MS, Outbox
 from fusee.engine.run import RunState, stop_step
 from fusee.engine.steps import Steps
 from fusee.engine.timers import TICK, Timers
-from fusee.journal import Ack, IndexEntry, Msg
+from fusee.journal import Ack, IndexEntry, Msg, Status
 from fusee.storage import ShardStore
 from fusee.workflow.ops import StepOp
 
@@ -222,7 +222,9 @@ class Shard:
         del run.timers[seq]
         if seq == -1:
             run.end(
-                R.Finished("timed_out", failure=Failure("the workflow's deadline passed", type="TimedOut"))
+                R.Finished(
+                    Status.TIMED_OUT, failure=Failure("the workflow's deadline passed", type="TimedOut")
+                )
             )
             return
         op = run.ops.get(seq)
@@ -261,7 +263,7 @@ class Shard:
         for run in list(self.runs.values()):
             if (
                 not run.final
-                and run.status == "running"
+                and run.status == Status.RUNNING
                 and not run.driving
                 and run not in self.ready
                 and now - run.last_active_ms >= park_after
@@ -303,7 +305,7 @@ class Shard:
         if self.closed:
             return  # the store refused the frame: the shard stopped
         due = run.next_due()
-        self.index_entries.put(run.wid, IndexEntry(run.wid, run.run_no, run.type, "parked", ref, due))
+        self.index_entries.put(run.wid, IndexEntry(run.wid, run.run_no, run.type, Status.PARKED, ref, due))
         del self.runs[run.wid]
         run.close_fibers()
         self.timers.forget(run)
@@ -364,12 +366,12 @@ class Shard:
         run_no = 1
         if existing is not None:
             running = existing.status not in (
-                "ok",
-                "failed",
-                "cancelled",
-                "timed_out",
-                "terminated",
-                "continued",
+                Status.OK,
+                Status.FAILED,
+                Status.CANCELLED,
+                Status.TIMED_OUT,
+                Status.TERMINATED,
+                Status.CONTINUED,
             )
             rule = (policy or {}).get("running" if running else "finished", "fail" if running else "allow")
             if rule == "use-existing":
@@ -383,9 +385,11 @@ class Shard:
                     )
                 if isinstance(existing, RunState):
                     existing.end(
-                        R.Finished("terminated", failure=Failure("replaced by a new run", type="Terminated"))
+                        R.Finished(
+                            Status.TERMINATED, failure=Failure("replaced by a new run", type="Terminated")
+                        )
                     )
-            elif rule == "refuse" or (rule == "allow-if-failed" and existing.status == "ok"):
+            elif rule == "refuse" or (rule == "allow-if-failed" and existing.status == Status.OK):
                 raise AlreadyExistsError(
                     f"workflow '{wid}' already ran (run {existing.run_no}, {existing.status}) and the "
                     f"ID policy refuses another run ({rule})",
@@ -425,7 +429,7 @@ class Shard:
         if run.workflow is None:
             # Another process may hold the code: the run waits, it does not fail (its
             # deadline still ends it: that needs no code).
-            run.status = "waiting_for_code"
+            run.status = Status.WAITING_FOR_CODE
             self.types_without_code.add(started.type)
             return run
         for rec in run.journal:
@@ -439,7 +443,7 @@ class Shard:
         if run is not None:
             return run
         entry = self.index_entries.get(wid)
-        if entry is None or entry.status not in ("parked", "waiting_for_code"):
+        if entry is None or entry.status not in (Status.PARKED, Status.WAITING_FOR_CODE):
             return None
         return await self._load_entry(entry, wid)
 
@@ -512,7 +516,7 @@ class Shard:
         wanted = []
         for key in keys:
             entry = self.index_entries.get_key(key)
-            if entry is not None and entry.status == "parked":
+            if entry is not None and entry.status == Status.PARKED:
                 wanted.append((entry, ""))
         if not wanted:
             return
@@ -532,7 +536,7 @@ class Shard:
         self.start_ticks()
         if run.workflow is None:
             run.journal = list(records)
-            run.status = "waiting_for_code"
+            run.status = Status.WAITING_FOR_CODE
             self.types_without_code.add(started.type)
             if started.deadline and not any(isinstance(r, (R.Finished, R.ContinuedAsNew)) for r in records):
                 run.timers[-1] = started.deadline
@@ -541,7 +545,7 @@ class Shard:
         run.replay(records)
         if run.final:
             return run
-        if run.status == "stuck":
+        if run.status == Status.STUCK:
             return run
         if started.deadline:
             self.timers.add(started.deadline, run, -1)
@@ -551,16 +555,16 @@ class Shard:
     async def resume_type(self, type_: str) -> None:
         """Code for `type_` was registered: its runs waiting for code replay and go on,
         whether loaded or only in the index."""
-        waiting = [r for r in self.runs.values() if r.status == "waiting_for_code" and r.type == type_]
+        waiting = [r for r in self.runs.values() if r.status == Status.WAITING_FOR_CODE and r.type == type_]
         for run in waiting:
             if self.runs.get(run.wid) is run and not self.closed:
                 del self.runs[run.wid]
                 run.close_fibers()
                 self.revive(run.wid, run.run_no, run.journal)
         for entry in list(self.index_entries.entries()):
-            if entry.status == "waiting_for_code" and entry.type == type_ and not self.closed:
+            if entry.status == Status.WAITING_FOR_CODE and entry.type == type_ and not self.closed:
                 await self._load_entry(entry, "")
-        if not any(r.status == "waiting_for_code" and r.type == type_ for r in self.runs.values()):
+        if not any(r.status == Status.WAITING_FOR_CODE and r.type == type_ for r in self.runs.values()):
             self.types_without_code.discard(type_)
 
     def run_finished(self, run: RunState) -> None:

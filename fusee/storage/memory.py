@@ -216,9 +216,8 @@ class MemoryStorage:
             data.lease.lose(LeaseLostError(f"shard {index}: its lease was revoked"))
 
     async def close(self) -> None:
-        for data in self.stores:
-            if data.lease is not None:
-                await data.lease.close()
+        """Nothing to release: each engine closes the shards it holds (a shard another
+        engine holds on the same storage keeps working)."""
 
     async def abandon(self) -> None:
         for data in self.stores:
