@@ -44,6 +44,7 @@ from fusee.workflow.definitions import (
     update_of,
 )
 from fusee.workflow.durations import Duration, to_ms
+from fusee.workflow.ops import StepOp, StepState
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
@@ -563,8 +564,9 @@ class Engine:
             or op.done
             # The token is out once the send function has it: a completion may come back
             # before that function returns (a fast webhook), and is taken then too.
-            or not (getattr(op, "sent", False) or getattr(op, "started", False))
-            or getattr(op, "attempt", 0) != attempt
+            or not isinstance(op, StepOp)
+            or op.state is StepState.IDLE
+            or op.attempt != attempt
             or make_token(wid, run_no, seq, attempt, state.started.seed) != token
         ):
             await shard.durable_at(shard.appended)  # the refusal rests on durable state only

@@ -39,6 +39,7 @@ from fusee.workflow.ops import (
     RaceOp,
     SendOp,
     StepOp,
+    StepState,
     WaitOp,
     WatchOp,
     current_step,
@@ -110,7 +111,8 @@ class RunState:
     def in_flight(self) -> bool:
         """A step's function is running or waiting for its gate: the run cannot park."""
         return any(
-            isinstance(op, StepOp) and op.started and not op.done and not op.sent for op in self.ops.values()
+            isinstance(op, StepOp) and op.state is StepState.RUNNING and not op.done
+            for op in self.ops.values()
         )
 
     def next_due(self) -> int:
@@ -446,7 +448,7 @@ class RunState:
                 op.first_failure_at = rec.failed_at or rec.retry_at
             op.attempt = rec.attempt + 1
             op.retry_at = rec.retry_at
-            op.started = False
+            op.state = StepState.IDLE
             if not self.replaying:
                 self.timers[op.seq] = rec.retry_at
                 self.shard.timers.add(rec.retry_at, self, op.seq)
@@ -583,7 +585,7 @@ class RunState:
     def _apply_completion_sent(self, rec: R.CompletionSent) -> None:
         op = self._verify(rec)
         if isinstance(op, StepOp):
-            op.sent = True
+            op.state = StepState.SENT
             op.retry_at = 0
 
     def _apply_completed(self, rec: R.Completed) -> None:

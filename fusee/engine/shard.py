@@ -37,7 +37,7 @@ from fusee.engine.steps import Steps
 from fusee.engine.timers import TICK, Timers
 from fusee.journal import Ack, IndexEntry, Msg, Status
 from fusee.storage import ShardStore
-from fusee.workflow.ops import StepOp
+from fusee.workflow.ops import StepOp, StepState
 
 if TYPE_CHECKING:
     from fusee.engine.engine import Engine
@@ -230,7 +230,7 @@ class Shard:
         op = run.ops.get(seq)
         if isinstance(op, StepOp):
             op.retry_at = 0
-            op.started = True
+            op.state = StepState.RUNNING
             lsn = run.last_lsn
             self.when_durable(lsn, lambda: self.steps.execute(run, op))
         elif op is not None and not op.done:

@@ -15,7 +15,17 @@ from fusee import journal as R
 from fusee._errors import CodecError, Failure, failure_from
 from fusee.engine.run import RunState
 from fusee.workflow.ctx import Completion, StepContext, step_key, takes_context
-from fusee.workflow.ops import ChildOp, Op, SendOp, StepOp, TimerOp, WaitOp, current_step, inline_step
+from fusee.workflow.ops import (
+    ChildOp,
+    Op,
+    SendOp,
+    StepOp,
+    StepState,
+    TimerOp,
+    WaitOp,
+    current_step,
+    inline_step,
+)
 
 log = logging.getLogger("fusee")
 
@@ -34,14 +44,14 @@ class Steps:
     def start_op(self, run: RunState, op: Op) -> None:
         """Start an operation the code called (live), recording what it issued."""
         if isinstance(op, StepOp):
-            if op.sent or op.started:
+            if op.state is not StepState.IDLE:
                 return  # running already, or a completion whose token is out
             if op.retry_at:
                 # Waiting for its retry is not running: the run may park meanwhile.
                 run.timers[op.seq] = op.retry_at
                 self.shard.timers.add(op.retry_at, run, op.seq)
                 return
-            op.started = True
+            op.state = StepState.RUNNING
             if op.read_only:
                 self.execute(run, op)
             else:
@@ -174,7 +184,7 @@ class Steps:
                 rec = R.Attempt(op.seq, op.name, op.attempt, failure, retry_at, self.shard.now_ms())
             else:
                 rec = R.StepFailed(op.seq, op.name, failure)
-        op.started = False
+        op.state = StepState.IDLE
         run.event(rec)
 
     def _retry_at(self, op: StepOp, exc: BaseException, failure: Failure) -> int:

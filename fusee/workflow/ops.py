@@ -8,6 +8,7 @@ here touches asyncio: workflow code runs under the run's own deterministic sched
 from __future__ import annotations
 
 import contextvars
+import enum
 from collections.abc import Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,14 @@ class Fiber:
     ) -> None:
         self.coro = coro
         self.on_done = on_done
+
+
+class StepState(enum.Enum):
+    """Where a step's attempt stands (whether it finished is `Op.done`, as for any op)."""
+
+    IDLE = "idle"  # not begun, or between attempts (`retry_at` says until when)
+    RUNNING = "running"  # its function runs, or waits for the records before it to be durable
+    SENT = "sent"  # an async completion whose token is out: it waits for `complete`/`fail`
 
 
 class Op:
@@ -89,8 +98,7 @@ class StepOp(Op):
         "read_only",
         "retry",
         "retry_at",
-        "sent",
-        "started",
+        "state",
         "task",
         "thread",
         "timeout_ms",
@@ -118,11 +126,10 @@ class StepOp(Op):
         self.retry_at = 0
         self.task: Any = None
         self.awaitable: Any = None  # what the task awaits: the function's coroutine
-        self.started = False
+        self.state = StepState.IDLE
         # An async completion: the step's function sends the token, then the op waits
-        # for `complete`/`fail` (it is `sent` once CompletionSent is recorded).
+        # for `complete`/`fail` (SENT once CompletionSent is recorded).
         self.completion = completion
-        self.sent = False
         self.output: Any = None
         self.context: Any = None  # the StepContext of the attempt running, if it takes one
 
