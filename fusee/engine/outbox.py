@@ -73,7 +73,8 @@ class Outbox:
             msg = Msg("cancel", self.shard, rec.msg, rec.target, reason=rec.reason, op=rec.seq)
             return self._add(msg, wid, run)
         if kind is R.ChildStarted or kind is R.Delivered:
-            number = self.by_op.pop((wid, run, rec.seq), None)  # type: ignore[attr-defined]
+            assert isinstance(rec, (R.ChildStarted, R.Delivered))
+            number = self.by_op.pop((wid, run, rec.seq), None)
             if number is not None:
                 self.pending.pop(number, None)
             return None

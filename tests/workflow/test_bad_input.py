@@ -19,7 +19,7 @@ import fusee
 from fusee import journal as R
 from fusee.testing import TestEngine
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def deep(levels: int) -> Any:

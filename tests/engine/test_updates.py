@@ -13,8 +13,7 @@ import pytest
 
 import fusee
 from fusee.testing import TestEngine
-
-from .conftest import eventually
+from tests.conftest import eventually
 
 CALLS: Counter[str] = Counter()
 GATE = threading.Event()

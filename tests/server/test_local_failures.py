@@ -18,7 +18,7 @@ import pytest
 import fusee
 from tests.conftest import eventually
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @fusee.workflow("napper")

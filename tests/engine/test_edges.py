@@ -21,7 +21,7 @@ from fusee.journal import Ack, IndexEntry, Msg
 from fusee.storage import MemoryShardStore, MemoryStorage
 from fusee.testing import TestEngine
 from tests.conftest import eventually
-from tests.test_shard_failures import SlowReads
+from tests.engine.test_shard_failures import SlowReads
 
 woken: list[str] = []
 

@@ -585,7 +585,7 @@ def test_every_error_has_code_and_docs(cls):
     assert isinstance(error, fusee.FuseeError)
     assert error.code == CODES[cls]
     assert error.docs == "docs/errors.md#" + CODES[cls].lower()
-    page = (Path(__file__).resolve().parent.parent / "docs" / "errors.md").read_text()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "errors.md").read_text()
     assert f"\n## {CODES[cls].lower()}\n" in page, f"docs/errors.md has no section for {CODES[cls]}"
 
 

@@ -1,4 +1,4 @@
-"""Golden journals: recorded runs kept in tests/golden/ and replayed against today's code on
+"""Golden journals: recorded runs kept in tests/engine/golden/ and replayed against today's code on
 every test run, so a change that would strand running workflows fails here first.
 
 Each file is `{"id": ..., "workflow": <type>, "journal": [rows]}` with rows as

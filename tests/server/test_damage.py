@@ -3,7 +3,7 @@ truncated, a byte flipped, zeroed), after a clean close and after a crash. Each 
 either opens with every acknowledged start, step result and workflow result reading
 back the same, or refuses with a FuseeError naming the damaged file (or its folder);
 `fusee inspect` agrees with the open either way. docs/FORMAT.md holds the table of
-outcomes (`python -m tests.test_damage` prints it).
+outcomes (`python -m tests.server.test_damage` prints it).
 """
 
 from __future__ import annotations
