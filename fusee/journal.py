@@ -40,6 +40,7 @@ class Status(enum.StrEnum):
 
 ENDED = frozenset({Status.OK, Status.FAILED, Status.CANCELLED, Status.TIMED_OUT, Status.TERMINATED})
 FINAL = ENDED | {Status.CONTINUED}
+STATUS_OF = {status.value: status for status in Status}  # faster than calling Status(value)
 
 
 class Rec(msgspec.Struct, array_like=True, omit_defaults=True, tag_field="k"):

@@ -68,6 +68,12 @@ class Durability:
         shard. One flush is asked for at a time; the next is asked for at the end of
         this report, so whatever the released gates recorded goes in the next batch."""
         shard = self.shard
+        if self.appending and durable.__class__ is int:
+            # From inside the store's append (durable on append): the record's own
+            # bookkeeping releases once it is done. The common case, first.
+            if durable > self.durable:
+                self.durable = durable
+            return
         if shard.closed:
             # Abandoned (a crash), closed or stopped: nothing is answered or released
             # from here on, as nothing would be by a process that died.

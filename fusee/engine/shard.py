@@ -35,7 +35,7 @@ from fusee.engine.outbox import RESEND_MS, Outbox
 from fusee.engine.run import RunState, stop_step
 from fusee.engine.steps import Steps
 from fusee.engine.timers import TICK, Timers
-from fusee.journal import Ack, IndexEntry, Msg, Status
+from fusee.journal import FINAL, Ack, IndexEntry, Msg, Status
 from fusee.storage import ShardStore
 from fusee.workflow.ops import StepOp, StepState
 
@@ -119,11 +119,16 @@ class Shard:
 
     def append(self, run: RunState, rec: R.Rec) -> int:
         """Stage a run's record. Visible at once; durable with the next flush."""
+        # The hot path of every step: `Durability.stage` and the fast case of `made`, inline.
         durability = self.durability
-        lsn = durability.stage(R.encode_entry(R.Entry(run.wid, run.run_no, rec)))
+        durability.appending = True
+        durability.appended = lsn = self.store.append(R.encode_entry(R.Entry(run.wid, run.run_no, rec)))
+        durability.appending = False
         sent = self.outbox.note(run.wid, run.run_no, rec, run.started.parent)
         if sent is not None:
             self.messages.send_when_durable(lsn, sent if isinstance(sent, list) else [sent])
+        if durability.durable >= lsn and not durability.gates and not self.engine.idle_waiters:
+            return lsn  # durable on append, nothing waiting, nobody watching: nothing to do
         durability.made(lsn)
         return lsn
 
@@ -365,14 +370,7 @@ class Shard:
         existing = self.find(wid)
         run_no = 1
         if existing is not None:
-            running = existing.status not in (
-                Status.OK,
-                Status.FAILED,
-                Status.CANCELLED,
-                Status.TIMED_OUT,
-                Status.TERMINATED,
-                Status.CONTINUED,
-            )
+            running = existing.status not in FINAL
             rule = (policy or {}).get("running" if running else "finished", "fail" if running else "allow")
             if rule == "use-existing":
                 return existing, False

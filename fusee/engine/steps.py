@@ -28,6 +28,7 @@ from fusee.workflow.ops import (
 )
 
 log = logging.getLogger("fusee")
+_IDLE, _RUNNING = StepState.IDLE, StepState.RUNNING  # module globals: read on every step
 
 if TYPE_CHECKING:
     from fusee.engine.shard import Shard
@@ -44,14 +45,14 @@ class Steps:
     def start_op(self, run: RunState, op: Op) -> None:
         """Start an operation the code called (live), recording what it issued."""
         if isinstance(op, StepOp):
-            if op.state is not StepState.IDLE:
+            if op.state is not _IDLE:
                 return  # running already, or a completion whose token is out
             if op.retry_at:
                 # Waiting for its retry is not running: the run may park meanwhile.
                 run.timers[op.seq] = op.retry_at
                 self.shard.timers.add(op.retry_at, run, op.seq)
                 return
-            op.state = StepState.RUNNING
+            op.state = _RUNNING
             if op.read_only:
                 self.execute(run, op)
             else:
@@ -184,7 +185,7 @@ class Steps:
                 rec = R.Attempt(op.seq, op.name, op.attempt, failure, retry_at, self.shard.now_ms())
             else:
                 rec = R.StepFailed(op.seq, op.name, failure)
-        op.state = StepState.IDLE
+        op.state = _IDLE
         run.event(rec)
 
     def _retry_at(self, op: StepOp, exc: BaseException, failure: Failure) -> int:

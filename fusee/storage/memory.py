@@ -112,9 +112,10 @@ class MemoryLease:
 
     def append(self, entry: bytes) -> int:
         self.position += 1
-        if self._held():
-            position = self.data.append(entry)
-            if self.data.instant:
+        data = self.data
+        if (not self.dropped and data.epoch == self.epoch) or self._held():
+            position = data.append(entry)
+            if data.instant:
                 self.report(position)
         return self.position
 
@@ -139,7 +140,7 @@ class MemoryLease:
                 self.report(durable)
 
     def put_run(self, frame: bytes) -> int:
-        if not self._held():
+        if (self.dropped or self.data.epoch != self.epoch) and not self._held():
             return len(self.data.runs)
         try:
             return self.data.put_run(frame)

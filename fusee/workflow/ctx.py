@@ -141,7 +141,7 @@ class Ctx:
             -1,
             name,
             fn,
-            run.default_retry() if retry is None else _retry(retry, run),
+            run.default_retry if retry is None else _retry(retry, run),
             None if timeout is None else _timeout(timeout, f"step '{name}' timeout"),
             read_only,
             thread,
@@ -384,7 +384,7 @@ def _retry(retry: Any, run: Driver) -> Retry:
     """The engine's default policy unless the call gives one (a step, a completion and a
     compensation alike)."""
     if retry is None:
-        default: Retry = run.default_retry()
+        default: Retry = run.default_retry
         return default
     if not isinstance(retry, Retry):
         raise RejectedError(f"retry: expected a fusee.Retry, got {type(retry).__name__}")

@@ -29,6 +29,7 @@ class Driver(Protocol):
     query_handlers: dict[str, tuple[Any, Callable[..., Any]]]
     update_handlers: dict[str, tuple[Any, Callable[..., Any], Callable[..., Any] | None]]
     pending_updates: dict[str, list[R.UpdateAccepted]]
+    default_retry: Retry
 
     def issue(self, op: Op) -> Op:
         """Give an operation its journal position, check it on replay, start it live."""
@@ -51,7 +52,5 @@ class Driver(Protocol):
     def start_update(self, rec: R.UpdateAccepted) -> None: ...
 
     def now_ms(self) -> int: ...
-
-    def default_retry(self) -> Retry: ...
 
     def workflow_named(self, name: str) -> Workflow[Any] | None: ...
