@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 Out = TypeVar("Out")
 FINISHED = ENDED
+_STUCK, _OK = Status.STUCK, Status.OK  # read on every result: module globals (enum lookups are slow on 3.11)
 
 
 class RunSummary(msgspec.Struct):
@@ -264,7 +265,7 @@ class Run(Generic[Out]):
                 if isinstance(state, RunState):
                     await shard.durable_at(state.last_lsn)
                 return self._outcome(state)
-            if state.status == Status.STUCK and self.engine.profile == "dev" and state.stuck_error:
+            if state.status == _STUCK and self.engine.profile == "dev" and state.stuck_error:
                 raise state.stuck_error
             fut: asyncio.Future[RunState] = asyncio.get_running_loop().create_future()
             shard.result_waiters.setdefault(self.id, []).append(fut)
@@ -273,7 +274,7 @@ class Run(Generic[Out]):
     def _outcome(self, state: RunState | StoredRun) -> Out:
         rec = state.outcome
         assert isinstance(rec, R.Finished)
-        if rec.status == Status.OK:
+        if rec.status == _OK:
             wf = self.workflow or self.engine.workflows.get(state.type)
             result: Out = codec.decode(
                 rec.value or b"null", wf.output_type if wf else Any, "the workflow's result"

@@ -13,7 +13,6 @@ from fusee import journal as R
 from fusee.engine.shard import Shard
 from fusee.journal import IndexEntry, Status
 
-
 # Read once per index entry at every open: module globals, not enum lookups (slow on 3.11).
 _ACTIVE, _WAITING_FOR_CODE = Status.ACTIVE, Status.WAITING_FOR_CODE
 

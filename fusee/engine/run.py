@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("fusee")
 # Enum members read on every step: a module global is a dict lookup, where `Status.STUCK`
 # costs a metaclass descriptor call (about 150 ns on Python 3.11).
-_STUCK, _RUNNING, _STEP_RUNNING = Status.STUCK, Status.RUNNING, StepState.RUNNING
+_STUCK, _RUNNING, _OK, _STEP_RUNNING = Status.STUCK, Status.RUNNING, Status.OK, StepState.RUNNING
 
 
 class Stuck(BaseException):
@@ -624,7 +624,7 @@ class RunState:
             rec = R.ContinuedAsNew(exc.input, exc.version, self.shard.new_seed(), self.shard.now_ms())
         elif exc is None:
             try:
-                rec = R.Finished(Status.OK, codec.encode(value, "the workflow's result"))
+                rec = R.Finished(_OK, codec.encode(value, "the workflow's result"))
             except FuseeError as error:
                 rec = R.Finished(Status.FAILED, failure=failure_from(error))
         else:

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from fusee.engine.engine import Engine
 
 log = logging.getLogger("fusee")
+_RUNNING = Status.RUNNING  # read for every loaded run at every sweep
 
 
 def _closed() -> ClosedError:
@@ -268,7 +269,7 @@ class Shard:
         for run in list(self.runs.values()):
             if (
                 not run.final
-                and run.status == Status.RUNNING
+                and run.status == _RUNNING
                 and not run.driving
                 and run not in self.ready
                 and now - run.last_active_ms >= park_after
