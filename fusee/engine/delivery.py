@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fusee import journal as R
-from fusee._errors import AlreadyExistsError, Failure, NotFoundError, failure_from
+from fusee._errors import AlreadyExistsError, Failure, FuseeError, NotFoundError, failure_from
 from fusee.engine.outbox import Outbox
 from fusee.engine.run import RunState
 from fusee.journal import Ack, Msg, Status
@@ -46,7 +46,16 @@ class Delivery:
 
     async def receive(self, msg: Msg) -> None:
         """Apply a message from another shard (or this one), once in effect: a resend, or
-        a duplicate that arrived while this one loaded its run, gets the recorded answer."""
+        a duplicate that arrived while this one loaded its run, gets the recorded answer.
+        A task of its own: if the shard stops or closes meanwhile, the message is simply
+        not answered (its sender sends it again to the shard's next holder)."""
+        try:
+            await self._receive(msg)
+        except FuseeError:
+            if not self.shard.closed:
+                raise
+
+    async def _receive(self, msg: Msg) -> None:
         if self.shard.draining:
             return  # not acknowledged: the sender sends it again to the next holder
         key = (msg.src, msg.seq)
@@ -95,6 +104,14 @@ class Delivery:
         return None
 
     async def acked(self, ack: Ack) -> None:
+        """Take an answer (a task of its own, as `receive`)."""
+        try:
+            await self._acked(ack)
+        except FuseeError:
+            if not self.shard.closed:
+                raise
+
+    async def _acked(self, ack: Ack) -> None:
         if ack.epoch and ack.epoch != self.shard.store.epoch:
             # An answer to a send of this shard's previous holder: it is sent again from
             # here (the outbox was rebuilt from the log) and answered under this lease.

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fusee._errors import LeaseLostError
 
@@ -28,7 +28,7 @@ class Durability:
         self.appended = 0  # the last staged record's position
         self.durable = 0  # the last position the store reported durable
         self.gates: deque[tuple[int, Callable[[], None]]] = deque()
-        self.waiting: set[asyncio.Future[None]] = set()
+        self.waiting: set[asyncio.Future[Any]] = set()  # what a stop fails
         self.flushing = False  # a flush is asked for and not yet reported
         self.appending = False  # inside the store's append (it may report from there)
 

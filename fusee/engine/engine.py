@@ -191,7 +191,7 @@ class Engine:
         self.shards.append(shard)
         self.shards.sort(key=lambda s: s.index)
         self.stopped.pop(index, None)
-        shard.start_ticks()
+        shard.go_live()
 
     async def detach(self, index: int, deadline: float | None = None) -> IdleReport:
         """Let go of shard `index` while the engine runs (an invoked worker's budget

@@ -224,6 +224,9 @@ class Run(Generic[Out]):
         return _update_result(u, await fut)
 
     def _update_waiter(self, shard: Shard, update_id: str) -> asyncio.Future[R.UpdateDone]:
+        # A shard that stopped while this call awaited (a failed flush, a lost lease) fails
+        # the waiters it has, once: one registered after that would wait for ever.
+        shard.check()
         fut: asyncio.Future[R.UpdateDone] = asyncio.get_running_loop().create_future()
         shard.update_waiters.setdefault((self.id, update_id), []).append(fut)
         return fut
@@ -267,6 +270,7 @@ class Run(Generic[Out]):
                 return self._outcome(state)
             if state.status == _STUCK and self.engine.profile == "dev" and state.stuck_error:
                 raise state.stuck_error
+            shard.check()  # stopped while this call awaited: nobody would answer the waiter
             fut: asyncio.Future[RunState] = asyncio.get_running_loop().create_future()
             shard.result_waiters.setdefault(self.id, []).append(fut)
             await fut

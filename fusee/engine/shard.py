@@ -98,6 +98,8 @@ class Shard:
         self.checkpoint_done: asyncio.Future[None] | None = None
         self.closed = False
         self.draining = False  # routes nothing new; answers what was routed (Engine.drain)
+        self.live = False  # recovered: relayed messages are applied (until then they wait)
+        self.early: list[Msg | Ack] = []
         self.types_without_code: set[str] = set()
 
     # -- time -----------------------------------------------------------------------------
@@ -145,6 +147,11 @@ class Shard:
         holds (or held, before this one attached)."""
         if self.closed:
             return  # the sender resends what is not acknowledged
+        if not self.live:
+            # Recovery has not read the log yet: applied now, a message would find no run
+            # (and its Received record would move the position recovery reads from).
+            self.early.append(item)
+            return
         if isinstance(item, Msg):
             self.engine._spawn(self.messages.receive(item))
         else:
@@ -253,6 +260,14 @@ class Shard:
             if not due or resend < due:
                 due = resend
         return due
+
+    def go_live(self) -> None:
+        """Recovery is done: apply what the relay brought meanwhile, and start the sweep."""
+        self.live = True
+        early, self.early = self.early, []
+        for item in early:
+            self.on_relayed(item)
+        self.start_ticks()
 
     def start_ticks(self) -> None:
         """The sweep runs while the shard has loaded runs or unacknowledged messages, so an
@@ -589,9 +604,16 @@ class Shard:
             )
             self._begin(run.wid, run.run_no + 1, started)
             return
+
+        # Taken now (a new run of the ID may get waiters of its own before this end is
+        # durable), and held where a shard that stops before then fails them: otherwise
+        # they would wait for a gate that never opens.
         waiters = self.result_waiters.pop(run.wid, [])
+        waiting = self.durability.waiting
+        waiting.update(waiters)
 
         def release() -> None:
+            waiting.difference_update(waiters)
             for fut in waiters:
                 if not fut.done():
                     fut.set_result(run)
@@ -609,11 +631,12 @@ class Shard:
         self.when_durable(run.last_lsn, release)
 
     def update_finished(self, run: RunState, rec: R.UpdateDone) -> None:
-        waiters = self.update_waiters.pop((run.wid, rec.id), [])
-        if waiters:
-
+        key = (run.wid, rec.id)
+        if key in self.update_waiters:
+            # Answered once the result is durable; until then the waiters stay registered,
+            # so a shard that stops first fails them instead of leaving them waiting.
             def release() -> None:
-                for fut in waiters:
+                for fut in self.update_waiters.pop(key, []):
                     if not fut.done():
                         fut.set_result(rec)
 

@@ -15,7 +15,7 @@ from fusee._errors import DeterminismError, NotFoundError
 from fusee.engine.engine import Engine
 from fusee.engine.handle import Run
 from fusee.engine.replay import Replayer, journal_to_json
-from fusee.storage import MemoryStorage
+from fusee.storage import MemoryStorage, Storage
 from fusee.testing.crash_everywhere import Case, crash_everywhere
 from fusee.workflow.definitions import Workflow
 from fusee.workflow.durations import Duration, to_ms
@@ -37,7 +37,7 @@ class TestEngine:
         park_after: Duration,
         flush_on_turn: bool = False,
         dir: str | Path | None = None,
-        storage: MemoryStorage | None = None,
+        storage: Storage | None = None,
     ) -> None:
         self.workflows = list(workflows)
         self.dir = dir
@@ -61,7 +61,7 @@ class TestEngine:
         park_after: Duration = "1s",
         flush_on_turn: bool = False,
         dir: str | Path | None = None,
-        storage: MemoryStorage | None = None,
+        storage: Storage | None = None,
     ) -> TestEngine:
         t = cls(workflows, shards, park_after, flush_on_turn, dir, storage)
         await t._open()

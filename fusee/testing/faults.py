@@ -9,7 +9,7 @@ A `random.Random(seed)` drives every choice, so a run of the same calls injects 
 faults (real-time delays aside: `Faults.sleep_share=0` keeps it to loop turns). The faults,
 and what each stands for:
 
-- **Delayed durability** (`delay`, `max_turns`, `max_delay_s`, `sleep_share`): a durable
+- **Delayed durability** (`delay`, `min_turns`, `max_turns`, `max_delay_s`, `sleep_share`): a durable
   position the store reported is held back and delivered a few loop turns later, or after
   a short real sleep. A disk whose flush completes late, a writer thread that wakes the
   loop late, a server whose acknowledgment is slow on the wire.
@@ -40,7 +40,10 @@ what the memory store made durable, report a lower position after a higher one, 
 anything after an error, after `close` or after `abandon`, or raise from `append`,
 `flush` or `put_run`.
 
-`storage.injected` counts what was injected; `storage.suspended()` turns off the faults
+`shard_faults={index: Faults(...)}` gives one shard faults of its own (a disk that fails
+under one shard only). `storage.injected` counts what was injected (by kind: delayed,
+coalesced, held_for_burst, bursts, failed_flush, refused_put_run, revoked, slow_read);
+`storage.failed` names the shards told of an error. `storage.suspended()` turns off the faults
 that stop a shard (failed flushes, refused frames, lost leases) for a while, delays and
 bursts staying on: a test reopens or inspects the engine in peace.
 """
@@ -73,8 +76,9 @@ class Faults:
 
     delay: float = 0.0
     """Per durable position the store reports: it is held back, then delivered."""
+    min_turns: int = 1
     max_turns: int = 4
-    """A held position is delivered within this many loop turns (at least one)..."""
+    """A held position is delivered after `min_turns` to `max_turns` loop turns..."""
     max_delay_s: float = 0.002
     """...or, for `sleep_share` of them, after a real sleep of up to this long."""
     sleep_share: float = 0.0
@@ -122,6 +126,10 @@ class FaultyLease:
         self.fail_next: BaseException | None = None  # the flush's write is made, then fails
         self.flushes = 0
 
+    @property
+    def faults(self) -> Faults:
+        return self.storage.faults_for(self.index)
+
     # -- what the memory store reports ------------------------------------------------------
 
     def _on_report(self, value: int | BaseException) -> None:
@@ -142,7 +150,7 @@ class FaultyLease:
             return  # covered by one told or to be told: positions only grow
         self.promised = value
         rng = self.storage.rng
-        faults = self.storage.faults
+        faults = self.faults
         if self.held:
             self.held.append(value)  # behind one held back: it waits for that one's turn
             self.storage.injected["coalesced"] += 1
@@ -161,12 +169,12 @@ class FaultyLease:
     def _schedule(self) -> None:
         self.generation += 1
         generation = self.generation
-        self.storage.later(lambda: self._release(generation))
+        self.storage.later(self.faults, lambda: self._release(generation))
 
     def _release(self, generation: int) -> None:
         if self.dead or generation != self.generation or not self.held:
             return
-        faults = self.storage.faults
+        faults = self.faults
         rng = self.storage.rng
         if self.holds < faults.max_holds and faults.burst and rng.random() < faults.burst:
             self.holds += 1  # wait for the positions after these: they come as one burst
@@ -212,10 +220,10 @@ class FaultyLease:
             return
         self.flushes += 1
         storage = self.storage
-        faults = storage.faults
+        faults = self.faults
         rng = storage.rng
         if not storage.suspending and faults.revoke and rng.random() < faults.revoke:
-            storage.later(self._revoke)
+            storage.later(faults, self._revoke)
         if (
             not storage.suspending
             and self.fail_next is None
@@ -225,7 +233,7 @@ class FaultyLease:
             if rng.random() < 0.5:
                 # The write is never made: the error comes on a later turn (as a writer's
                 # would), unless the faults were suspended by then.
-                storage.later(self._lose_flush)
+                storage.later(faults, self._lose_flush)
                 return
             self.fail_next = _eio("the flush's write completed with an error")
         self.inner.flush()
@@ -251,8 +259,8 @@ class FaultyLease:
         if (
             not self.dead
             and not storage.suspending
-            and storage.faults.refuse_put_run
-            and storage.rng.random() < storage.faults.refuse_put_run
+            and self.faults.refuse_put_run
+            and storage.rng.random() < self.faults.refuse_put_run
         ):
             storage.injected["refused_put_run"] += 1
             self._fail(OSError(errno.ENOSPC, "injected fault: the run store refused a frame"))
@@ -260,15 +268,15 @@ class FaultyLease:
         return self.inner.put_run(frame)
 
     async def get_runs(self, offsets: Sequence[int]) -> list[bytes]:
-        await self.storage.slow_read()
+        await self.storage.slow_read(self.faults)
         return await self.inner.get_runs(offsets)
 
     async def latest_checkpoint(self) -> tuple[int, bytes] | None:
-        await self.storage.slow_read()
+        await self.storage.slow_read(self.faults)
         return await self.inner.latest_checkpoint()
 
     async def records(self, after: int, max_bytes: int = PAGE_BYTES) -> list[bytes]:
-        await self.storage.slow_read()
+        await self.storage.slow_read(self.faults)
         return await self.inner.records(after, max_bytes)
 
     async def checkpoint(self, position: int, data: bytes) -> None:
@@ -295,9 +303,16 @@ class FaultyStorage:
     `faults` asks for, each choice drawn from `random.Random(seed)`. See the module's
     docstring for each fault."""
 
-    def __init__(self, inner: MemoryStorage, faults: Faults | None = None, seed: int = 0) -> None:
+    def __init__(
+        self,
+        inner: MemoryStorage,
+        faults: Faults | None = None,
+        seed: int = 0,
+        shard_faults: dict[int, Faults] | None = None,
+    ) -> None:
         self.inner = inner
         self.faults = faults or Faults()
+        self.shard_faults = dict(shard_faults or {})  # one shard's own, instead of `faults`
         self.rng = random.Random(seed)
         self.shards = inner.shards
         self.durability: Durability = inner.durability
@@ -307,6 +322,9 @@ class FaultyStorage:
         self.suspends = 0
 
     # -- controls ---------------------------------------------------------------------------
+
+    def faults_for(self, index: int) -> Faults:
+        return self.shard_faults.get(index, self.faults)
 
     @property
     def suspending(self) -> bool:
@@ -327,14 +345,13 @@ class FaultyStorage:
         failed, self.failed = self.failed, {}
         return failed
 
-    def later(self, fn: Callable[[], Any]) -> None:
+    def later(self, faults: Faults, fn: Callable[[], Any]) -> None:
         """Run `fn` a few loop turns from now, or after a short real sleep."""
         loop = asyncio.get_running_loop()
-        faults = self.faults
         if faults.sleep_share and self.rng.random() < faults.sleep_share:
             loop.call_later(self.rng.uniform(0, faults.max_delay_s), fn)
             return
-        turns = self.rng.randint(1, max(1, faults.max_turns))
+        turns = self._turns(faults)
 
         def step(left: int) -> None:
             if left <= 1:
@@ -344,16 +361,19 @@ class FaultyStorage:
 
         loop.call_soon(step, turns)
 
-    async def slow_read(self) -> None:
-        faults = self.faults
+    async def slow_read(self, faults: Faults) -> None:
         if not faults.slow_read or self.rng.random() >= faults.slow_read:
             return
         self.injected["slow_read"] += 1
         if faults.sleep_share and self.rng.random() < faults.sleep_share:
             await asyncio.sleep(self.rng.uniform(0, faults.max_delay_s))
             return
-        for _ in range(self.rng.randint(1, max(1, faults.max_turns))):
+        for _ in range(self._turns(faults)):
             await asyncio.sleep(0)
+
+    def _turns(self, faults: Faults) -> int:
+        low = max(1, faults.min_turns)
+        return self.rng.randint(low, max(low, faults.max_turns))
 
     def revoke(self, index: int) -> None:
         """Take shard `index`'s lease away now (as `MemoryStorage.revoke`), counted."""

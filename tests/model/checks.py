@@ -27,8 +27,9 @@ from __future__ import annotations
 from typing import Any
 
 from fusee import journal as R
-from fusee.engine.index import BUCKET_MS, key_of
 from fusee.engine.idle import IDLE_DUE_MS
+from fusee.engine.index import BUCKET_MS, key_of
+from fusee.workflow.ops import StepOp, StepState
 
 from .harness import Harness, Violation
 from .journal import FINAL, Reading, live_due, read, wakeable
@@ -42,12 +43,13 @@ async def check(h: Harness, far: bool = False) -> None:
     # Faulty storage: a shard that stopped is recovered by a restart first, and no shard
     # stops while the oracle reads (the rule itself and its settling met the faults).
     with h.calm():
-        await h.recover()
+        await h.quiesce()
+        if await h.recover(quick=True):
+            await h.quiesce()
         await _check(h, far)
 
 
 async def _check(h: Harness, far: bool) -> None:
-    await h.quiesce()
     if h.loop_errors:
         raise Violation("documented-errors", f"an exception escaped into the event loop: {h.loop_errors[0]}")
     t = h.t
@@ -366,7 +368,10 @@ async def check_progress(h: Harness) -> None:
 def _gated_now(h: Harness, wid: str) -> bool:
     run = h.t.engine.shard_of(wid).runs.get(wid)
     return run is not None and any(
-        getattr(op, "started", False) and not op.done and op.fn.__qualname__.startswith("_gated")  # type: ignore[attr-defined]
+        isinstance(op, StepOp)
+        and op.state is StepState.RUNNING
+        and not op.done
+        and op.fn.__qualname__.startswith("_gated")
         for op in run.ops.values()
     )
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import warnings
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,9 @@ import pytest
 
 import fusee
 from fusee import journal as R
+from fusee.storage import MemoryStorage
 from fusee.testing import TestEngine
+from fusee.testing.faults import Faults, FaultyStorage
 
 from .workflows import BUMP, CODE, GO, LEDGER, PLAN, TIMED, TIMED_MS, Plan
 
@@ -382,3 +385,99 @@ async def test_a_crash_before_a_step_task_starts_leaves_no_coroutine_unawaited(m
         await t.settle()
         gc.collect()
     assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []
+
+
+# -- faulty storage (fusee/testing/faults.py) ------------------------------------------------
+
+
+def _on_shard(shards: int, index: int, prefix: str) -> str:
+    return next(f"{prefix}{i}" for i in range(1000) if zlib.crc32(f"{prefix}{i}".encode()) % shards == index)
+
+
+@pytest.mark.parametrize("turns", [1, 10])
+async def test_a_message_relayed_to_a_shard_while_it_recovers_is_applied_before_its_runs(turns):
+    """Found by the model test (faulty storage; seed 4, fault seed 10112): acknowledged: after a
+    restart, a started run is gone (the model's `'b' was started (run 1) and is gone`) though
+    its records are durable in the log; or a signal to a running run is refused as NotFound.
+
+    The storage contract lets a store deliver relayed messages from `open_shard` on, and lets
+    its reads take loop turns (a remote store's do). Shard 0 recovers; the relay hands it a
+    signal from shard 1 meanwhile; the shard applies it at once: the run is not revived yet,
+    so the signal is answered NotFound (and lost: the run waits for it for ever), and the
+    `Received` record it appends moves the shard's log position: when that happens before
+    recovery reads the log (reads of 10 turns), recovery reads only after it and the run
+    itself is gone. Memory storage never shows it: its reads never yield."""
+    storage = FaultyStorage(
+        MemoryStorage(2, instant=False), Faults(slow_read=1.0, min_turns=turns, max_turns=turns)
+    )
+    target, sender = _on_shard(2, 0, "p"), _on_shard(2, 1, "q")
+    first = await fusee.Engine.open(workflows=CODE["right"], storage=storage)
+    await asyncio.wait_for(first.start(PLAN, target, Plan(["wait"])), ANSWER_S)  # acknowledged
+    first.abandon()  # a crash: the run is in the log only
+    await storage.abandon()
+    # Another engine holds shard 1 alone; its run signals the target on shard 0, which no
+    # engine holds: the relay keeps the message for shard 0's next holder.
+    second = await fusee.Engine.open(workflows=CODE["right"], storage=storage, shard_ids=[1])
+    await asyncio.wait_for(second.start(PLAN, sender, Plan([f"sigwf:{target}", "wait"])), ANSWER_S)
+    for _ in range(50):
+        await asyncio.sleep(0)
+    third = await fusee.Engine.open(workflows=CODE["right"], storage=storage, shard_ids=[0])
+    try:
+        status = await asyncio.wait_for(third.run(target).status(), ANSWER_S)
+        assert status.status in ("running", "ok")  # the signal may have ended it already
+        # The signal reaches the run, which was waiting for it and now ends with its value.
+        assert isinstance(await asyncio.wait_for(third.run(target).result(), ANSWER_S), int)
+    finally:
+        await third.close()
+        await second.close()
+
+
+async def test_a_shard_that_stops_while_it_applies_a_message_leaves_no_error_in_the_loop():
+    """Found by the model test (faulty storage; seed 4, fault seed 124038): documented-errors:
+    `Task exception was never retrieved: IoError('shard 3 stopped after a failed write ...')`.
+    A shard receiving a message from another shard records `Received` and waits for it to be
+    durable before it acknowledges; when the flush fails, the shard stops and that wait raises
+    IoError inside `Delivery.receive`, a task the engine spawned and never awaits: the error
+    escapes into the event loop instead of ending with the shard."""
+    loop = asyncio.get_running_loop()
+    escaped: list[str] = []
+    loop.set_exception_handler(lambda _loop, context: escaped.append(str(context.get("message"))))
+    storage = FaultyStorage(MemoryStorage(2, instant=False))
+    target, sender = _on_shard(2, 1, "p"), _on_shard(2, 0, "q")
+    engine = await fusee.Engine.open(workflows=CODE["right"], storage=storage)
+    try:
+        await asyncio.wait_for(engine.start(PLAN, target, Plan(["wait", "wait"])), ANSWER_S)
+        storage.shard_faults[1] = Faults(fail_flush=1.0)  # the target's shard: its next flush fails
+        await asyncio.wait_for(engine.start(PLAN, sender, Plan([f"sigwf:{target}", "wait"])), ANSWER_S)
+        for _ in range(100):
+            await asyncio.sleep(0)
+        assert storage.injected["failed_flush"] == 1
+        gc.collect()  # (a task's unretrieved exception is reported when the task is collected)
+        assert escaped == []
+    finally:
+        loop.set_exception_handler(None)
+        await engine.close()
+
+
+@pytest.mark.parametrize("call", ["update", "update_with_start"])
+async def test_an_update_answers_when_its_shard_stops(call):
+    """Found by the model test (faulty storage; seed 4, fault seed 124038): no-hang: `await
+    t.engine.update_with_start('model.plan', 'a', ...)` did not answer within 2 s. An update to
+    a running run whose shard stops while the update is under way (the flush of its records
+    fails) never answers; a signal, a cancel or a signal_with_start in the same place gets
+    the shard's IoError at once, as every call on a stopped shard should."""
+    storage = FaultyStorage(MemoryStorage(1, instant=False))
+    engine = await fusee.Engine.open(workflows=CODE["right"], storage=storage)
+    try:
+        await asyncio.wait_for(engine.start(PLAN, "a", Plan(["wait", "wait"])), ANSWER_S)
+        storage.faults = Faults(fail_flush=1.0)  # the shard's next flush fails: it stops
+        with pytest.raises(fusee.IoError):
+            if call == "update":
+                await asyncio.wait_for(engine.run("a").update(BUMP, 4, id="u1"), ANSWER_S)
+            else:
+                await asyncio.wait_for(
+                    engine.update_with_start(PLAN, "a", Plan(["step"]), BUMP, 4, update_id="u1"), ANSWER_S
+                )
+    finally:
+        engine.abandon()
+        await storage.abandon()

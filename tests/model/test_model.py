@@ -26,13 +26,17 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test, initialize, invariant, rule
 
 from .checks import check, check_progress
-from .harness import IDS, Harness
+from .harness import FAULT_TOTALS, IDS, Harness
 from .known import AVOID
 
-MODES = ("instant", "flush_on_turn", "local")
-DEFAULT_EXAMPLES = {"instant": 150, "flush_on_turn": 150, "local": 60}
-SLOW_EXAMPLES = {"instant": 3000, "flush_on_turn": 3000, "local": 1000}
-DEFAULT_SEEDS = {"instant": 1, "flush_on_turn": 2, "local": 3}
+# "faulty": memory storage whose durability comes a loop turn later, wrapped by
+# fusee.testing.faults.FaultyStorage (late and bursty durable positions, slow reads, and
+# now and then a failed flush, a refused run-store frame or a lost lease: the process then
+# restarts). Its fault seed is drawn with the sequence, so a failure repeats and shrinks.
+MODES = ("instant", "flush_on_turn", "local", "faulty")
+DEFAULT_EXAMPLES = {"instant": 150, "flush_on_turn": 150, "local": 60, "faulty": 100}
+SLOW_EXAMPLES = {"instant": 3000, "flush_on_turn": 3000, "local": 1000, "faulty": 3000}
+DEFAULT_SEEDS = {"instant": 1, "flush_on_turn": 2, "local": 3, "faulty": 4}
 STEPS = int(os.environ.get("FUSEE_MODEL_STEPS", 30))  # rules per sequence
 FAR_MS = (
     60_000  # past every timer a plan sets (sleeps, waits and retries of seconds, 20 s and 30 s deadlines)
@@ -159,9 +163,16 @@ class EngineModel(RuleBasedStateMachine):
 
     @rule()
     def advance_far(self) -> None:
+        restarts = self.h.restarts
         self.h.run(self.h.advance(FAR_MS))
+        if self.h.restarts > restarts:
+            # Faulty storage: a shard stopped on the way and the process restarted; the
+            # restarted engine gets its own minute (with no fault that stops a shard).
+            with self.h.calm():
+                self.h.run(self.h.advance(FAR_MS))
         try:
-            self.h.run(check_progress(self.h))
+            with self.h.calm():
+                self.h.run(check_progress(self.h))
         except AssertionError:
             note("# the program, as Python:\n" + self.h.program())
             raise
@@ -201,8 +212,16 @@ class EngineModel(RuleBasedStateMachine):
         self.h.run(self.h.restart(code, clean))
 
 
+class FaultyModel(EngineModel):
+    mode = "faulty"
+
+    @initialize(fault_seed=st.integers(0, 2**32 - 1))
+    def open(self, fault_seed: int) -> None:  # type: ignore[override]
+        self.h.run(self.h.open(fault_seed))
+
+
 def machine_for(mode: str) -> type[EngineModel]:
-    return type(f"EngineModel_{mode}", (EngineModel,), {"mode": mode})
+    return type(f"EngineModel_{mode}", (FaultyModel if mode == "faulty" else EngineModel,), {"mode": mode})
 
 
 def run_model(mode: str, examples: int, seed: int) -> None:
@@ -223,6 +242,7 @@ def run_model(mode: str, examples: int, seed: int) -> None:
         ),
     )
     started = time.monotonic()
+    FAULT_TOTALS.clear()
     try:
         with warnings.catch_warnings():
             if "unawaited-step" in AVOID:
@@ -236,6 +256,11 @@ def run_model(mode: str, examples: int, seed: int) -> None:
     finally:
         gc.unfreeze()
         print(f"model[{mode}]: {examples} sequences from seed {seed} in {time.monotonic() - started:.1f} s")
+        if mode == "faulty":
+            counts = ", ".join(
+                f"{kind} {n}" for kind, n in sorted(FAULT_TOTALS.items()) if kind != "sequences"
+            )
+            print(f"model[faulty]: injected over {FAULT_TOTALS['sequences']} sequences: {counts}")
 
 
 def _seed(mode: str, slow: bool) -> int:
