@@ -67,40 +67,42 @@ class Durability:
         """The store's one report: durable up to a position, or a failure that stops the
         shard. One flush is asked for at a time; the next is asked for at the end of
         this report, so whatever the released gates recorded goes in the next batch."""
-        shard = self.shard
-        if self.appending and durable.__class__ is int:
-            # From inside the store's append (durable on append): the record's own
-            # bookkeeping releases once it is done. The common case, first.
+        if durable.__class__ is int:  # the common case first (a failure is an exception)
+            if self.appending:
+                # From inside the store's append (durable on append): the record's own
+                # bookkeeping releases once it is done.
+                if durable > self.durable:
+                    self.durable = durable
+                return
+            shard = self.shard
+            if shard.closed:
+                # Abandoned (a crash), closed or stopped: nothing is answered or released
+                # from here on, as nothing would be by a process that died.
+                self.flushing = False
+                return
             if durable > self.durable:
                 self.durable = durable
-            return
-        if shard.closed:
-            # Abandoned (a crash), closed or stopped: nothing is answered or released
-            # from here on, as nothing would be by a process that died.
-            self.flushing = False
-            return
-        if isinstance(durable, BaseException):
-            self.flushing = False
-            # Never acknowledge after a failed write: the kernel may have dropped the
-            # pages, or another holder owns the shard now. Callers waiting on it get the
-            # error; nothing gated (a step, a message) is released.
-            if isinstance(durable, LeaseLostError):
-                log.warning("shard %d: lease lost, the shard stops here: %s", shard.index, durable)
-                shard.stop(durable)
+            if shard.engine.idle_waiters:
+                shard.engine.activity.set()
+            self.release()
+            if self.durable < self.appended and not shard.closed:
+                shard.store.flush()
             else:
-                log.error("shard %d: a write failed, the shard stops: %s", shard.index, durable)
-                shard.fail(durable, "stopped after a failed write")
+                self.flushing = False
             return
-        if durable > self.durable:
-            self.durable = durable
-        if self.appending:
-            return  # inside `stage`: the record's bookkeeping releases once it is done
-        shard.poke()
-        self.release()
-        if self.durable < self.appended and not shard.closed:
-            shard.store.flush()
+        self.flushing = False
+        shard = self.shard
+        if shard.closed or not isinstance(durable, BaseException):
+            return
+        # Never acknowledge after a failed write: the kernel may have dropped the pages,
+        # or another holder owns the shard now. Callers waiting on it get the error;
+        # nothing gated (a step, a message) is released.
+        if isinstance(durable, LeaseLostError):
+            log.warning("shard %d: lease lost, the shard stops here: %s", shard.index, durable)
+            shard.stop(durable)
         else:
-            self.flushing = False
+            log.error("shard %d: a write failed, the shard stops: %s", shard.index, durable)
+            shard.fail(durable, "stopped after a failed write")
 
     def when_durable(self, lsn: int, fn: Callable[[], None]) -> None:
         """Run `fn` once everything up to `lsn` is durable (at once if it is)."""

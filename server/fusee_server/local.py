@@ -321,7 +321,8 @@ class LocalShardStore:
             return
         try:
             self._hand_over()
-            self.storage.request(self.index, self.next_position, self.report)
+            # The shard's own report: a late one after an abandon finds the shard closed.
+            self.storage.request(self.index, self.next_position, self._report)
         except (IoError, LeaseLostError) as error:
             self.dropped = True
             self.release()
