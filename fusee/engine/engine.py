@@ -483,9 +483,9 @@ class Engine:
                 signal=signal,
             )
         except AlreadyExistsError as error:
-            await shard.durable_at(shard.appended)  # the refusal rests on durable state only
+            await shard.durable_at(shard.durability.appended)  # the refusal rests on durable state only
             raise error from None
-        await shard.durable_at(shard.appended)
+        await shard.durable_at(shard.durability.appended)
         if signal is not None and not new:
             await Run(self, id, definition)._signal_bytes(*signal)
         return Run(self, id, definition), state
@@ -569,7 +569,7 @@ class Engine:
             or op.attempt != attempt
             or make_token(wid, run_no, seq, attempt, state.started.seed) != token
         ):
-            await shard.durable_at(shard.appended)  # the refusal rests on durable state only
+            await shard.durable_at(shard.durability.appended)  # the refusal rests on durable state only
             raise RejectedError(
                 "the completion token is stale: its step finished, or a newer attempt holds it"
             )

@@ -69,7 +69,7 @@ class Run(Generic[Out]):
         return self.engine.shard_of(names.name(self.id, "workflow ID"))
 
     async def _refuse(self, shard: Shard, error: FuseeError) -> NoReturn:
-        await shard.durable_at(shard.appended)
+        await shard.durable_at(shard.durability.appended)
         raise error
 
     async def _loaded(self, shard: Shard) -> RunState | None:
@@ -270,7 +270,8 @@ class Run(Generic[Out]):
                 return self._outcome(state)
             if state.status == _STUCK and self.engine.profile == "dev" and state.stuck_error:
                 raise state.stuck_error
-            shard.check()  # stopped while this call awaited: nobody would answer the waiter
+            if shard.stop_error is not None:  # stopped while this call awaited: nobody would answer
+                raise shard.stop_error
             fut: asyncio.Future[RunState] = asyncio.get_running_loop().create_future()
             shard.result_waiters.setdefault(self.id, []).append(fut)
             await fut
@@ -300,7 +301,7 @@ class Run(Generic[Out]):
             RunSummary(self.id, state.run_no, state.type, _status(state), shard.index), list(state.journal)
         )
         # What it shows leaves the process: only once every record behind it is durable.
-        await shard.durable_at(shard.appended)
+        await shard.durable_at(shard.durability.appended)
         return description
 
     async def cancel(self, reason: str | None = None) -> None:

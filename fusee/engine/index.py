@@ -86,6 +86,9 @@ class RunIndex:
         """Whether another run already holds this ID's hash (the caller keeps it loaded)."""
         return key_of(wid) in self._table
 
+    def holds_key(self, key: int) -> bool:
+        return key in self._table
+
     def get(self, wid: str) -> IndexEntry | None:
         return self.get_key(key_of(wid), wid)
 

@@ -28,7 +28,7 @@ from fusee._errors import (
     error_from,
     failure_from,
 )
-from fusee.journal import FINAL, STATUS_OF, Status
+from fusee.journal import STATUS_OF, Status
 from fusee.workflow.definitions import Retry, Workflow
 from fusee.workflow.ops import (
     ChildOp,
@@ -81,6 +81,7 @@ class RunState:
         self.expected: dict[int, tuple[str, str]] = {}
         self.issued: dict[int, R.Rec] = {}
         self.status = _RUNNING
+        self.final = False  # ended (status in FINAL): read many times a step, set once
         self.default_retry: Retry = shard.engine.default_retry  # what `ctx` steps retry by
         self.outcome: R.Finished | R.ContinuedAsNew | None = None
         self.code_outcome: tuple[Any, BaseException | None] | None = None
@@ -107,10 +108,6 @@ class RunState:
         self.frame: tuple[int, int] | None = None
 
     # -- state ------------------------------------------------------------------------
-
-    @property
-    def final(self) -> bool:
-        return self.status in FINAL
 
     def in_flight(self) -> bool:
         """A step's function is running or waiting for its gate: the run cannot park."""
@@ -643,6 +640,7 @@ class RunState:
     def _end(self, rec: R.Finished | R.ContinuedAsNew) -> None:
         self.outcome = rec
         self.status = STATUS_OF[rec.status] if isinstance(rec, R.Finished) else Status.CONTINUED
+        self.final = True
         self.timers.clear()
         for op in self.ops.values():
             if not op.done:

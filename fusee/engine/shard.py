@@ -30,7 +30,7 @@ from fusee.engine import idle
 from fusee.engine.delivery import Delivery
 from fusee.engine.durability import Durability
 from fusee.engine.idle import IdleReport
-from fusee.engine.index import RunIndex
+from fusee.engine.index import RunIndex, key_of
 from fusee.engine.outbox import RESEND_MS, Outbox
 from fusee.engine.run import RunState, stop_step
 from fusee.engine.steps import Steps
@@ -320,13 +320,14 @@ class Shard:
     def park(self, run: RunState) -> None:
         """Write the run to the run store and drop it from memory; its index entry keeps
         its next due time, so the shard knows its timers without loading it."""
-        if self.index_entries.collides(run.wid):
+        key = key_of(run.wid)
+        if self.index_entries.holds_key(key):
             return  # another ID shares its hash: this one stays loaded
         ref = self.put_frame(run)
         if self.closed:
             return  # the store refused the frame: the shard stopped
         due = run.next_due()
-        self.index_entries.put(run.wid, IndexEntry(run.wid, run.run_no, run.type, Status.PARKED, ref, due))
+        self.index_entries.put_key(key, IndexEntry(run.wid, run.run_no, run.type, Status.PARKED, ref, due))
         del self.runs[run.wid]
         run.close_fibers()
         self.timers.forget(run)
@@ -617,13 +618,14 @@ class Shard:
             for fut in waiters:
                 if not fut.done():
                     fut.set_result(run)
-            if self.runs.get(run.wid) is run and not self.index_entries.collides(run.wid):
+            key = key_of(run.wid)  # hashed once for both uses (a BLAKE2 per call)
+            if self.runs.get(run.wid) is run and not self.index_entries.holds_key(key):
                 ref = self.put_frame(run)
                 if self.closed:
                     return  # the store refused the frame: the shard stopped
                 expires = self.now_ms() + self.engine.retention_ms
-                self.index_entries.put(
-                    run.wid, IndexEntry(run.wid, run.run_no, run.type, run.status, ref, expires)
+                self.index_entries.put_key(
+                    key, IndexEntry(run.wid, run.run_no, run.type, run.status, ref, expires)
                 )
                 self.runs.pop(run.wid)
                 self.timers.forget(run)
