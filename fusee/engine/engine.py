@@ -85,7 +85,6 @@ class Engine:
         self.stopped: dict[int, Shard] = {}  # shards that stopped (a failed flush): their error
         self.shard_count = storage.shards
         self.closed = False
-        self._tasks: set[asyncio.Task[Any]] = set()
         self._step_threads: ThreadPoolExecutor | None = None
         self.register(*workflows)
 
@@ -222,7 +221,7 @@ class Engine:
             if not self.closed:
                 for shard in self.shards:
                     if wf.name in shard.types_without_code:
-                        self._spawn(shard.resume_type(wf.name))
+                        shard.spawn(shard.resume_type(wf.name))
 
     async def __aenter__(self) -> Engine:
         return self
@@ -249,8 +248,6 @@ class Engine:
                 shard.store.abandon()
             else:
                 reports.append(result)
-        for task in self._tasks:
-            task.cancel()
         self._stop_step_threads()
         await self.storage.close()
         if error is not None:
@@ -262,8 +259,6 @@ class Engine:
         self.closed = True
         for shard in self.shards:
             shard.abandon()
-        for task in self._tasks:
-            task.cancel()
         self._stop_step_threads()
 
     def step_threads(self) -> ThreadPoolExecutor:
@@ -388,22 +383,14 @@ class Engine:
         if shard is None:
             self.storage.relay(index, msg)
         else:
-            self._spawn(shard.messages.receive(msg))
+            shard.spawn(shard.messages.receive(msg))
 
     def route_ack(self, src: int, ack: Ack) -> None:
         shard = self.by_index.get(src)
         if shard is None:
             self.storage.relay(src, ack)
         else:
-            self._spawn(shard.messages.acked(ack))
-
-    def _spawn(self, coro: Any) -> None:
-        if self.closed:
-            coro.close()
-            return
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+            shard.spawn(shard.messages.acked(ack))
 
     def _check_open(self) -> None:
         if self.closed:

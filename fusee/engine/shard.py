@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -100,6 +100,7 @@ class Shard:
         self.draining = False  # routes nothing new; answers what was routed (Engine.drain)
         self.live = False  # recovered: relayed messages are applied (until then they wait)
         self.early: list[Msg | Ack] = []
+        self.tasks: set[asyncio.Future[Any]] = set()  # see `spawn`
         self.types_without_code: set[str] = set()
 
     # -- time -----------------------------------------------------------------------------
@@ -153,9 +154,9 @@ class Shard:
             self.early.append(item)
             return
         if isinstance(item, Msg):
-            self.engine._spawn(self.messages.receive(item))
+            self.spawn(self.messages.receive(item))
         else:
-            self.engine._spawn(self.messages.acked(item))
+            self.spawn(self.messages.acked(item))
 
     def check(self) -> None:
         """Refuse work on a shard that stopped (a failed write, a lost lease, a detach)."""
@@ -261,6 +262,27 @@ class Shard:
                 due = resend
         return due
 
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run one of the shard's tasks (a message applied, a wake-up, a checkpoint, runs
+        resuming): the shard's task group. A task that fails stops the shard with its
+        error, so the failure reaches the callers instead of a line in the loop's log."""
+        if self.closed:
+            coro.close()
+            return
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Future[Any]) -> None:
+        self.tasks.discard(task)
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is None or self.closed:
+            return  # a stopped or closed shard's tasks end with its own error
+        log.error("shard %d: a task failed, the shard stops: %r", self.index, error)
+        self.fail(error, "stopped after an internal error")
+
     def go_live(self) -> None:
         """Recovery is done: apply what the relay brought meanwhile, and start the sweep."""
         self.live = True
@@ -307,7 +329,7 @@ class Shard:
             self.appended - self.checkpoint_position >= self.engine.checkpoint_records
             and not self.checkpointing
         ):
-            self.engine._spawn(self.checkpoint())
+            self.spawn(self.checkpoint())
         if self.runs or self.outbox.pending:
             self.timers.add(now + self.engine.tick_ms, None, TICK)
         else:
@@ -315,7 +337,7 @@ class Shard:
             if self.appended > self.checkpoint_position and not self.checkpointing:
                 # Every run parked or ended: a checkpoint now lets a crash recover from
                 # the index instead of replaying every run since the last one.
-                self.engine._spawn(self.checkpoint())
+                self.spawn(self.checkpoint())
 
     def park(self, run: RunState) -> None:
         """Write the run to the run store and drop it from memory; its index entry keeps
@@ -712,6 +734,8 @@ class Shard:
         """Drop everything in memory (a crash, or after a clean close)."""
         self.closed = True
         self.timers.cancel()
+        for task in list(self.tasks):
+            task.cancel()  # its task group goes with it (one running this, at its next await)
         for run in [*self.runs.values(), *self.ready]:
             for op in run.ops.values():
                 stop_step(op)

@@ -68,7 +68,7 @@ class Timers:
                     shard.timer_due(run, seq)
         due_keys = shard.index_entries.take_due(now)
         if due_keys:
-            shard.engine._spawn(shard.wake(due_keys))
+            shard.spawn(shard.wake(due_keys))
         nexts = [d for d in (heap[0][0] if heap else 0, shard.index_entries.next_due_ms()) if d]
         if nexts:
             self.arm(min(nexts))

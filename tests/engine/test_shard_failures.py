@@ -147,3 +147,40 @@ async def test_a_shard_is_not_idle_while_a_parked_run_loads_for_a_call():
     await signal
     assert await engine.run("n-1").result() == "up"
     await engine.close()
+
+
+class BrokenCheckpoints(MemoryStorage):
+    """Memory storage whose checkpoint write hits a bug (not an I/O error)."""
+
+    def __init__(self, shards: int) -> None:
+        super().__init__(shards)
+        self.stores = [BrokenCheckpointStore() for _ in range(shards)]
+
+
+class BrokenCheckpointStore(MemoryShardStore):
+    async def checkpoint(self, position: int, data: bytes) -> None:
+        raise RuntimeError("a bug in the checkpoint writer")
+
+
+async def test_a_shard_task_that_fails_stops_its_shard_and_its_callers_hear_of_it():
+    """A shard's tasks (a timed checkpoint here) are its task group: one that fails stops
+    the shard with the error, and a caller waiting on it gets IoError naming it, instead
+    of the failure ending as a line in the loop's log while the caller waits for ever."""
+    clock = fusee.VirtualClock()
+    engine = await fusee.Engine.open(
+        workflows=[napper], storage=BrokenCheckpoints(1), clock=clock, park_after="1s"
+    )
+    try:
+        await engine.start(napper, "parks")
+        waiting = asyncio.ensure_future(engine.start(napper, "waits"))
+        run = await waiting
+        result = asyncio.ensure_future(run.result())
+        await asyncio.sleep(0)
+        clock.set(clock.now_ms() + 5_000)  # both park: the idle shard checkpoints, and fails
+        with pytest.raises(fusee.IoError, match="a bug in the checkpoint writer"):
+            await asyncio.wait_for(result, 5)
+        assert not engine.shards and 0 in engine.stopped
+        with pytest.raises(fusee.IoError, match="internal error"):
+            await engine.run("parks").status()
+    finally:
+        engine.abandon()
