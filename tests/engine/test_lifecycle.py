@@ -18,7 +18,7 @@ import pytest
 
 import fusee
 from fusee import journal as R
-from fusee.journal import Msg
+from fusee.journal import Ack, Msg
 from fusee.storage import MemoryShardStore, MemoryStorage
 from tests.conftest import eventually
 
@@ -480,3 +480,53 @@ async def test_closing_one_engine_leaves_the_shards_another_engine_holds_on_the_
         assert await asyncio.wait_for(run.result(), 0.5) == 2
     finally:
         b.abandon()
+
+
+async def test_runs_that_come_due_together_are_read_back_in_one_batch():
+    """A mass wake-up makes one round trip to the run store, not one per run (a remote
+    store's reads cost a round trip each)."""
+    clock = fusee.VirtualClock()
+    storage = MemoryStorage(1)
+    engine = await fusee.Engine.open(workflows=[sleeper], storage=storage, clock=clock, park_after="1s")
+    try:
+        for n in range(20):
+            await engine.start(sleeper, f"due-{n}")
+        for _ in range(50):  # the sweep parks them once they took their first turn
+            if not engine.shards[0].runs:
+                break
+            clock.set(clock.now_ms() + 2_000)
+            await asyncio.sleep(0.001)
+        assert not engine.shards[0].runs  # all parked, due within a few 100 ms buckets
+        reads = storage.stores[0].run_reads
+        clock.set(clock.now_ms() + 3_600_000)
+        await eventually(lambda: storage.stores[0].run_reads > reads and not engine.shards[0].loading)
+        for _ in range(10):
+            await asyncio.sleep(0)  # any second read would have been asked for by now
+        assert storage.stores[0].run_reads == reads + 1
+        for n in range(20):
+            assert await asyncio.wait_for(engine.run(f"due-{n}").result(), 5) == "awake"
+    finally:
+        await engine.close()
+
+
+async def test_an_answer_to_a_message_sent_under_another_lease_is_dropped():
+    """An acknowledgment names the lease its message was sent under: one for a previous
+    holder's send is dropped (the message stays pending, to be sent again from here and
+    answered under this lease); one for this lease's send settles it."""
+    storage = MemoryStorage(2)
+    engine = await fusee.Engine.open(workflows=[sink], storage=storage, shard_ids=[0])
+    try:
+        sender = ids_on(engine, 0, "sender", 1)[0]
+        target = ids_on(engine, 1, "target", 1)[0]
+        shard = engine.shards[0]
+        # A message from this shard to shard 1, which nobody holds: it waits at the relay.
+        msg = Msg("signal", 0, shard.outbox.take_number(), target, name="go", value=b"1")
+        shard.outbox._add(msg, sender, 1)
+        shard.messages.deliver(msg)
+        assert msg.epoch == shard.store.epoch and storage.relayed.waiting[1] == [msg]
+        await shard.messages.acked(Ack(1, msg.seq, None, msg.epoch + 1))  # another lease's send
+        assert msg.seq in shard.outbox.pending
+        await shard.messages.acked(Ack(1, msg.seq, None, msg.epoch))
+        assert msg.seq not in shard.outbox.pending
+    finally:
+        engine.abandon()
