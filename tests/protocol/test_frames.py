@@ -1,0 +1,89 @@
+"""The frame codec (`fusee/protocol/frames.py`): a frame comes back as it went, however
+the stream is cut, and every damaged or hostile input gets `FrameError` naming what was
+wrong, before a byte past the limit is buffered, never any other exception."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fusee.protocol import frames
+from fusee.protocol.frames import HEADER_BYTES, Decoder, Frame, FrameError, Kind, encode
+
+
+def test_frames_come_back_whole_however_the_stream_is_cut():
+    sent = [Frame(Kind.HELLO, os.urandom(40)), Frame(Kind.IDLE, b""), Frame(7, os.urandom(3000))]
+    stream = b"".join(encode(f.kind, f.payload) for f in sent)
+    for cut in (1, 2, 5, HEADER_BYTES, 17, 1000, len(stream)):
+        decoder, got = Decoder(), []
+        for i in range(0, len(stream), cut):
+            got += decoder.feed(stream[i : i + cut])
+        assert got == sent and not decoder.buffer
+
+
+def test_the_header_is_the_documented_sixteen_bytes():
+    frame = encode(Kind.CHALLENGE, b"nonce")
+    assert frame[:4] == b"FSE1" and len(frame) == HEADER_BYTES + 5
+    assert int.from_bytes(frame[4:6], "little") == 0xF1
+    assert frame[6:8] == b"\0\0" and int.from_bytes(frame[8:12], "little") == 5
+    # CRC32C of the check value "123456789" is e3069283 (the checksum is CRC32C, not CRC-32)
+    assert frames._crc(b"1234", b"56789") == 0xE3069283
+
+
+@pytest.mark.parametrize("index", range(HEADER_BYTES + 8))
+def test_any_flipped_byte_is_refused_naming_the_field(index: int):
+    frame = bytearray(encode(Kind.PROOF, bytes(range(8))))
+    frame[index] ^= 0x40
+    decoder = Decoder(limit=1 << 20)
+    with pytest.raises(FrameError) as error:
+        assert decoder.feed(bytes(frame)) == []  # a longer length waits for more bytes...
+        decoder.finish()  # ...which never come
+    assert any(word in str(error.value) for word in ("magic", "flags", "checksum", "limit", "ended inside"))
+
+
+def test_an_announced_length_over_the_limit_is_refused_before_its_payload_arrives():
+    decoder = Decoder(limit=frames.HANDSHAKE_BYTES_MAX)
+    header = encode(Kind.HELLO, b"x" * 2000, limit=1 << 20)[:HEADER_BYTES]
+    with pytest.raises(FrameError, match="over the limit of 1024"):
+        decoder.feed(header)  # the header alone: nothing of the payload is waited for
+    with pytest.raises(FrameError):
+        decoder.feed(encode(Kind.HELLO, b"ok"))  # a broken stream stays broken
+    with pytest.raises(FrameError, match="over the limit"):
+        encode(Kind.HELLO, b"x" * 2000, limit=frames.HANDSHAKE_BYTES_MAX)
+    with pytest.raises(FrameError, match="u16"):
+        encode(0x10000, b"")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200), st.integers(1, 64))
+def test_random_bytes_get_frames_or_frame_error_and_nothing_else(data: bytes, cut: int):
+    decoder = Decoder(limit=4096)
+    try:
+        for i in range(0, len(data), cut):
+            for frame in decoder.feed(data[i : i + cut]):
+                assert len(frame.payload) <= 4096
+    except FrameError:
+        pass
+
+
+def test_mutated_streams_of_real_frames_get_frame_error_or_the_frames_they_still_hold():
+    rng = random.Random(20261130)
+    for _ in range(500):
+        sent = [Frame(rng.choice(list(Kind)), rng.randbytes(rng.randrange(0, 300))) for _ in range(3)]
+        stream = bytearray(b"".join(encode(f.kind, f.payload) for f in sent))
+        for _ in range(rng.randrange(1, 4)):
+            stream[rng.randrange(len(stream))] = rng.randrange(256)
+        if rng.random() < 0.3:
+            del stream[rng.randrange(len(stream)) :]
+        decoder = Decoder(limit=4096)
+        try:
+            got = decoder.feed(bytes(stream))
+            decoder.finish()
+        except FrameError:
+            continue
+        # Whatever decodes is a prefix of what was sent: a mutation is never read as data.
+        assert got == sent[: len(got)]
