@@ -1,0 +1,121 @@
+"""Server addresses as workers and clients write them (spec: Security):
+`host:port?option=value&...`, `[::1]:7600`, `unix:/path.sock?...`.
+
+An unknown or repeated option is an error naming it, so a misspelt option never turns
+security off without a word; so is a TLS option on a `unix:` address (the socket file's
+permissions decide who connects there; the token still applies).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qsl
+
+import msgspec
+
+from fusee._errors import RejectedError
+
+OPTIONS = ("ca", "cert", "key", "name", "token-file", "max-shards", "shm", "invocation")
+TLS_OPTIONS = ("ca", "cert", "key", "name")
+
+
+class Address(msgspec.Struct, frozen=True, kw_only=True):
+    host: str | None = None  # TCP: a DNS name or an IP address (IPv6 without brackets)
+    port: int | None = None
+    unix: str | None = None  # a Unix socket's path
+    ca: str | None = None  # turns TLS on: the CA file that signs the server's certificate
+    cert: str | None = None  # this side's certificate chain and key (mutual TLS)
+    key: str | None = None
+    name: str | None = None  # the name to verify in the server's certificate
+    token_file: str | None = None
+    max_shards: int | None = None  # a worker holds at most this many shards
+    shm: bool = False  # a worker on a unix: address sends records through shared memory
+    invocation: str | None = None  # an invoked worker's invocation ID
+
+    @property
+    def tls(self) -> bool:
+        return self.ca is not None
+
+
+def parse(text: str) -> Address:
+    """The address `text` names, or RejectedError saying what is wrong with it."""
+    if not isinstance(text, str) or not text.strip():
+        raise RejectedError(f"address {text!r}: expected host:port or unix:/path")
+    if text.startswith("replicas://"):
+        raise RejectedError(f"address {text!r}: replicated mode is not built; give one server's host:port")
+    where, _, query = text.partition("?")
+    options = _options(text, query)
+    if where.startswith("unix:"):
+        path = where[len("unix:") :]
+        if not path:
+            raise RejectedError(f"address {text!r}: unix: needs a socket path")
+        tls = [name for name in TLS_OPTIONS if name in options]
+        if tls:
+            raise RejectedError(
+                f"address {text!r}: {', '.join(tls)} do not apply to a unix: socket (its file's "
+                "permissions decide who connects; the token still applies)"
+            )
+        return _address(text, options, unix=path)
+    host, port = _host_port(text, where)
+    if "shm" in options:
+        raise RejectedError(f"address {text!r}: shm=1 works on a unix: address only")
+    return _address(text, options, host=host, port=port)
+
+
+def _options(text: str, query: str) -> dict[str, str]:
+    if not query:
+        return {}
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=True)
+    except ValueError:
+        raise RejectedError(f"address {text!r}: options go as name=value&name=value") from None
+    options: dict[str, str] = {}
+    for name, value in pairs:
+        if name not in OPTIONS:
+            raise RejectedError(f"address {text!r}: unknown option {name!r} (known: {', '.join(OPTIONS)})")
+        if name in options:
+            raise RejectedError(f"address {text!r}: option {name!r} is given twice")
+        if not value:
+            raise RejectedError(f"address {text!r}: option {name!r} has no value")
+        options[name] = value
+    return options
+
+
+def _host_port(text: str, where: str) -> tuple[str, int]:
+    if where.startswith("["):
+        host, sep, rest = where[1:].partition("]")
+        if not sep or not rest.startswith(":"):
+            raise RejectedError(f"address {text!r}: expected [IPv6]:port")
+        port_text = rest[1:]
+    else:
+        host, sep, port_text = where.rpartition(":")
+        if not sep or ":" in host:
+            raise RejectedError(f"address {text!r}: expected host:port (an IPv6 address goes in brackets)")
+    if not host or any(c.isspace() or c in "/@" for c in host):
+        raise RejectedError(f"address {text!r}: {host!r} is not a host name or IP address")
+    if not port_text.isascii() or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise RejectedError(f"address {text!r}: the port must be a number from 1 to 65535")
+    return host, int(port_text)
+
+
+def _address(text: str, options: dict[str, str], **where: str | int) -> Address:
+    if ("cert" in options) != ("key" in options):
+        raise RejectedError(f"address {text!r}: cert= and key= go together (this side's certificate and key)")
+    max_shards: int | None = None
+    if "max-shards" in options:
+        value = options["max-shards"]
+        if not value.isascii() or not value.isdigit() or not 1 <= int(value) <= 1 << 16:
+            raise RejectedError(f"address {text!r}: max-shards must be a number from 1 to 65536")
+        max_shards = int(value)
+    if options.get("shm", "1") != "1":
+        raise RejectedError(f"address {text!r}: shm takes 1 (it is off unless given)")
+    return Address(
+        **where,  # type: ignore[arg-type]
+        ca=options.get("ca"),
+        cert=options.get("cert"),
+        key=options.get("key"),
+        name=options.get("name"),
+        token_file=options.get("token-file"),
+        max_shards=max_shards,
+        shm="shm" in options,
+        invocation=options.get("invocation"),
+    )
