@@ -1,0 +1,132 @@
+"""The token exchange that opens every connection (spec: Security), as pure functions over
+bytes: both sides prove they hold the shared token with HMAC-SHA256, over fresh nonces,
+before either sends a protocol frame.
+
+    worker -> HELLO      version 1, purpose (1 server, 2 replica), sender u8, nonce [32]
+    server -> CHALLENGE  version 1, nonce [32]
+    worker -> PROOF      HMAC(token, "fusee auth v1 initiator" + T)
+    server -> ACCEPT     HMAC(token, "fusee auth v1 responder" + T), or REFUSED: a reason
+    T = hello body + challenge body + binding length u8 + binding
+
+`binding` ties the proofs to the TLS session so a proof cannot be relayed into another
+one. The spec binds to 32 bytes of TLS exporter output; Python's `ssl` has no exporter, so
+here the binding is the SHA-256 of the server's certificate (DER), which both sides know
+under TLS (a relay into a session with another certificate fails); without TLS it is
+empty. The token never crosses the wire; MACs are compared in constant time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import stat
+import struct
+from pathlib import Path
+from typing import NamedTuple
+
+from fusee._errors import RejectedError
+
+VERSION = 1
+PURPOSE_SERVER = 1
+PURPOSE_REPLICA = 2
+NONCE_BYTES = 32
+TOKEN_BYTES_MIN = 16
+DEADLINE_S = 10.0  # TLS and the exchange finish within this, or the connection closes
+_HELLO = struct.Struct("<BBB32s")
+_CHALLENGE = struct.Struct("<B32s")
+_INITIATOR = b"fusee auth v1 initiator"
+_RESPONDER = b"fusee auth v1 responder"
+
+
+class Hello(NamedTuple):
+    purpose: int
+    sender: int
+    nonce: bytes
+
+
+class HandshakeError(RejectedError):
+    """A malformed exchange or a proof that does not verify."""
+
+
+def nonce() -> bytes:
+    return os.urandom(NONCE_BYTES)
+
+
+def hello(nonce: bytes, purpose: int = PURPOSE_SERVER, sender: int = 0) -> bytes:
+    if (
+        len(nonce) != NONCE_BYTES
+        or purpose not in (PURPOSE_SERVER, PURPOSE_REPLICA)
+        or not 0 <= sender <= 255
+    ):
+        raise HandshakeError("hello: a 32-byte nonce, purpose 1 or 2, a sender from 0 to 255")
+    return _HELLO.pack(VERSION, purpose, sender, nonce)
+
+
+def read_hello(body: bytes) -> Hello:
+    if len(body) != _HELLO.size:
+        raise HandshakeError(f"hello of {len(body)} bytes (expected {_HELLO.size})")
+    version, purpose, sender, nonce_ = _HELLO.unpack(body)
+    if version != VERSION:
+        raise HandshakeError(f"hello version {version}: this side speaks version {VERSION}")
+    if purpose not in (PURPOSE_SERVER, PURPOSE_REPLICA):
+        raise HandshakeError(f"hello purpose {purpose} (1: server, 2: replica)")
+    return Hello(purpose, sender, nonce_)
+
+
+def challenge(nonce: bytes) -> bytes:
+    if len(nonce) != NONCE_BYTES:
+        raise HandshakeError("challenge: a 32-byte nonce")
+    return _CHALLENGE.pack(VERSION, nonce)
+
+
+def read_challenge(body: bytes) -> bytes:
+    """The server's nonce."""
+    if len(body) != _CHALLENGE.size:
+        raise HandshakeError(f"challenge of {len(body)} bytes (expected {_CHALLENGE.size})")
+    version, nonce_ = _CHALLENGE.unpack(body)
+    if version != VERSION:
+        raise HandshakeError(f"challenge version {version}: this side speaks version {VERSION}")
+    return bytes(nonce_)
+
+
+def transcript(hello_body: bytes, challenge_body: bytes, binding: bytes = b"") -> bytes:
+    if len(binding) > 255:
+        raise HandshakeError("a binding is at most 255 bytes")
+    return hello_body + challenge_body + bytes([len(binding)]) + binding
+
+
+def tls_binding(server_certificate_der: bytes) -> bytes:
+    """What binds the proofs to a TLS session here: the server certificate's SHA-256."""
+    return hashlib.sha256(server_certificate_der).digest()
+
+
+def proof(token: bytes, t: bytes) -> bytes:
+    """The worker's (initiator's) proof."""
+    return hmac.new(token, _INITIATOR + t, hashlib.sha256).digest()
+
+
+def accept(token: bytes, t: bytes) -> bytes:
+    """The server's (responder's) proof, sent only once the worker's verified."""
+    return hmac.new(token, _RESPONDER + t, hashlib.sha256).digest()
+
+
+def verify(expected: bytes, got: bytes) -> None:
+    if not hmac.compare_digest(expected, got):
+        raise HandshakeError("the peer's proof does not verify: the two sides hold different tokens")
+
+
+def read_token(path: str | Path) -> tuple[bytes, bool]:
+    """The token in `path` (surrounding whitespace is not part of it), and whether other
+    users can read the file (the caller warns). At least 16 bytes."""
+    file = Path(path)
+    try:
+        data = file.read_bytes().strip()
+        mode = file.stat().st_mode
+    except OSError as error:
+        raise RejectedError(f"token file {file}: {error.strerror or error}") from None
+    if len(data) < TOKEN_BYTES_MIN:
+        raise RejectedError(
+            f"token file {file}: {len(data)} bytes; a token is at least {TOKEN_BYTES_MIN} (use 32 random bytes)"
+        )
+    return data, bool(mode & (stat.S_IRGRP | stat.S_IROTH))
