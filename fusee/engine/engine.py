@@ -27,7 +27,7 @@ from fusee._errors import (
     UnknownWorkflowError,
     failure_from,
 )
-from fusee.engine.handle import Run, RunSummary, _status
+from fusee.engine.handle import Run, RunSummary
 from fusee.engine.idle import IdleReport
 from fusee.engine.recovery import recover
 from fusee.engine.run import RunState
@@ -567,7 +567,7 @@ class Engine:
 
     async def list(self, type: str | None = None, status: str | None = None) -> AsyncIterator[RunSummary]:
         for shard in self.shards:
-            rows = [RunSummary(r.wid, r.run_no, r.type, _status(r), shard.index) for r in shard.runs.values()]
+            rows = [RunSummary(r.wid, r.run_no, r.type, r.status, shard.index) for r in shard.runs.values()]
             seen = shard.appended
             rows += [
                 RunSummary(

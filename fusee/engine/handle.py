@@ -298,7 +298,7 @@ class Run(Generic[Out]):
             await self._refuse(shard, NotFoundError(f"no workflow '{self.id}'", workflow_id=self.id))
         assert state is not None
         description = RunDescription(
-            RunSummary(self.id, state.run_no, state.type, _status(state), shard.index), list(state.journal)
+            RunSummary(self.id, state.run_no, state.type, state.status, shard.index), list(state.journal)
         )
         # What it shows leaves the process: only once every record behind it is durable.
         await shard.durable_at(shard.durability.appended)
@@ -342,7 +342,3 @@ def _update_result(u: Update[Any, Any], rec: R.UpdateDone) -> Any:
     if rec.failure is not None:
         raise error_from(rec.failure)
     return codec.decode(rec.value or b"null", u.result, f"update '{u.name}' result")
-
-
-def _status(state: RunState | StoredRun) -> str:
-    return state.status
