@@ -18,7 +18,7 @@ the invariant it holds the engine to (the `Violation`'s tag):
 - `idle` (6): `shard.idle()` is True exactly when nothing can progress.
 - `steps` (7): a step attempt's function runs once per engine lifetime, never again once
   its outcome was durable, and at least once for every outcome recorded.
-- `documented-errors` / `no-hang` (8): checked on every call (see `Harness.call`), and
+- `documented-errors` / `no-hang` (8): checked on every call (see `Calls.call`), and
   here: nothing escaped into the event loop.
 """
 

@@ -25,8 +25,9 @@ from hypothesis import seed as use_seed
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test, initialize, invariant, rule
 
+from .calls import Calls
 from .checks import check, check_progress
-from .harness import FAULT_TOTALS, IDS, Harness
+from .harness import FAULT_TOTALS, IDS
 from .known import AVOID
 
 # "faulty": memory storage whose durability comes a loop turn later, wrapped by
@@ -76,7 +77,7 @@ class EngineModel(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.h = Harness(self.mode)
+        self.h = Calls(self.mode)
         self.h.note = note
 
     @initialize()
