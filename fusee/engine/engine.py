@@ -197,6 +197,8 @@ class Engine:
         ended, a drain finished): close it as `close` does (flush, then checkpoint,
         within `deadline` seconds) and hand it back; calls for its workflows are
         refused from then on."""
+        self._check_open()
+        _seconds(deadline, "deadline")
         shard = self.by_index.get(index)
         if shard is None:
             raise RejectedError(f"shard {index} is not attached to this engine")
@@ -233,6 +235,7 @@ class Engine:
         """Close every shard side by side (flush, then checkpoint), then release the
         storage; never waits past `deadline` seconds (see `Shard.close`). Returns how
         each shard was left."""
+        _seconds(deadline, "deadline")
         if self.closed:
             return []
         self.closed = True
@@ -313,6 +316,8 @@ class Engine:
         worker's 100 ms: a trickle of calls shares one invocation); False if `timeout`
         seconds pass first. Woken by the shards' own changes, and by the clock when a
         shard's next due time comes within 250 ms: nothing is polled."""
+        _seconds(grace, "grace")
+        _seconds(timeout, "timeout")
         loop = asyncio.get_running_loop()
         give_up = None if timeout is None else loop.time() + timeout
         idle_since: float | None = None
@@ -360,6 +365,10 @@ class Engine:
         routed: new calls are refused with LeaseLostError (the caller retries against the
         shard's next holder) and messages from other shards are left unanswered (their
         senders send them again). An invoked worker drains before it leaves."""
+        for index in indexes or ():
+            self._check_index(index)
+            if index not in self.by_index:
+                raise RejectedError(f"shard {index} is not attached to this engine")
         for shard in self.shards:
             if indexes is None or shard.index in indexes:
                 shard.draining = True
@@ -633,3 +642,12 @@ def parse_token(token: str) -> tuple[str, int, int, int, str]:
         return names.name(wid, "workflow ID"), run, seq, attempt, mac
     except (ValueError, TypeError, msgspec.DecodeError, RejectedError):
         raise RejectedError("not a completion token") from None
+
+
+def _seconds(value: float | None, what: str) -> None:
+    """A deadline, grace or timeout in seconds: None, or a finite number from 0 (a bad one
+    refused before anything is let go, not found half-way through a close)."""
+    if value is None:
+        return
+    if type(value) not in (int, float) or not 0 <= value < float("inf"):
+        raise RejectedError(f"{what}={value!r}: expected seconds, a finite number from 0 (or None)")

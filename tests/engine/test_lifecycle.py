@@ -530,3 +530,81 @@ async def test_an_answer_to_a_message_sent_under_another_lease_is_dropped():
         assert msg.seq not in shard.outbox.pending
     finally:
         engine.abandon()
+
+
+@fusee.workflow("lc.waiter")
+async def waiter_changed(ctx: fusee.Ctx) -> int:
+    """A deploy of lc.waiter that diverges from its journals: a step before the wait."""
+    await ctx.step("new", lambda: 0)
+    got: int = await ctx.wait_for(go)
+    return got
+
+
+async def test_a_shard_handed_over_takes_its_runs_at_every_point_of_their_lives():
+    """Detached by one engine and attached by another, a shard's runs go on wherever they
+    were: a parked one wakes on its timer, one waiting for a signal takes it, one started
+    just before the hand-over takes its first turn, and a stuck one stays stuck (idle, not
+    failed) until matching code takes the shard."""
+    clock = fusee.VirtualClock()
+    storage = MemoryStorage(1)
+    a = await fusee.Engine.open(workflows=[sleeper, waiter], storage=storage, clock=clock, park_after="1s")
+    await a.start(sleeper, "parked")
+    for _ in range(50):
+        if "parked" not in a.shards[0].runs:
+            break
+        clock.set(clock.now_ms() + 2_000)
+        await asyncio.sleep(0.001)
+    await a.start(waiter, "waiting")
+    await eventually(lambda: len(a.shards[0].runs["waiting"].journal) > 1)  # it waits: recorded
+    await a.start(sleeper, "fresh")  # detached before anything else can happen to it
+    await a.detach(0)
+    with pytest.raises(fusee.RejectedError, match="does not hold"):
+        await a.run("parked").status()
+    # A deploy whose code diverges: the waiting run gets stuck there...
+    b = await fusee.Engine.open(
+        workflows=[sleeper, waiter_changed], storage=storage, clock=clock, shard_ids=[]
+    )
+    await b.attach(0)
+    assert (await asyncio.wait_for(b.run("waiting").status(), 5)).status == "stuck"
+    assert await asyncio.wait_for(b.wait_idle(0.01, timeout=2), 3)  # stuck is idle, not busy
+    assert not b.shards[0].report().work_left
+    await b.detach(0)
+    # ...and the code that matches, on a third engine, finishes every run.
+    c = await fusee.Engine.open(workflows=[sleeper, waiter], storage=storage, clock=clock, shard_ids=[])
+    try:
+        await c.attach(0)
+        await c.run("waiting").signal(go, 5)
+        assert await asyncio.wait_for(c.run("waiting").result(), 5) == 5
+        clock.set(clock.now_ms() + 3_700_000)
+        for wid in ("parked", "fresh"):
+            assert await asyncio.wait_for(c.run(wid).result(), 5) == "awake"
+    finally:
+        await c.close()
+        await b.close()
+        await a.close()
+
+
+async def test_bad_deadlines_graces_and_shards_are_refused_before_anything_is_let_go():
+    engine = await fusee.Engine.open(workflows=[quick], storage=MemoryStorage(2))
+    try:
+        for bad in (-1, float("nan"), float("inf"), "1s", True):
+            with pytest.raises(fusee.RejectedError, match="deadline="):
+                await engine.detach(0, bad)  # type: ignore[arg-type]
+            with pytest.raises(fusee.RejectedError, match="deadline="):
+                await engine.close(bad)  # type: ignore[arg-type]
+            with pytest.raises(fusee.RejectedError, match="grace="):
+                await engine.wait_idle(bad)  # type: ignore[arg-type]
+            with pytest.raises(fusee.RejectedError, match="timeout="):
+                await engine.wait_idle(0.01, bad)  # type: ignore[arg-type]
+        for bad_index in (7, -1, "0"):
+            with pytest.raises(fusee.RejectedError, match="not a shard"):
+                engine.drain([bad_index])  # type: ignore[list-item]
+        assert [s.index for s in engine.shards] == [0, 1] and not any(s.draining for s in engine.shards)
+        run = await engine.start(quick, "still-works", 2)
+        assert await asyncio.wait_for(run.result(), 5) == 4
+    finally:
+        await engine.close()
+    with pytest.raises(fusee.ClosedError):
+        await engine.attach(0)
+    with pytest.raises(fusee.ClosedError):
+        await engine.detach(0)
