@@ -15,6 +15,7 @@ from fusee._errors import (
     FuseeError,
     IoError,
     LeaseLostError,
+    NoHolderError,
     NotFoundError,
     RejectedError,
     StepError,
@@ -48,6 +49,7 @@ __all__ = [
     "CancelledError",
     "ChildError",
     "ChildHandle",
+    "Client",
     "ClosedError",
     "CodecError",
     "Completion",
@@ -61,6 +63,7 @@ __all__ = [
     "FuseeError",
     "IoError",
     "LeaseLostError",
+    "NoHolderError",
     "NotFoundError",
     "Query",
     "RejectedError",
@@ -85,3 +88,12 @@ __all__ = [
     "update",
     "workflow",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # The client loads the wire (and ssl) only when asked for: not on a worker's cold path.
+    if name == "Client":
+        from fusee.client import Client
+
+        return Client
+    raise AttributeError(f"module 'fusee' has no attribute {name!r}")

@@ -90,7 +90,27 @@ def _parser() -> argparse.ArgumentParser:
     )
     disk.add_argument("--json", action="store_true", help="print the figures as JSON")
     disk.set_defaults(run=_run_disk_check)
+
+    # Its options belong to the fusee-server distribution, which parses them itself.
+    server = commands.add_parser(
+        "server",
+        help="run the central log server (fusee server --help for its options)",
+        add_help=False,
+        prefix_chars="\0",
+    )
+    server.add_argument("args", nargs=argparse.REMAINDER)
+    server.set_defaults(run=_run_server)
     return parser
+
+
+def _run_server(args: argparse.Namespace) -> int:
+    _native()  # says how to install fusee-server when it is missing
+    from fusee_server import main as server
+
+    parser = argparse.ArgumentParser(prog="fusee server", description="The central log server.")
+    server.add_arguments(parser)
+    code: int = server.run(parser.parse_args(args.args))
+    return code
 
 
 def _seconds(text: str) -> float:

@@ -93,6 +93,13 @@ class LeaseLostError(FuseeError):
     code = "LeaseLost"
 
 
+class NoHolderError(FuseeError):
+    """A client's call for a shard no worker holds now (server mode): retry once a
+    worker holds it."""
+
+    code = "NoHolder"
+
+
 class _FailureError(FuseeError):
     """An error that wraps a recorded failure as its `cause`."""
 
@@ -158,6 +165,7 @@ _PLAIN: dict[str, type[FuseeError]] = {
         BusyError,
         IoError,
         ConnectionError,
+        NoHolderError,
     )
 }
 

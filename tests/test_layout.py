@@ -19,12 +19,13 @@ ROOT = Path(fusee.__file__).parent
 ALLOWED: dict[str, set[str]] = {
     "base": set(),
     "workflow": {"base"},
-    "storage": {"base"},
+    "storage": {"base", "protocol"},
     "protocol": {"base"},
     "engine": {"base", "workflow", "storage", "protocol"},
     "testing": {"base", "workflow", "storage", "engine"},
+    "client": {"base", "protocol", "engine"},
 }
-TOP = {"__init__", "__main__", "_cli"}
+TOP = {"__init__", "__main__", "_cli", "sync"}
 
 
 def unit_of(module: str) -> str:

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import gc
 import inspect
+import os
 import uuid
 import zlib
 from _blake2 import blake2b  # hashlib's own BLAKE2, without loading OpenSSL's (cold path)
@@ -33,7 +34,7 @@ from fusee.engine.recovery import recover
 from fusee.engine.run import RunState
 from fusee.engine.shard import Shard
 from fusee.journal import Ack, Msg, Status
-from fusee.storage import MemoryStorage, Storage
+from fusee.storage import Durability, MemoryStorage, Storage
 from fusee.workflow.definitions import (
     DEFAULT_RETRY,
     Retry,
@@ -48,6 +49,8 @@ from fusee.workflow.ops import StepOp, StepState
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
+
+    from fusee.storage.remote import RemoteStorage
 
 Out = TypeVar("Out")
 STEP_THREADS = 32
@@ -104,19 +107,30 @@ class Engine:
         clock: Clock | None = None,
         storage: Storage | None = None,
         shard_ids: Sequence[int] | None = None,
+        address: str | None = None,
     ) -> Engine:
         """Open an engine. `durability="memory"` keeps nothing; a directory (local mode)
-        needs the `fusee-server` distribution's disk path."""
+        needs the `fusee-server` distribution's disk path; `durability="server"` (or
+        `FUSEE_URL` set, for an `open()` without arguments) connects to a `fusee server`
+        at `address` as a worker: it holds the shards it is granted now, takes others as
+        they are let go of, and answers the calls clients send to its shards."""
         if shards is not None and shards < 1:
             raise RejectedError(f"shards={shards}: need at least 1")
         if storage is None:
+            if dir is None and durability == "memory" and address is None and os.environ.get("FUSEE_URL"):
+                durability = "server"
             if dir is not None:
                 storage = await _local_storage(dir, shards)
+            elif durability == "server":
+                storage = await _remote_storage(address)
+                if shard_ids is None:
+                    shard_ids = storage.initial_shards
             elif durability == "memory":
                 storage = MemoryStorage(shards or 4)
             else:
                 raise RejectedError(
-                    f"durability={durability!r}: open with a directory (local mode) or durability='memory'"
+                    f"durability={durability!r}: open with a directory (local mode), "
+                    "durability='server' with an address, or durability='memory'"
                 )
         engine = cls(
             storage,
@@ -138,6 +152,10 @@ class Engine:
             if abandon is not None:
                 await abandon()
             raise
+        if getattr(storage, "durability", None) is Durability.SERVER:
+            from fusee.engine.serve import CallServer  # the cold path imports no wire code
+
+            CallServer(engine, storage)  # type: ignore[arg-type]
         return engine
 
     async def _open_shards(self, shard_ids: Sequence[int] | None) -> None:
@@ -604,6 +622,16 @@ async def _local_storage(dir: str, shards: int | None) -> Storage:
             "disk path: pip install fusee-server (in this repository: pip install ./server)"
         ) from None
     return await LocalStorage.open(dir, shards)
+
+
+async def _remote_storage(address: str | None) -> RemoteStorage:
+    from fusee.protocol.address import parse as parse_address
+    from fusee.storage.remote import RemoteStorage
+
+    text = address if address is not None else os.environ.get("FUSEE_URL")
+    if not text:
+        raise RejectedError("durability='server' needs address='host:port' (or FUSEE_URL in the environment)")
+    return await RemoteStorage.connect(parse_address(text))
 
 
 def _check_policy(policy: dict[str, str] | None) -> None:

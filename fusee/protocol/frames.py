@@ -36,6 +36,19 @@ class Kind(enum.IntEnum):
     """Frame kinds. The token exchange's are the spec's (Security); the others follow as
     the server issue defines them."""
 
+    OPEN = 1  # a worker's or client's first frame: its role, how many shards it wants
+    WELCOME = 2  # the server's answer: shard count, the leases granted at once, liveness
+    LEASE = 3  # a standby is granted a shard
+    PING = 4  # a holder is alive (from a thread of its own, every second)
+    REQUEST = 5  # a round trip about a held shard: open, records, runs, checkpoint, release
+    REPLY = 6
+    APPEND = 7  # a shard's records, pipelined; answered by DURABLE once a write covers them
+    DURABLE = 8
+    PUT_RUN = 9  # a run-store frame at an offset the worker computed
+    RUN_PUT = 10
+    RELAY = 11  # a message or acknowledgment between shards held by different workers
+    CALL = 12  # a client's call, relayed to the holder of its shard
+    ANSWER = 13
     DRAIN = 28  # route nothing more for these shards (invoked workers)
     IDLE = 29  # per shard and epoch: work left, next due time... (invoked workers)
     HELLO = 0xF0

@@ -246,6 +246,16 @@ pub fn read_batch_header(logical: &[u8]) -> Option<BatchHeader> {
 
 /// The sections of an intact batch (`read_batch_header` succeeded on `b`).
 pub fn read_sections(b: &[u8], header: &BatchHeader) -> Option<Vec<Section>> {
+    sections_where(b, header, |_| true)
+}
+
+/// The sections of `shard` in an intact batch: the others are walked (their records'
+/// lengths say where the next section begins) but not copied.
+pub fn read_sections_of(b: &[u8], header: &BatchHeader, shard: u32) -> Option<Vec<Section>> {
+    sections_where(b, header, |s| s == shard)
+}
+
+fn sections_where(b: &[u8], header: &BatchHeader, keep: impl Fn(u32) -> bool) -> Option<Vec<Section>> {
     let end = header.len as usize;
     let mut at = BATCH_HEADER;
     let mut out = Vec::with_capacity(header.sections as usize);
@@ -257,7 +267,7 @@ pub fn read_sections(b: &[u8], header: &BatchHeader) -> Option<Vec<Section>> {
         let count = u32_at(b, at + 4) as usize;
         let first = u64_at(b, at + 8);
         at += SECTION_HEADER;
-        let mut records = Vec::with_capacity(count.min(1 << 16));
+        let mut records = Vec::with_capacity(if keep(shard) { count.min(1 << 16) } else { 0 });
         for _ in 0..count {
             if at + 4 > end {
                 return None;
@@ -266,10 +276,14 @@ pub fn read_sections(b: &[u8], header: &BatchHeader) -> Option<Vec<Section>> {
             if at + 4 + n > end {
                 return None;
             }
-            records.push(b[at + 4..at + 4 + n].to_vec());
+            if keep(shard) {
+                records.push(b[at + 4..at + 4 + n].to_vec());
+            }
             at += 4 + n;
         }
-        out.push(Section { shard, first, records });
+        if keep(shard) {
+            out.push(Section { shard, first, records });
+        }
     }
     Some(out)
 }
@@ -393,6 +407,8 @@ mod tests {
             Probe::Batch(header, logical) => {
                 assert_eq!((header.seq, header.prev, header.acked, header.nonce, header.crc), (5, 77, 4, 99, crc));
                 assert_eq!(read_sections(&logical, &header).unwrap(), sections());
+                assert_eq!(read_sections_of(&logical, &header, 3).unwrap(), vec![sections()[1].clone()]);
+                assert_eq!(read_sections_of(&logical, &header, 2).unwrap(), vec![]);
             }
             other => panic!("{other:?}"),
         }

@@ -3,6 +3,7 @@
 //! and lock. A plain crate: `cargo test` runs it without Python; the `python` feature adds
 //! the thin PyO3 layer that `fusee_server._native` is built from.
 
+mod catalog;
 pub mod format;
 pub mod io;
 pub mod log;

@@ -1,9 +1,10 @@
 //! The shared log: one log for every shard of a directory, written in batches with one
 //! durable flush each (group commit).
 
+use crate::catalog::{Catalog, ReadFailure, Segment};
 use crate::format::{
-    encode_batch, Seal, Section, SegmentHeader, BATCH_BYTES_MAX, BATCH_HEADER, BLOCK, RECORD_BYTES_MAX, SEAL_BYTES,
-    SEGMENT_HEADER,
+    disk_len, encode_batch, Seal, Section, SegmentHeader, BATCH_BYTES_MAX, BATCH_HEADER, BLOCK, RECORD_BYTES_MAX,
+    SEAL_BYTES, SEGMENT_HEADER,
 };
 use crate::io::{sync_dir, LogFile};
 use crate::recovery::{recover, Chain, RecoveryError, SegmentImage, ShardBounds, Tail};
@@ -36,6 +37,22 @@ pub enum LogError {
     Stopped(String),
     /// A record longer than `RECORD_BYTES_MAX` was staged: refused, nothing of it staged.
     RecordTooLong(usize),
+    /// Records of `shard` after `after` were asked for, but the live segments hold its
+    /// records only from `first` on: the segments before were retired (checkpoints cover
+    /// them), possibly while the read ran.
+    Retired {
+        shard: usize,
+        after: u64,
+        first: u64,
+    },
+    /// A shard the log does not have.
+    NoShard {
+        shard: usize,
+        shards: usize,
+    },
+    /// Bytes read back from a segment are not the batch written there, and no retirement
+    /// explains it: the segment was damaged since it was written.
+    Damaged(String),
 }
 
 impl std::fmt::Display for LogError {
@@ -49,6 +66,13 @@ impl std::fmt::Display for LogError {
                 "a log record of {len} bytes is longer than the log takes (RECORD_BYTES_MAX, {RECORD_BYTES_MAX} \
                  bytes); it was not written"
             ),
+            LogError::Retired { shard, after, first } => write!(
+                f,
+                "shard {shard}: records after position {after} were asked for, but the log holds the shard's \
+                 records only from position {first} on (the segments before are retired: checkpoints cover them)"
+            ),
+            LogError::NoShard { shard, shards } => write!(f, "shard {shard}: the log has {shards} shards"),
+            LogError::Damaged(why) => write!(f, "{why}: the log was damaged on disk since it was written"),
         }
     }
 }
@@ -59,16 +83,6 @@ impl From<io::Error> for LogError {
     fn from(e: io::Error) -> Self {
         LogError::Io(e)
     }
-}
-
-struct Segment {
-    id: u64,
-    path: PathBuf,
-    size: u64,
-    /// Its header's positions: per shard, the highest position before this segment.
-    positions: Vec<u64>,
-    /// The highest position of each shard in this segment (0: none).
-    max_pos: Vec<u64>,
 }
 
 /// A shard's recovered records: (position, bytes), in order.
@@ -83,9 +97,10 @@ struct Stage {
 struct Writer {
     file: Option<LogFile>,
     offset: u64,
+    /// The size of the segment being written.
+    size: u64,
     seq: u64,
     prev: u32,
-    segments: Vec<Segment>,
     spares: Vec<PathBuf>,
     /// Segment files older than the chain with no readable header (a retirement cut
     /// short by a crash, or damage to a segment whose records checkpoints cover): they
@@ -113,6 +128,10 @@ pub struct SharedLog {
     nonce: u64,
     stage: Mutex<Vec<Stage>>,
     writer: Mutex<Writer>,
+    /// The live segments and where each shard's records lie in them. Apart from `writer`
+    /// (held across every write's durable flush) so that reads plan without waiting for
+    /// a flush; taken after `writer` when both are held, never the other way round.
+    catalog: Mutex<Catalog>,
     durable: Vec<AtomicU64>,
     recovered: Mutex<Vec<Recovered>>,
     failed: Mutex<Option<String>>,
@@ -163,7 +182,8 @@ impl SharedLog {
     pub fn open(wal: &Path, shards: usize, options: LogOptions) -> Result<SharedLog, LogError> {
         let (images, spares) = read_wal(wal)?;
         let chain = recover(&images, shards).map_err(LogError::Recovery)?;
-        let (segments, records, mut report) = index_chain(wal, &images, &chain, shards)?;
+        let (catalog, records, mut report) = index_chain(wal, &images, &chain, shards)?;
+        let segments = &catalog.segments;
         // A roll cut short between the new header and the seal: write the seal now, so
         // that a later loss of that segment is detected rather than read as the log's end.
         for (k, offset, seal) in &chain.unsealed {
@@ -197,9 +217,9 @@ impl SharedLog {
         let writer = Writer {
             file: Some(file),
             offset: end.offset,
+            size: segments[end.segment].size,
             seq: end.next_seq,
             prev: end.prev,
-            segments,
             spares,
             headerless,
             next_id,
@@ -210,6 +230,7 @@ impl SharedLog {
             nonce: now ^ ((std::process::id() as u64) << 40),
             stage: Mutex::new(known.iter().map(|k| Stage { next: k + 1, first: k + 1, records: Vec::new() }).collect()),
             writer: Mutex::new(writer),
+            catalog: Mutex::new(catalog),
             durable: known.iter().map(|k| AtomicU64::new(*k)).collect(),
             recovered: Mutex::new(records),
             failed: Mutex::new(None),
@@ -233,6 +254,82 @@ impl SharedLog {
     pub fn take_recovered(&self, shard: usize, after: u64) -> Vec<(u64, Vec<u8>)> {
         let mut all = self.recovered.lock().expect("recovered");
         std::mem::take(&mut all[shard]).into_iter().filter(|(pos, _)| *pos > after).collect()
+    }
+
+    /// The durable records of `shard` after position `after`, read from the segment
+    /// files (any number of times, from any position the live segments hold): from
+    /// `after + 1` on, contiguous, at most about `max_bytes` bytes of records but one
+    /// record at least when there is one; none when `after` is at or past the shard's
+    /// durable position when the call begins. Records made durable during the call are
+    /// not read: the page ends where the shard was durable at its start.
+    ///
+    /// `Retired` when the live segments no longer hold position `after + 1` (checkpoints
+    /// cover it), also when a retirement takes the segment while it is being read. Only
+    /// the map is read under a lock, briefly: the writer's flushes and retirements go on.
+    pub fn read_records(&self, shard: usize, after: u64, max_bytes: usize) -> Result<Vec<Vec<u8>>, LogError> {
+        if shard >= self.shards() {
+            return Err(LogError::NoShard { shard, shards: self.shards() });
+        }
+        let until = self.durable(shard);
+        let max_bytes = max_bytes as u64;
+        let mut records = Vec::new();
+        let mut used = 0u64;
+        if after >= until {
+            return Ok(records);
+        }
+        let mut next = after + 1;
+        'pages: while next <= until && (records.is_empty() || used < max_bytes) {
+            let plan = self.catalog.lock().expect("catalog").plan(shard, next, until, max_bytes.saturating_sub(used));
+            let pieces = match plan {
+                Ok(pieces) => pieces,
+                // A retirement between two plans of one call: the page read so far is
+                // whole and correct, and the next call meets the retirement first.
+                Err(_) if !records.is_empty() => break,
+                Err(first) => return Err(LogError::Retired { shard, after, first }),
+            };
+            let before = next;
+            for piece in &pieces {
+                let sections = match piece.read(shard as u32) {
+                    Ok(sections) => sections,
+                    Err(ReadFailure::Io(e)) => return Err(LogError::Io(e)),
+                    Err(ReadFailure::NotAsPlanned(_)) if !records.is_empty() => break 'pages,
+                    Err(ReadFailure::NotAsPlanned(why)) => {
+                        // Retired since the plan (the file renamed to a spare, perhaps
+                        // reused and overwritten): the map says so now. Else the bytes
+                        // on disk changed under a live segment.
+                        let first = self.catalog.lock().expect("catalog").first_held(shard);
+                        if next < first {
+                            return Err(LogError::Retired { shard, after, first });
+                        }
+                        return Err(LogError::Damaged(format!("shard {shard}: {why}")));
+                    }
+                };
+                for section in sections {
+                    for (i, record) in section.records.into_iter().enumerate() {
+                        let pos = section.first + i as u64;
+                        if pos < next {
+                            continue;
+                        }
+                        if pos > until || (!records.is_empty() && used + record.len() as u64 > max_bytes) {
+                            break 'pages;
+                        }
+                        if pos != next {
+                            return Err(LogError::Damaged(format!(
+                                "shard {shard}: the log's batch holds position {pos} where {next} was expected"
+                            )));
+                        }
+                        used += record.len() as u64;
+                        records.push(record);
+                        next += 1;
+                    }
+                }
+            }
+            if next == before {
+                // The map named a batch holding `next`, and the batch read has it not.
+                return Err(LogError::Damaged(format!("shard {shard}: position {next} is not where the log wrote it")));
+            }
+        }
+        Ok(records)
     }
 
     /// A shard whose checkpoint covers more than the log holds (its segments retired)
@@ -331,18 +428,16 @@ impl SharedLog {
         let acked = w.seq - 1;
         let (bytes, crc) = encode_batch(w.seq, w.prev, acked, self.nonce, sections);
         // The segment's last block stays free for the seal a roll writes there.
-        let fits = w.file.is_some()
-            && w.segments.last().is_some_and(|s| w.offset + (bytes.len() + SEAL_BYTES) as u64 <= s.size);
+        let fits = w.file.is_some() && w.offset + (bytes.len() + SEAL_BYTES) as u64 <= w.size;
         if !fits {
             self.roll(w, bytes.len() as u64)?;
         }
         w.file.as_mut().expect("segment open").write_durable(w.offset, &bytes)?;
-        let segment = w.segments.last_mut().expect("segment");
-        for s in sections {
-            let last = s.first + s.records.len() as u64 - 1;
-            let slot = &mut segment.max_pos[s.shard as usize];
-            *slot = (*slot).max(last);
-        }
+        // In the map once durable, before `write` raises the shards' durable positions: a
+        // read that saw a position durable finds its batch in the map.
+        let mut catalog = self.catalog.lock().expect("catalog");
+        catalog.segments.last_mut().expect("segment").add_batch(w.offset, bytes.len() as u64, w.seq, sections);
+        drop(catalog);
         w.offset += bytes.len() as u64;
         w.seq += 1;
         w.prev = crc;
@@ -390,7 +485,8 @@ impl SharedLog {
         }
         w.file = Some(LogFile::open(&path, self.options.direct_io)?);
         w.offset = SEGMENT_HEADER as u64;
-        w.segments.push(Segment { id, path, size, positions, max_pos: vec![0; self.shards()] });
+        w.size = size;
+        self.catalog.lock().expect("catalog").segments.push(Segment::new(id, path, size, positions));
         w.next_id = id + 1;
         w.next_size = (size * 2).min(self.options.segment_bytes_max.max(size));
         Ok(())
@@ -421,8 +517,18 @@ impl SharedLog {
             self.roll(&mut w, 0)?;
         }
         let mut retired = Vec::new();
-        while w.segments.len() > 1 && under(&w.segments[0].max_pos) && under(&w.segments[1].positions) {
-            let segment = w.segments.remove(0);
+        loop {
+            let segment = {
+                let mut catalog = self.catalog.lock().expect("catalog");
+                let s = &catalog.segments;
+                if !(s.len() > 1 && under(&s[0].max_pos) && under(&s[1].positions)) {
+                    break;
+                }
+                // Out of the map before its file is touched: reads planned from now on
+                // never name it, and one planned before finds its file gone or its
+                // batches not what the map says, and fails (see `read_records`).
+                catalog.segments.remove(0)
+            };
             let spare = retire_file(&self.wal, &segment)?;
             w.spares.push(spare);
             retired.push(segment.id);
@@ -436,29 +542,23 @@ impl SharedLog {
     }
 
     pub fn segment_ids(&self) -> Vec<u64> {
-        self.writer.lock().expect("writer").segments.iter().map(|s| s.id).collect()
+        self.catalog.lock().expect("catalog").segment_ids()
     }
 }
 
-/// The chain's segments with each shard's highest position in them, every shard's
+/// The chain's segments mapped (where each shard's records lie in them), every shard's
 /// records in order, and the open's report.
 fn index_chain(
     wal: &Path,
     images: &[SegmentImage],
     chain: &Chain,
     shards: usize,
-) -> Result<(Vec<Segment>, Vec<Recovered>, OpenReport), LogError> {
+) -> Result<(Catalog, Vec<Recovered>, OpenReport), LogError> {
     let mut records: Vec<Recovered> = vec![Vec::new(); shards];
     let mut segments: Vec<Segment> = chain
         .live
         .iter()
-        .map(|(i, h)| Segment {
-            id: h.id,
-            path: wal.join(&images[*i].name),
-            size: h.size,
-            positions: h.positions.clone(),
-            max_pos: vec![0; shards],
-        })
+        .map(|(i, h)| Segment::new(h.id, wal.join(&images[*i].name), h.size, h.positions.clone()))
         .collect();
     let mut report = OpenReport { records: vec![0; shards], ..OpenReport::default() };
     for located in &chain.batches {
@@ -472,12 +572,16 @@ fn index_chain(
                 ))));
             }
             for (i, record) in section.records.iter().enumerate() {
-                let pos = section.first + i as u64;
-                records[shard].push((pos, record.clone()));
-                segment.max_pos[shard] = segment.max_pos[shard].max(pos);
+                records[shard].push((section.first + i as u64, record.clone()));
             }
             report.records[shard] += section.records.len() as u64;
         }
+        segment.add_batch(
+            located.offset,
+            disk_len(located.header.len as usize) as u64,
+            located.header.seq,
+            &located.sections,
+        );
     }
     report.batches = chain.batches.len() as u64;
     report.first_seq = chain.batches.first().map_or(0, |b| b.header.seq);
@@ -485,7 +589,7 @@ fn index_chain(
         let in_seg: Vec<_> = chain.batches.iter().filter(|b| b.segment == s.id).collect();
         report.segments.push((s.id, in_seg.first().map_or(0, |b| b.header.seq), in_seg.len() as u64));
     }
-    Ok((segments, records, report))
+    Ok((Catalog { segments }, records, report))
 }
 
 /// The segment files of `wal` (`<id>.wal`, spares apart). A missing `wal` holds none.

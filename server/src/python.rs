@@ -30,7 +30,10 @@ fn log_err(e: LogError) -> PyErr {
     match e {
         LogError::Recovery(r) => CorruptionError::new_err(r.to_string()),
         LogError::Stopped(_) => StoppedError::new_err(e.to_string()),
-        LogError::RecordTooLong(_) => PyValueError::new_err(e.to_string()),
+        LogError::RecordTooLong(_) | LogError::Retired { .. } | LogError::NoShard { .. } => {
+            PyValueError::new_err(e.to_string())
+        }
+        LogError::Damaged(_) => CorruptionError::new_err(e.to_string()),
         LogError::Io(io) => PyOSError::new_err(io.to_string()),
     }
 }
@@ -132,6 +135,22 @@ impl Log {
         self.inner.take_recovered(shard, after).into_iter().map(|(_, r)| PyBytes::new(py, &r)).collect()
     }
 
+    /// The durable records of `shard` after `after`, read from the segment files (GIL
+    /// released): from `after + 1` on, about `max_bytes` bytes but one record at least
+    /// when there is one, empty at or past `durable(shard)`. ValueError when the log's
+    /// live segments no longer hold `after + 1` (retired: checkpoints cover it).
+    fn read_records<'py>(
+        &self,
+        py: Python<'py>,
+        shard: usize,
+        after: u64,
+        max_bytes: usize,
+    ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let log = Arc::clone(&self.inner);
+        let records = py.detach(move || log.read_records(shard, after, max_bytes)).map_err(log_err)?;
+        Ok(records.iter().map(|r| PyBytes::new(py, r)).collect())
+    }
+
     #[pyo3(signature = (covered, fresh=false))]
     fn retire(&self, py: Python<'_>, covered: Vec<u64>, fresh: bool) -> PyResult<Vec<u64>> {
         let log = Arc::clone(&self.inner);
@@ -165,10 +184,11 @@ impl Log {
     }
 }
 
-/// A shard's run store and checkpoints.
+/// A shard's run store and checkpoints. `ShardFiles` locks inside: run-store reads and
+/// appends never wait for a checkpoint's fsyncs.
 #[pyclass(frozen, module = "fusee_server._native")]
 struct Shard {
-    inner: Mutex<ShardFiles>,
+    inner: ShardFiles,
     checkpoint: Mutex<Option<(u64, Vec<u8>)>>,
 }
 
@@ -183,39 +203,50 @@ impl Shard {
         }
         let (files, checkpoint) =
             py.detach(|| ShardFiles::open(&root, shard, log.bounds(shard as usize))).map_err(io_err)?;
-        Ok(Shard { inner: Mutex::new(files), checkpoint: Mutex::new(checkpoint.map(|c| (c.position, c.data))) })
+        Ok(Shard { inner: files, checkpoint: Mutex::new(checkpoint.map(|c| (c.position, c.data))) })
     }
 
-    /// The newest intact checkpoint at open: (position, data), or None.
+    /// The newest intact checkpoint at open: (position, data), or None. Taken: a second
+    /// call returns None.
     fn recovered_checkpoint<'py>(&self, py: Python<'py>) -> Option<(u64, Bound<'py, PyBytes>)> {
         self.checkpoint.lock().expect("checkpoint").take().map(|(p, d)| (p, PyBytes::new(py, &d)))
     }
 
+    /// The newest intact checkpoint, the one chosen at open or the last one written since
+    /// through this object: (position, data), or None. Read from its file on every call
+    /// (GIL released).
+    fn latest_checkpoint<'py>(&self, py: Python<'py>) -> PyResult<Option<(u64, Bound<'py, PyBytes>)>> {
+        let latest = py.detach(|| self.inner.latest_checkpoint()).map_err(io_err)?;
+        Ok(latest.map(|(p, d)| (p, PyBytes::new(py, &d))))
+    }
+
     #[getter]
     fn runs_len(&self) -> u64 {
-        self.inner.lock().expect("shard").runs_len()
+        self.inner.runs_len()
     }
 
     fn append_run(&self, offset: u64, frame: &[u8]) -> PyResult<u64> {
-        self.inner.lock().expect("shard").append_run(offset, frame).map_err(io_err)
+        self.inner.append_run(offset, frame).map_err(io_err)
     }
 
+    /// Read a frame (GIL released); never waits for a checkpoint's fsyncs.
     fn read_run<'py>(&self, py: Python<'py>, offset: u64) -> PyResult<Bound<'py, PyBytes>> {
-        let frame = self.inner.lock().expect("shard").read_run(offset).map_err(io_err)?;
+        let frame = py.detach(|| self.inner.read_run(offset)).map_err(io_err)?;
         Ok(PyBytes::new(py, &frame))
     }
 
-    /// Flush the run store, then write the checkpoint durably (GIL released).
+    /// Flush the run store, then write the checkpoint durably (GIL released). Reads and
+    /// appends of the run store go on meanwhile; two checkpoints run one after the other.
     fn checkpoint(&self, py: Python<'_>, position: u64, data: Vec<u8>) -> PyResult<()> {
-        py.detach(|| self.inner.lock().expect("shard").checkpoint(position, &data)).map_err(io_err)
+        py.detach(|| self.inner.checkpoint(position, &data)).map_err(io_err)
     }
 
     fn covered(&self) -> u64 {
-        self.inner.lock().expect("shard").covered()
+        self.inner.covered()
     }
 
     fn checkpoint_positions(&self) -> Vec<u64> {
-        self.inner.lock().expect("shard").checkpoint_positions()
+        self.inner.checkpoint_positions()
     }
 }
 

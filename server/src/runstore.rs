@@ -11,6 +11,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 const CHECKPOINT_MAGIC: &[u8; 4] = b"FCKP";
 const CHECKPOINT_FORMAT: u32 = 2;
@@ -25,13 +26,28 @@ pub struct Checkpoint {
     pub file: PathBuf,
 }
 
+/// A shard's files, shared by the threads that use them: a checkpoint's fsyncs hold no
+/// lock that a run-store read or append waits for.
 pub struct ShardFiles {
     dir: PathBuf,
     shard: u32,
+    /// Read and written with positioned calls, which share no file offset.
     runs: File,
-    runs_len: u64,
+    /// The run store's length. An append holds it while it writes (appends are ordered by
+    /// it, and a read never sees a length whose bytes are not written yet); nobody holds
+    /// it across an fsync.
+    runs_len: Mutex<u64>,
+    /// Held for a whole checkpoint: two checkpoints of the shard run one after the other.
+    checkpointing: Mutex<()>,
+    /// Updated once a checkpoint is durable, read briefly.
+    checkpoints: Mutex<Checkpoints>,
+}
+
+struct Checkpoints {
     /// Checkpoint files, oldest first: (position, path).
-    checkpoints: Vec<(u64, PathBuf)>,
+    files: Vec<(u64, PathBuf)>,
+    /// The newest intact one: chosen at open, or the last one written since.
+    latest: Option<(u64, PathBuf)>,
 }
 
 fn err(message: String) -> io::Error {
@@ -246,20 +262,32 @@ impl ShardFiles {
         let runs =
             OpenOptions::new().read(true).write(true).create(true).truncate(false).open(dir.join(runs_name()))?;
         runs.set_len(prefix)?;
-        let checkpoints = scan.files.into_iter().map(|(p, _, path)| (p, path)).collect();
-        Ok((ShardFiles { dir, shard, runs, runs_len: prefix, checkpoints }, scan.chosen))
+        let checkpoints = Checkpoints {
+            files: scan.files.into_iter().map(|(p, _, path)| (p, path)).collect(),
+            latest: scan.chosen.as_ref().map(|c| (c.position, c.file.clone())),
+        };
+        let files = ShardFiles {
+            dir,
+            shard,
+            runs,
+            runs_len: Mutex::new(prefix),
+            checkpointing: Mutex::new(()),
+            checkpoints: Mutex::new(checkpoints),
+        };
+        Ok((files, scan.chosen))
     }
 
     pub fn runs_len(&self) -> u64 {
-        self.runs_len
+        *self.runs_len.lock().expect("runs_len")
     }
 
     /// Append a frame at `offset`, which must be the store's length.
-    pub fn append_run(&mut self, offset: u64, frame: &[u8]) -> io::Result<u64> {
-        if offset != self.runs_len {
+    pub fn append_run(&self, offset: u64, frame: &[u8]) -> io::Result<u64> {
+        let mut runs_len = self.runs_len.lock().expect("runs_len");
+        if offset != *runs_len {
             return Err(err(format!(
                 "shard {}: run-store append at offset {offset}, but the store is {} bytes long; the shard stops",
-                self.shard, self.runs_len
+                self.shard, *runs_len
             )));
         }
         let len = u32::try_from(frame.len()).map_err(|_| err(format!("a run frame of {} bytes", frame.len())))?;
@@ -268,16 +296,22 @@ impl ShardFiles {
         b.extend_from_slice(&frame_crc(len, frame).to_le_bytes());
         b.extend_from_slice(frame);
         self.runs.write_all_at(&b, offset)?;
-        self.runs_len += b.len() as u64;
+        *runs_len += b.len() as u64;
         Ok(offset)
     }
 
+    /// Read the frame at `offset`. Takes the length lock only to copy the length: the
+    /// frames before it are written in full, and the store is never cut while open.
     pub fn read_run(&self, offset: u64) -> io::Result<Vec<u8>> {
+        let runs_len = self.runs_len();
+        if offset + FRAME_HEADER > runs_len {
+            return Err(err(format!("shard {}: run-store frame at {offset} runs past the store's end", self.shard)));
+        }
         let mut head = [0u8; FRAME_HEADER as usize];
         self.runs.read_exact_at(&mut head, offset)?;
         let len = u32::from_le_bytes(head[0..4].try_into().expect("4 bytes"));
         let crc = u32::from_le_bytes(head[4..8].try_into().expect("4 bytes"));
-        if offset + FRAME_HEADER + len as u64 > self.runs_len {
+        if offset + FRAME_HEADER + len as u64 > runs_len {
             return Err(err(format!("shard {}: run-store frame at {offset} runs past the store's end", self.shard)));
         }
         let mut frame = vec![0u8; len as usize];
@@ -288,40 +322,86 @@ impl ShardFiles {
         Ok(frame)
     }
 
-    /// Record a checkpoint covering the log up to `position`: the run store is flushed
-    /// first (the checkpoint references its frames), then the checkpoint file is written
-    /// durably; the two newest are kept. A second checkpoint of the same position (a
-    /// clean close) is kept beside the first, so both retained copies cover it.
-    pub fn checkpoint(&mut self, position: u64, data: &[u8]) -> io::Result<()> {
+    /// Record a checkpoint covering the log up to `position`, referencing the run store
+    /// as long as it is now: the run store is flushed first (the checkpoint references
+    /// its frames), then the checkpoint file is written durably; the two newest are kept.
+    /// A second checkpoint of the same position (a clean close) is kept beside the first,
+    /// so both retained copies cover it.
+    ///
+    /// No lock that reads and appends take is held across the flushes: appends made
+    /// meanwhile lie past the length this checkpoint references.
+    pub fn checkpoint(&self, position: u64, data: &[u8]) -> io::Result<()> {
+        let _alone = self.checkpointing.lock().expect("checkpointing");
+        let runs_len = self.runs_len();
         // The frames it references must be durable before it is: else a crash leaves a
-        // checkpoint pointing at bytes that never reached the disk.
+        // checkpoint pointing at bytes that never reached the disk. Every append of those
+        // `runs_len` bytes returned before the length was read, so this flush covers them
+        // (appends still running write past them).
         self.runs.sync_data()?;
-        let same = self.checkpoints.last().is_some_and(|(p, _)| *p == position);
+        let same = self.checkpoints.lock().expect("checkpoints").files.last().is_some_and(|(p, _)| *p == position);
         let name =
             if same { format!("checkpoint-{position:016x}b.fck") } else { format!("checkpoint-{position:016x}.fck") };
         let path = self.dir.join(name);
-        write_file_durably(&path, &encode_checkpoint(self.shard, position, self.runs_len, data))?;
-        self.checkpoints.retain(|(_, p)| *p != path);
-        self.checkpoints.push((position, path));
-        while self.checkpoints.len() > 2 {
-            let (_, old) = self.checkpoints.remove(0);
+        write_file_durably(&path, &encode_checkpoint(self.shard, position, runs_len, data))?;
+        let old = {
+            let mut checkpoints = self.checkpoints.lock().expect("checkpoints");
+            checkpoints.files.retain(|(_, p)| *p != path);
+            checkpoints.files.push((position, path.clone()));
+            checkpoints.latest = Some((position, path));
+            let surplus = checkpoints.files.len().saturating_sub(2);
+            checkpoints.files.drain(..surplus).collect::<Vec<_>>()
+        };
+        for (_, old) in old {
             fs::remove_file(&old)?;
         }
         sync_dir(&self.dir)
     }
 
+    /// The newest intact checkpoint: the one chosen at open, or the last one written
+    /// since. Read from its file each time (memory holds no copy), checked as at open.
+    pub fn latest_checkpoint(&self) -> io::Result<Option<(u64, Vec<u8>)>> {
+        loop {
+            let Some((position, path)) = self.checkpoints.lock().expect("checkpoints").latest.clone() else {
+                return Ok(None);
+            };
+            let bytes = match fs::read(&path) {
+                Ok(bytes) => bytes,
+                // Two checkpoints written since the file was named here: the second
+                // removed it. The newer one is the latest now.
+                Err(e) if e.kind() == io::ErrorKind::NotFound && self.latest_moved(position, &path) => continue,
+                Err(e) => return Err(e),
+            };
+            match decode_checkpoint(self.shard, &bytes) {
+                Some((pos, _, data)) if pos == position => return Ok(Some((pos, data))),
+                _ => {
+                    return Err(err(format!(
+                        "shard {}: checkpoint {}/{} was damaged since it was written",
+                        self.shard,
+                        shard_dir_name(self.shard),
+                        path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+                    )))
+                }
+            }
+        }
+    }
+
+    fn latest_moved(&self, position: u64, path: &Path) -> bool {
+        self.checkpoints.lock().expect("checkpoints").latest.as_ref().is_some_and(|(p, f)| *p != position || f != path)
+    }
+
     /// The position both retained checkpoints cover (the older one's), or 0 with fewer
     /// than two: log segments are retired only below it.
     pub fn covered(&self) -> u64 {
-        if self.checkpoints.len() < 2 {
+        let checkpoints = self.checkpoints.lock().expect("checkpoints");
+        if checkpoints.files.len() < 2 {
             0
         } else {
-            self.checkpoints.iter().map(|(p, _)| *p).min().unwrap_or(0)
+            checkpoints.files.iter().map(|(p, _)| *p).min().unwrap_or(0)
         }
     }
 
     pub fn checkpoint_positions(&self) -> Vec<u64> {
-        self.checkpoints.iter().map(|(p, _)| *p).collect()
+        self.checkpoints.lock().expect("checkpoints").files.iter().map(|(p, _)| *p).collect()
     }
 }
 

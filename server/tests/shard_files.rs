@@ -34,7 +34,7 @@ fn refused(result: std::io::Result<(ShardFiles, Option<fusee_disk::runstore::Che
 #[test]
 fn run_store_appends_at_stated_offsets_and_checkpoints_keep_two() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut files, none) = ShardFiles::open(dir.path(), 0, &open_log()).unwrap();
+    let (files, none) = ShardFiles::open(dir.path(), 0, &open_log()).unwrap();
     assert!(none.is_none());
     let a = files.append_run(0, b"frame-a").unwrap();
     let b = files.append_run(files.runs_len(), b"frame-bb").unwrap();
@@ -74,7 +74,7 @@ fn checkpoints_whose_positions_end_in_b_are_read_as_theirs() {
     // Both retained positions end in the digit b: read as second copies of other
     // positions, both were declared damaged and the run store cut to nothing.
     let dir = tempfile::tempdir().unwrap();
-    let (mut files, _) = ShardFiles::open(dir.path(), 2, &open_log()).unwrap();
+    let (files, _) = ShardFiles::open(dir.path(), 2, &open_log()).unwrap();
     files.append_run(0, b"a parked run").unwrap();
     files.checkpoint(0x39b, b"older").unwrap();
     files.append_run(files.runs_len(), b"another").unwrap();
@@ -92,7 +92,7 @@ fn checkpoints_whose_positions_end_in_b_are_read_as_theirs() {
 #[test]
 fn a_damaged_newest_checkpoint_falls_back_to_the_older_one() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut files, _) = ShardFiles::open(dir.path(), 1, &open_log()).unwrap();
+    let (files, _) = ShardFiles::open(dir.path(), 1, &open_log()).unwrap();
     files.checkpoint(5, b"older").unwrap();
     files.append_run(files.runs_len(), b"f").unwrap();
     files.checkpoint(9, b"newer").unwrap();
@@ -106,9 +106,74 @@ fn a_damaged_newest_checkpoint_falls_back_to_the_older_one() {
 }
 
 #[test]
+fn the_latest_checkpoint_is_read_any_number_of_times() {
+    let dir = tempfile::tempdir().unwrap();
+    let (files, _) = ShardFiles::open(dir.path(), 0, &open_log()).unwrap();
+    assert_eq!(files.latest_checkpoint().unwrap(), None);
+    files.checkpoint(5, b"five").unwrap();
+    for _ in 0..2 {
+        assert_eq!(files.latest_checkpoint().unwrap(), Some((5, b"five".to_vec())));
+    }
+    files.checkpoint(9, b"nine").unwrap();
+    files.checkpoint(12, b"twelve").unwrap();
+    files.checkpoint(12, b"twelve, at close").unwrap();
+    assert_eq!(files.latest_checkpoint().unwrap(), Some((12, b"twelve, at close".to_vec())));
+    drop(files);
+    let (files, _) = ShardFiles::open(dir.path(), 0, &open_log()).unwrap();
+    assert_eq!(files.latest_checkpoint().unwrap(), Some((12, b"twelve, at close".to_vec())), "chosen at open");
+    drop(files);
+    let shard_dir = dir.path().join("shard-000");
+    let second = shard_dir.join(format!("checkpoint-{:016x}b.fck", 12));
+    flip(&second, 50);
+    let (files, _) = ShardFiles::open(dir.path(), 0, &open_log()).unwrap();
+    assert_eq!(files.latest_checkpoint().unwrap(), Some((12, b"twelve".to_vec())), "the damaged one is not chosen");
+    // Damaged after the open: refused, never handed out.
+    flip(&shard_dir.join(format!("checkpoint-{:016x}.fck", 12)), 45);
+    let error = files.latest_checkpoint().unwrap_err();
+    assert_eq!(error.kind(), std::io::ErrorKind::InvalidData);
+    assert!(error.to_string().contains("shard-000/checkpoint-000000000000000c.fck"), "{error}");
+}
+
+#[test]
+fn run_store_reads_and_appends_go_on_while_checkpoints_are_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let (files, _) = ShardFiles::open(dir.path(), 0, &open_log()).unwrap();
+    let files = std::sync::Arc::new(files);
+    let checkpointer = {
+        let files = std::sync::Arc::clone(&files);
+        std::thread::spawn(move || {
+            for position in 1..=12u64 {
+                files.checkpoint(position, &vec![position as u8; 256 << 10]).unwrap();
+            }
+        })
+    };
+    let mut frames: Vec<(u64, Vec<u8>)> = Vec::new();
+    while !checkpointer.is_finished() || frames.is_empty() {
+        let frame = format!("frame {}", frames.len()).into_bytes();
+        let offset = files.append_run(files.runs_len(), &frame).unwrap();
+        assert_eq!(files.read_run(offset).unwrap(), frame);
+        let (earlier, bytes) = &frames.get(frames.len() / 2).cloned().unwrap_or((offset, frame.clone()));
+        assert_eq!(&files.read_run(*earlier).unwrap(), bytes);
+        frames.push((offset, frame));
+    }
+    checkpointer.join().unwrap();
+    let latest = files.latest_checkpoint().unwrap().unwrap();
+    assert_eq!((latest.0, latest.1.len()), (12, 256 << 10));
+    drop(files);
+    // Each checkpoint referenced the store as long as it was when it began: the reopened
+    // store keeps that prefix, every frame in it intact.
+    let (files, chosen) = ShardFiles::open(dir.path(), 0, &open_log()).unwrap();
+    assert_eq!(chosen.unwrap().position, 12);
+    let kept: Vec<_> = frames.iter().filter(|(offset, _)| *offset < files.runs_len()).collect();
+    for (offset, frame) in &kept {
+        assert_eq!(&files.read_run(*offset).unwrap(), frame);
+    }
+}
+
+#[test]
 fn a_damaged_referenced_frame_refuses_naming_the_store_and_offset() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut files, _) = ShardFiles::open(dir.path(), 0, &open_log()).unwrap();
+    let (files, _) = ShardFiles::open(dir.path(), 0, &open_log()).unwrap();
     files.append_run(0, b"first frame").unwrap();
     let second = files.append_run(files.runs_len(), b"second frame").unwrap();
     files.checkpoint(4, b"state").unwrap();
@@ -136,7 +201,7 @@ fn a_checkpoint_older_than_the_log_refuses_naming_the_shard() {
     let message = refused(ShardFiles::open(dir.path(), 3, &bounds));
     assert!(message.contains("shard-003") && message.contains("records 1..40"), "{message}");
     assert!(!dir.path().join("shard-003").exists(), "a refused open creates nothing");
-    let (mut files, _) = ShardFiles::open(dir.path(), 3, &open_log()).unwrap();
+    let (files, _) = ShardFiles::open(dir.path(), 3, &open_log()).unwrap();
     files.checkpoint(30, b"old").unwrap();
     files.checkpoint(35, b"newer").unwrap();
     drop(files);
@@ -147,7 +212,7 @@ fn a_checkpoint_older_than_the_log_refuses_naming_the_shard() {
 #[test]
 fn a_checkpoint_newer_than_the_log_refuses() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut files, _) = ShardFiles::open(dir.path(), 0, &open_log()).unwrap();
+    let (files, _) = ShardFiles::open(dir.path(), 0, &open_log()).unwrap();
     files.checkpoint(50, b"saw 50 records").unwrap();
     drop(files);
     let mut bounds = open_log();
@@ -239,7 +304,7 @@ fn a_missing_meta_beside_a_checkpoint_refuses() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     drop(open_dir(root, Some(1), 16 * 1024).unwrap());
-    let (mut files, _) = ShardFiles::open(root, 0, &open_log()).unwrap();
+    let (files, _) = ShardFiles::open(root, 0, &open_log()).unwrap();
     files.checkpoint(0, b"empty").unwrap();
     drop(files);
     fs::remove_file(root.join("fusee.meta")).unwrap();

@@ -563,6 +563,7 @@ CODES = {
     fusee.ConnectionError: "Connection",
     fusee.IoError: "Io",
     fusee.LeaseLostError: "LeaseLost",
+    fusee.NoHolderError: "NoHolder",
     fusee.BusyError: "Busy",
     fusee.ClosedError: "Closed",
 }
@@ -591,9 +592,9 @@ def test_every_error_has_code_and_docs(cls):
 
 def test_public_names_are_pinned():
     pinned = """
-        AlreadyExistsError BusyError CancelledError ChildError ChildHandle ClosedError CodecError
+        AlreadyExistsError BusyError CancelledError ChildError ChildHandle Client ClosedError CodecError
         Completion ConnectionError Ctx DeterminismError Durability Engine Failure Fatal FuseeError
-        IoError LeaseLostError NotFoundError Query RejectedError Replayer Retry Run RunDescription RunSummary Signal
+        IoError LeaseLostError NoHolderError NotFoundError Query RejectedError Replayer Retry Run RunDescription RunSummary Signal
         StepContext StepError SystemClock TerminatedError TimeoutError UnknownWorkflowError Update
         VirtualClock Workflow WorkflowError query signal update workflow
     """.split()

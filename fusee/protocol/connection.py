@@ -1,0 +1,276 @@
+"""Framed connections over asyncio: the part of the wire both sides share, and the
+connecting side (workers and clients). The listening side is the server's
+(fusee_server/listener.py).
+
+A connection cuts what it reads into frames and decodes each into its message; a frame
+or message that breaks the protocol closes that connection with its reason logged, and
+touches nothing else. What it sends during one turn of the event loop leaves in one
+socket write, so the records of several shards, their run-store frames and a relayed
+message share a system call.
+
+The connecting side runs the token exchange (spec: Security) before its first protocol
+frame: it proves the token, then verifies the server's proof, and only then sends OPEN,
+so it never talks to a party without the token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+from typing import Any, Protocol
+
+from fusee._errors import ConnectionError
+from fusee.protocol import handshake
+from fusee.protocol.address import Address
+from fusee.protocol.frames import HANDSHAKE_BYTES_MAX, Decoder, FrameError, Kind, encode
+from fusee.protocol.messages import Open, Welcome, decode, payload
+
+logger = logging.getLogger("fusee.wire")
+
+CONNECT_TIMEOUT_S = handshake.DEADLINE_S
+
+
+class FramedConnection(asyncio.Protocol):
+    """Frames in, messages out; one socket write per loop turn."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.decoder = Decoder(HANDSHAKE_BYTES_MAX)  # raised to the full limit once authenticated
+        self.out: list[bytes] = []
+        self.scheduled = False
+        self.closed = False
+        self.last_read = time.monotonic()
+        self.last_sent = time.monotonic()
+        self.peer = "?"
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "unix")
+
+    def data_received(self, data: bytes) -> None:
+        self.last_read = time.monotonic()
+        if self.closed:
+            return
+        try:
+            for kind, body in self.decoder.feed(data):
+                self.frame_received(kind, body)
+                if self.closed:
+                    return
+        except FrameError as error:
+            self.fail(f"protocol error: {error}")
+
+    def eof_received(self) -> bool | None:
+        try:
+            self.decoder.finish()
+        except FrameError as error:
+            logger.info("%s: %s", self.peer, error)
+        return None
+
+    def frame_received(self, kind: int, body: bytes) -> None:
+        raise NotImplementedError
+
+    def send(self, message: Any) -> None:
+        kind, body = payload(message)
+        self.send_frame(kind, body)
+
+    def send_frame(self, kind: int, body: bytes) -> None:
+        if self.closed:
+            return
+        self.out.append(encode(kind, body))
+        if not self.scheduled:
+            self.scheduled = True
+            asyncio.get_running_loop().call_soon(self._write)
+
+    def _write(self) -> None:
+        self.scheduled = False
+        if self.out and not self.closed and self.transport is not None:
+            data = self.out[0] if len(self.out) == 1 else b"".join(self.out)
+            self.out.clear()
+            self.transport.write(data)
+            self.last_sent = time.monotonic()
+
+    def fail(self, reason: str) -> None:
+        """Close this connection for a reason worth a log line."""
+        logger.warning("%s: closing: %s", self.peer, reason)
+        self.close()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self._write()
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+class Handler(Protocol):
+    def on_message(self, message: Any) -> None: ...
+    def on_lost(self, error: ConnectionError) -> None: ...
+
+
+class ClientConnection(FramedConnection):
+    """The connecting side: token exchange, OPEN, then messages to its handler."""
+
+    def __init__(self, token: bytes | None, opening: Open, handler: Handler, where: str) -> None:
+        super().__init__()
+        self.token = token
+        self.opening = opening
+        self.handler = handler
+        self.where = where
+        self.state = "closed"
+        self.hello_body = b""
+        self.transcript = b""
+        self.ready: asyncio.Future[Welcome] = asyncio.get_running_loop().create_future()
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        if self.token is None:
+            self._open()
+            return
+        self.hello_body = handshake.hello(handshake.nonce())
+        self.state = "hello"
+        self.send_frame(Kind.HELLO, self.hello_body)
+
+    def _binding(self) -> bytes:
+        assert self.transport is not None
+        tls = self.transport.get_extra_info("ssl_object")
+        if tls is None:
+            return b""
+        return handshake.tls_binding(tls.getpeercert(binary_form=True))
+
+    def _open(self) -> None:
+        self.decoder.limit = Decoder().limit
+        self.state = "open"
+        self.send(self.opening)
+
+    def frame_received(self, kind: int, body: bytes) -> None:
+        if self.state == "ready":
+            self.handler.on_message(decode(kind, body))
+            return
+        if kind == Kind.REFUSED:
+            reason = body.decode("utf-8", "replace")
+            self._refused(f"the server at {self.where} refused the connection: {reason}")
+            return
+        try:
+            if self.state == "hello" and kind == Kind.CHALLENGE:
+                assert self.token is not None
+                server_hello = body
+                handshake.read_challenge(server_hello)
+                self.transcript = handshake.transcript(self.hello_body, server_hello, self._binding())
+                self.send_frame(Kind.PROOF, handshake.proof(self.token, self.transcript))
+                self.state = "proof"
+            elif self.state == "proof" and kind == Kind.ACCEPT:
+                assert self.token is not None
+                handshake.verify(handshake.accept(self.token, self.transcript), body)
+                self._open()
+            elif self.state == "open" and kind == Kind.WELCOME:
+                welcome = decode(kind, body)
+                self.state = "ready"
+                if not self.ready.done():
+                    self.ready.set_result(welcome)
+            else:
+                raise FrameError(f"frame kind {kind} during the connection's setup ({self.state})")
+        except (FrameError, handshake.HandshakeError) as error:
+            self._refused(f"the server at {self.where} broke the handshake: {error}")
+
+    async def aclose(self, timeout: float = 1.0) -> None:
+        """Close and wait until the transport is gone (a TLS close takes a round trip);
+        abort it if that takes longer than `timeout`."""
+        self.close()
+        try:
+            await asyncio.wait_for(asyncio.shield(self.lost), timeout)
+        except TimeoutError:
+            if self.transport is not None:
+                self.transport.abort()
+
+    def _refused(self, message: str) -> None:
+        if not self.ready.done():
+            self.ready.set_exception(ConnectionError(message))
+        self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if not self.lost.done():
+            self.lost.set_result(None)
+        if not self.ready.done():
+            why = f": {exc}" if exc is not None else ""
+            if self.transport is not None and self.transport.get_extra_info("ssl_object") is not None:
+                # TLS 1.3 checks the client's certificate after the client's side of the
+                # handshake is done: a refused one shows up here, as a closed connection.
+                hint = (
+                    " (a server started with --tls-ca refuses client certificates its CA did not "
+                    "sign: check cert= and key= in the address)"
+                )
+            elif self.token is None:
+                hint = " (if the server wants a token, add token-file=PATH; if it uses TLS, add ca=PATH)"
+            else:
+                hint = " (if the server uses TLS, add ca=PATH)"
+            self.ready.set_exception(
+                ConnectionError(f"the server at {self.where} closed the connection during setup{why}{hint}")
+            )
+            return
+        self.handler.on_lost(
+            ConnectionError(
+                f"the connection to the server at {self.where} was lost" + (f": {exc}" if exc else "")
+            )
+        )
+
+
+def client_tls(address: Address) -> ssl.SSLContext | None:
+    if address.ca is None:
+        return None
+    try:
+        context = ssl.create_default_context(cafile=address.ca)
+        if address.cert is not None:
+            context.load_cert_chain(address.cert, address.key)
+    except (OSError, ssl.SSLError) as error:
+        raise ConnectionError(f"TLS settings (ca=, cert=, key=): {error}") from None
+    context.minimum_version = ssl.TLSVersion.TLSv1_3
+    return context
+
+
+async def connect(address: Address, opening: Open, handler: Handler) -> tuple[ClientConnection, Welcome]:
+    """Connect, authenticate and OPEN; ConnectionError saying what to change otherwise."""
+    token = handshake.read_token(address.token_file)[0] if address.token_file is not None else None
+    where = address.unix if address.unix is not None else f"{address.host}:{address.port}"
+    loop = asyncio.get_running_loop()
+    context = client_tls(address)
+
+    def factory() -> ClientConnection:
+        return ClientConnection(token, opening, handler, where)
+
+    host, port = address.host or "", address.port or 0
+    try:
+        async with asyncio.timeout(CONNECT_TIMEOUT_S):
+            if address.unix is not None:
+                _, conn = await loop.create_unix_connection(factory, address.unix)
+            elif context is not None:
+                _, conn = await loop.create_connection(
+                    factory,
+                    host,
+                    port,
+                    ssl=context,
+                    server_hostname=address.name or address.host,
+                    ssl_handshake_timeout=CONNECT_TIMEOUT_S,
+                )
+            else:
+                _, conn = await loop.create_connection(factory, host, port)
+            welcome = await conn.ready
+    except ssl.SSLError as error:
+        raise ConnectionError(
+            f"TLS with the server at {where} failed: {error.reason or error}; check ca=, cert=, key= and "
+            "name= in the address (the server takes TLS 1.3 only and, when started with --tls-ca, "
+            "a client certificate signed by that CA)"
+        ) from None
+    except TimeoutError:
+        raise ConnectionError(
+            f"the server at {where} did not complete the connection within {CONNECT_TIMEOUT_S:g} s"
+        ) from None
+    except OSError as error:
+        raise ConnectionError(f"cannot connect to the server at {where}: {error.strerror or error}") from None
+    return conn, welcome

@@ -1,0 +1,209 @@
+"""The payloads of the protocol's frames: one msgspec struct per frame kind, encoded as
+MessagePack arrays (compact, and `bytes` travel as bytes, never as base64).
+
+The frame header says which struct the payload is (`Kind`); `decode(kind, payload)`
+checks every field's type and refuses unknown kinds, so a peer can send nothing the
+receiving side has not declared. Byte by byte in docs/FORMAT.md, *The wire*.
+
+Who sends what:
+
+    worker/client -> server   OPEN, PING, REQUEST, APPEND, PUT_RUN, RELAY, CALL, ANSWER, IDLE
+    server -> worker/client   WELCOME, LEASE, REPLY, DURABLE, RUN_PUT, RELAY, CALL, ANSWER,
+                              DRAIN
+
+A connection the server refuses (a bad token, a bad OPEN) gets the token exchange's
+REFUSED frame, its reason in UTF-8, and is closed.
+
+Round trips carry a request number (`rid`) chosen by the asking side; everything else is
+pipelined and answered in order (DURABLE, RUN_PUT) or not at all (PING, RELAY).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from fusee.protocol.frames import FrameError, Kind
+
+VERSION = 1
+
+ROLE_WORKER = "worker"
+ROLE_CLIENT = "client"
+
+
+class Open(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """The first frame after the token exchange (or the first frame, without a token)."""
+
+    version: int
+    role: str  # ROLE_WORKER or ROLE_CLIENT
+    max_shards: int | None = None  # a worker holds at most this many shards
+    invocation: str | None = None  # an invoked worker's invocation ID (next issue)
+    liveness: bool = True  # the worker pings; the server may revoke a silent lease
+
+
+class Welcome(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    shards: int
+    granted: list[tuple[int, int]]  # (shard, epoch): what the worker holds from the start
+    ping_ms: int
+    timeout_ms: int  # 0: the server never revokes a silent lease
+
+
+class Lease(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """A standby is granted a shard another holder let go."""
+
+    shard: int
+    epoch: int
+
+
+class Ping(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    pass
+
+
+class Request(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """A worker's round trip about one shard it holds: `op` is one of OPS."""
+
+    rid: int
+    op: str
+    shard: int
+    epoch: int
+    after: int = 0  # records: after this position; checkpoint: the position it covers
+    max_bytes: int = 0  # records: the page size
+    offsets: list[int] = []  # runs: the frames to read
+    data: bytes = b""  # checkpoint: its bytes
+
+
+OPS = ("open", "records", "runs", "checkpoint", "release")
+
+
+class Reply(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    rid: int
+    error: str | None = None  # a refusal (stale epoch, a disk error): the shard stops
+    position: int = 0  # open: the shard's last durable position
+    runs_len: int = 0  # open: the run store's length
+    checkpoint: tuple[int, bytes] | None = None  # open: the newest checkpoint
+    items: list[bytes] = []  # records, runs: what was read
+
+
+class Append(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """A shard's records from position `first` on, and a request to make them durable."""
+
+    shard: int
+    epoch: int
+    first: int
+    records: list[bytes]
+
+
+class Durable(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """Cumulative durable positions: (shard, epoch, position), one per shard a write covered."""
+
+    positions: list[tuple[int, int, int]]
+
+
+class PutRun(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """A run-store frame at `offset` (computed by the worker; must be the store's length)."""
+
+    shard: int
+    epoch: int
+    offset: int
+    frame: bytes
+
+
+class RunPut(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """The answer to PUT_RUN: where it was written, or why it was refused. A refusal
+    refuses every later write to that shard for the rest of the lease."""
+
+    shard: int
+    epoch: int
+    offset: int
+    error: str | None = None
+
+
+class Relay(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """A message or acknowledgment for shard `shard` (fusee.journal.Msg / Ack, encoded)."""
+
+    shard: int
+    ack: bool
+    item: bytes
+
+
+class Call(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """A client's call, relayed by the server to the holder of `shard` (-1: every holder,
+    for a listing). `args` is a MessagePack map of the method's arguments."""
+
+    rid: int
+    method: str
+    shard: int
+    args: bytes
+
+
+class Answer(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """The answer to CALL: a MessagePack value, or an error's code and message."""
+
+    rid: int
+    value: bytes = b""
+    code: str | None = None
+    message: str | None = None
+
+
+class Drain(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    shards: list[int]
+
+
+class Idle(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    shard: int
+    epoch: int
+    next_due_ms: int | None = None
+    work_left: bool = False
+    budget_ended: bool = False
+    steps: int = 0
+    open_ms: float = 0.0
+
+
+TYPES: dict[int, type[Any]] = {
+    Kind.OPEN: Open,
+    Kind.WELCOME: Welcome,
+    Kind.LEASE: Lease,
+    Kind.PING: Ping,
+    Kind.REQUEST: Request,
+    Kind.REPLY: Reply,
+    Kind.APPEND: Append,
+    Kind.DURABLE: Durable,
+    Kind.PUT_RUN: PutRun,
+    Kind.RUN_PUT: RunPut,
+    Kind.RELAY: Relay,
+    Kind.CALL: Call,
+    Kind.ANSWER: Answer,
+    Kind.DRAIN: Drain,
+    Kind.IDLE: Idle,
+}
+KIND_OF: dict[type[Any], int] = {cls: kind for kind, cls in TYPES.items()}
+
+_encoder = msgspec.msgpack.Encoder()
+_decoders = {kind: msgspec.msgpack.Decoder(cls) for kind, cls in TYPES.items()}
+encode_value = _encoder.encode
+_any = msgspec.msgpack.Decoder()
+
+
+def payload(message: Any) -> tuple[int, bytes]:
+    """The frame kind and payload bytes of `message`."""
+    return KIND_OF[type(message)], _encoder.encode(message)
+
+
+def decode(kind: int, data: bytes) -> Any:
+    """The message a frame carries; FrameError naming the kind when it is not one."""
+    decoder = _decoders.get(kind)
+    if decoder is None:
+        raise FrameError(f"frame kind {kind} is not one this side accepts")
+    try:
+        return decoder.decode(data)
+    except msgspec.DecodeError as error:
+        raise FrameError(f"frame kind {kind} ({TYPES[kind].__name__}): {error}") from None
+
+
+def decode_value(data: bytes) -> Any:
+    """A MessagePack value (a call's arguments or answer)."""
+    try:
+        return _any.decode(data)
+    except (msgspec.DecodeError, RecursionError) as error:  # RecursionError: nested too deep
+        raise FrameError(f"a call's value: {error or 'nested too deeply'}") from None

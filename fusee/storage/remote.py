@@ -1,0 +1,308 @@
+"""The remote backend: a worker's shards stored by a `fusee server` over the wire.
+
+A shard's records go to the server as one APPEND per flush and nothing waits for its
+answer: a shard may send its next section before the last one is durable, and the
+records, run-store frames and messages of every shard leave in one socket write per
+turn of the loop (connection.py). The server answers with DURABLE positions, pushed
+back; the shard reports them as it would a local flush.
+
+Run-store frames are appended at offsets this side computes (the store's length), and
+the server's answer is checked against them: a disagreement either way stops the shard
+before anything it sent later is acknowledged (the server answers a run-store append
+before the DURABLE of any section sent after it).
+
+Everything is held under the lease epoch the server granted; when the connection goes,
+every shard hears of a lost lease and stops, and its next holder recovers it from the
+server's disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+
+from fusee._errors import ConnectionError, IoError, LeaseLostError
+from fusee.journal import Ack, Msg
+from fusee.protocol import messages as m
+from fusee.protocol.address import Address
+from fusee.protocol.connection import ClientConnection, connect
+from fusee.storage.contract import PAGE_BYTES, Durability, Receive, Report
+from fusee.storage.relay import Relay
+
+logger = logging.getLogger("fusee.remote")
+
+FRAME_HEADER = 8  # a run-store frame: length and checksum, then its bytes
+
+_msg = msgspec.msgpack.Decoder(Msg)
+_ack = msgspec.msgpack.Decoder(Ack)
+_encode = msgspec.msgpack.encode
+
+
+class RemoteStorage:
+    """A worker's (or a client's) connection to the server."""
+
+    durability = Durability.SERVER
+
+    def __init__(self, address: Address) -> None:
+        self.address = address
+        self.conn: ClientConnection | None = None
+        self.shards = 0
+        self.granted: dict[int, int] = {}  # shard -> epoch of the lease the server granted
+        self.stores: dict[int, RemoteShardStore] = {}
+        self.pending: dict[int, asyncio.Future[Any]] = {}
+        self.rids = 0
+        self.relayed = Relay()  # messages for granted shards not attached yet wait here
+        self.lost: ConnectionError | None = None
+        self.on_lease: Callable[[int], None] | None = None  # a standby was granted a shard
+        self.on_call: Callable[[m.Call], None] | None = None
+        self.pinger: asyncio.TimerHandle | None = None
+        self.ping_s = 1.0
+
+    @classmethod
+    async def connect(cls, address: Address, role: str = m.ROLE_WORKER) -> RemoteStorage:
+        storage = cls(address)
+        opening = m.Open(m.VERSION, role, address.max_shards, address.invocation)
+        storage.conn, welcome = await connect(address, opening, storage)
+        storage.shards = welcome.shards
+        storage.granted = dict(welcome.granted)
+        if welcome.timeout_ms:
+            storage.ping_s = welcome.ping_ms / 1000
+            storage._ping()
+        return storage
+
+    @property
+    def initial_shards(self) -> list[int]:
+        return sorted(self.granted)
+
+    def _ping(self) -> None:
+        # Only when nothing else went out for a while: any frame shows we are alive.
+        conn = self.conn
+        if conn is None or conn.closed:
+            return
+        if time.monotonic() - conn.last_sent >= self.ping_s * 0.9:
+            conn.send(m.Ping())
+        self.pinger = asyncio.get_running_loop().call_later(self.ping_s, self._ping)
+
+    # -- from the server ----------------------------------------------------------------
+
+    def on_message(self, message: Any) -> None:
+        kind = type(message)
+        if kind is m.Durable:
+            for shard, epoch, position in message.positions:
+                store = self.stores.get(shard)
+                if store is not None and store.epoch == epoch:
+                    store.durable(position)
+        elif kind is m.Reply or kind is m.Answer:
+            future = self.pending.pop(message.rid, None)
+            if future is not None and not future.done():
+                future.set_result(message)
+        elif kind is m.RunPut:
+            store = self.stores.get(message.shard)
+            if store is not None and store.epoch == message.epoch:
+                store.run_put(message)
+        elif kind is m.Relay:
+            item: Msg | Ack = _ack.decode(message.item) if message.ack else _msg.decode(message.item)
+            self.relayed.send(message.shard, item)
+        elif kind is m.Lease:
+            self.granted[message.shard] = message.epoch
+            if self.on_lease is not None:
+                self.on_lease(message.shard)
+        elif kind is m.Call:
+            if self.on_call is not None:
+                self.on_call(message)
+            else:
+                self.send(m.Answer(message.rid, code="Rejected", message="this process serves no calls"))
+        else:
+            logger.warning("ignoring a %s frame from the server", kind.__name__)
+
+    def on_lost(self, error: ConnectionError) -> None:
+        if self.lost is not None:
+            return
+        self.lost = error
+        if self.pinger is not None:
+            self.pinger.cancel()
+        lease = LeaseLostError(f"{error}: this worker's leases are gone (a standby takes its shards)")
+        for store in list(self.stores.values()):
+            store.lose(lease)
+        for future in self.pending.values():
+            if not future.done():
+                future.set_exception(error)
+        self.pending.clear()
+
+    # -- to the server -----------------------------------------------------------------
+
+    def send(self, message: Any) -> None:
+        if self.conn is not None:
+            self.conn.send(message)
+
+    async def ask(self, message: Any) -> Any:
+        """A round trip: `message` must have a `rid` field, set here."""
+        if self.lost is not None:
+            raise self.lost
+        self.rids += 1
+        message.rid = self.rids
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.pending[self.rids] = future
+        self.send(message)
+        return await future
+
+    async def request(self, op: str, store: RemoteShardStore, **fields: Any) -> m.Reply:
+        reply: m.Reply = await self.ask(m.Request(0, op, store.index, store.epoch, **fields))
+        if reply.error is not None:
+            raise IoError(reply.error)
+        return reply
+
+    # -- the storage contract -----------------------------------------------------------
+
+    async def open_shard(self, index: int, report: Report, receive: Receive) -> RemoteShardStore:
+        epoch = self.granted.get(index)
+        if epoch is None:
+            raise LeaseLostError(f"shard {index} is not leased to this worker")
+        if self.lost is not None:
+            raise LeaseLostError(str(self.lost))
+        store = RemoteShardStore(self, index, epoch, report, receive)
+        reply = await self.request("open", store)
+        store.opened(reply)
+        previous = self.stores.get(index)
+        if previous is not None:
+            previous.lose(LeaseLostError(f"shard {index} was opened again in this process"))
+        self.stores[index] = store
+        self.relayed.attach(index, receive)
+        return store
+
+    def relay(self, index: int, item: Msg | Ack) -> None:
+        self.send(m.Relay(index, isinstance(item, Ack), _encode(item)))
+
+    def let_go(self, store: RemoteShardStore) -> None:
+        if self.stores.get(store.index) is store:
+            del self.stores[store.index]
+            self.relayed.detach(store.index, store.receive)
+            if self.granted.get(store.index) == store.epoch:
+                del self.granted[store.index]
+
+    async def close(self) -> None:
+        if self.pinger is not None:
+            self.pinger.cancel()
+        if self.conn is not None:
+            self.conn.close()
+
+    async def abandon(self) -> None:
+        await self.close()
+
+
+class RemoteShardStore:
+    """One shard held under one lease: the contract's ShardStore over the wire."""
+
+    def __init__(
+        self, storage: RemoteStorage, index: int, epoch: int, report: Report, receive: Receive
+    ) -> None:
+        self.storage = storage
+        self.index = index
+        self.epoch = epoch
+        self._report = report
+        self.receive = receive
+        self.pending: list[bytes] = []
+        self.next_position = 0
+        self.durable_position = 0
+        self.sent_position = 0
+        self.runs_len = 0
+        self.run_offsets: collections.deque[int] = collections.deque()  # appends awaiting an answer
+        self.checkpoint_found: tuple[int, bytes] | None = None
+        self.stopped: BaseException | None = None
+        self.dropped = False
+
+    def opened(self, reply: m.Reply) -> None:
+        self.next_position = self.durable_position = self.sent_position = reply.position
+        self.runs_len = reply.runs_len
+        self.checkpoint_found = reply.checkpoint
+
+    def report(self, result: int | BaseException) -> None:
+        if not self.dropped:
+            self._report(result)
+
+    def lose(self, error: BaseException) -> None:
+        """Stop: nothing more is sent; the shard hears of it once, on a later turn."""
+        if self.stopped is None:
+            self.stopped = error
+            self.pending.clear()
+            asyncio.get_running_loop().call_soon(self.report, error)
+            self.storage.let_go(self)
+
+    def durable(self, position: int) -> None:
+        if self.stopped is None and position > self.durable_position:
+            self.durable_position = position
+            self.report(position)
+
+    def append(self, entry: bytes) -> int:
+        if self.stopped is None:
+            self.pending.append(entry)
+        self.next_position += 1
+        return self.next_position
+
+    def flush(self) -> None:
+        if self.dropped:
+            return
+        if self.stopped is not None:
+            asyncio.get_running_loop().call_soon(self.report, self.stopped)
+            return
+        if self.pending:
+            records, self.pending = self.pending, []
+            self.storage.send(m.Append(self.index, self.epoch, self.sent_position + 1, records))
+            self.sent_position = self.next_position
+        elif self.durable_position >= self.next_position:
+            asyncio.get_running_loop().call_soon(self.report, self.durable_position)
+
+    def put_run(self, frame: bytes) -> int:
+        offset = self.runs_len
+        if self.stopped is not None:
+            return offset
+        self.runs_len = offset + FRAME_HEADER + len(frame)
+        self.run_offsets.append(offset)
+        self.storage.send(m.PutRun(self.index, self.epoch, offset, frame))
+        return offset
+
+    def run_put(self, answer: m.RunPut) -> None:
+        expected = self.run_offsets.popleft() if self.run_offsets else None
+        if answer.error is not None or answer.offset != expected:
+            why = answer.error or f"written at {answer.offset}, expected {expected}"
+            self.lose(IoError(f"shard {self.index}: the server's run store refused a write: {why}"))
+
+    async def get_runs(self, offsets: Sequence[int]) -> list[bytes]:
+        if not offsets:
+            return []
+        reply = await self.storage.request("runs", self, offsets=list(offsets))
+        return reply.items
+
+    async def latest_checkpoint(self) -> tuple[int, bytes] | None:
+        return self.checkpoint_found
+
+    async def records(self, after: int, max_bytes: int = PAGE_BYTES) -> list[bytes]:
+        reply = await self.storage.request("records", self, after=after, max_bytes=max_bytes)
+        return reply.items
+
+    async def checkpoint(self, position: int, data: bytes) -> None:
+        await self.storage.request("checkpoint", self, after=position, data=data)
+
+    async def close(self) -> None:
+        if self.stopped is None and self.storage.lost is None:
+            try:
+                await self.storage.request("release", self)
+            except (IoError, ConnectionError):
+                pass  # the connection went: the lease went with it
+        self.dropped = True
+        self.storage.let_go(self)
+
+    def abandon(self) -> None:
+        """As a crash: nothing staged is sent; the server hears the lease is let go."""
+        self.dropped = True
+        if self.stopped is None:
+            self.stopped = IoError(f"shard {self.index} was let go of")
+            self.pending.clear()
+            self.storage.send(m.Request(0, "release", self.index, self.epoch))
+        self.storage.let_go(self)

@@ -1,0 +1,466 @@
+"""`fusee server`: one log for every shard on this machine's disk, shards leased to
+workers over the wire, calls and messages relayed between them.
+
+Everything here runs on one event loop, so a lease check and the write it guards happen
+in one step: no other frame can move the lease between them. The disk work that may
+wait (recovery reads, run-store reads, checkpoints, log retirement) runs on executors,
+and the log's writes and flushes on the log's own thread (group commit, as in local
+mode): the loop never waits on the disk.
+
+Leases. Each shard has its own epoch, drawn from a counter that starts at the server's
+start time in microseconds, so epochs only grow, across restarts too. A worker gets every
+free shard up to its `max-shards` when it connects and waits as a standby for the
+others; a shard let go of (its holder released it, closed, or went silent) goes to the
+first standby with room. Every write names its shard's epoch and is refused unless the
+connection holds that lease; a refused write closes the connection (a worker that
+writes under a lease it lost is out of step, and all its leases go with it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import msgspec
+
+from fusee._errors import IoError
+from fusee.journal import Ack
+from fusee.protocol import messages as m
+from fusee.protocol.frames import PAYLOAD_BYTES_MAX, FrameError
+from fusee_server import _native
+from fusee_server.listener import ServerConnection
+from fusee_server.local import LocalStorage
+
+logger = logging.getLogger("fusee.server")
+
+PING_S = 1.0
+SILENCE_S = 5.0  # a holder silent this long (or not reading our writes) loses its leases
+RELAY_FRAMES_MAX = 1024  # messages kept per shard while it has no holder...
+RELAY_BYTES_MAX = 8 << 20  # ...and their bytes; the oldest are dropped first
+READ_THREADS = 4
+
+_ack = msgspec.msgpack.Decoder(Ack)
+
+
+class Slot:
+    """One shard: its files, who holds it, and what waits for a holder."""
+
+    def __init__(self, index: int, files: _native.Shard, checkpoint: tuple[int, bytes] | None) -> None:
+        self.index = index
+        self.files = files
+        self.checkpoint = checkpoint  # the newest durable one: what a new holder recovers from
+        self.holder: ServerConnection | None = None
+        self.epoch = 0
+        self.refused: str | None = None  # a refused run-store write: no more writes this lease
+        self.waiting: deque[m.Relay] = deque()  # messages for it while no one holds it
+        self.waiting_bytes = 0
+        self.writing: set[asyncio.Future[Any]] = set()  # its checkpoints in flight
+
+
+class Listing:
+    """A listing sent to every holder; answered once each has, merged in shard order."""
+
+    def __init__(self, client: ServerConnection, rid: int, parts: int) -> None:
+        self.client = client
+        self.rid = rid
+        self.parts = parts
+        self.rows: list[Any] = []
+        self.error: m.Answer | None = None
+
+
+class Server:
+    frame_limit = PAYLOAD_BYTES_MAX
+
+    def __init__(self, storage: LocalStorage, slots: list[Slot]) -> None:
+        self.storage = storage
+        self.log = storage.log
+        self.slots = slots
+        self.shards = len(slots)
+        self.workers: list[ServerConnection] = []  # in the order they connected: standbys in line
+        self.connections: set[ServerConnection] = set()
+        self.epochs = itertools.count(time.time_ns() // 1000)
+        self.rids = itertools.count(1)
+        self.calls: dict[int, tuple[ServerConnection | Listing, int, ServerConnection]] = {}
+        self.readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="fusee-read")
+        self.silence_s = SILENCE_S
+        self.ping_s = PING_S
+        self.listeners: list[asyncio.Server] = []
+        self.watch: asyncio.Task[None] | None = None
+        self.stopped = asyncio.Event()
+
+    @classmethod
+    async def open(cls, root: str, shards: int | None) -> Server:
+        """Open (or create) the directory and recover its log; every shard's files are
+        checked and held open for the server's life."""
+        storage = await LocalStorage.open(root, shards)
+        loop = asyncio.get_running_loop()
+        slots = []
+        try:
+            for index in range(storage.shards):
+                files = await loop.run_in_executor(storage.executor, _native.Shard, root, index, storage.log)
+                checkpoint = files.recovered_checkpoint()
+                storage.log.ensure_next(index, checkpoint[0] if checkpoint is not None else 0)
+                storage.log.take_recovered(index, 0)  # the open's copy; leases read the disk
+                slots.append(Slot(index, files, checkpoint))
+        except (_native.CorruptionError, OSError) as error:
+            await storage.abandon()
+            raise IoError(f"{root}: {error}") from None
+        return cls(storage, slots)
+
+    def start(self) -> None:
+        self.watch = asyncio.get_running_loop().create_task(self._watch())
+
+    # -- connections ----------------------------------------------------------------------
+
+    def opened(self, conn: ServerConnection) -> str | None:
+        """A connection finished its setup: a worker takes the free shards it has room for."""
+        self.connections.add(conn)
+        granted: list[tuple[int, int]] = []
+        if conn.role == m.ROLE_WORKER:
+            self.workers.append(conn)
+            for slot in self.slots:
+                if slot.holder is None and self._has_room(conn):
+                    granted.append((slot.index, self._grant(slot, conn)))
+        timeout_ms = int(self.silence_s * 1000) if conn.liveness else 0
+        conn.send(m.Welcome(self.shards, granted, int(self.ping_s * 1000), timeout_ms))
+        for index, _ in granted:
+            self._deliver_waiting(self.slots[index])
+        return None
+
+    def _has_room(self, conn: ServerConnection) -> bool:
+        return not conn.closed and (conn.max_shards is None or len(conn.held) < conn.max_shards)
+
+    def _grant(self, slot: Slot, conn: ServerConnection) -> int:
+        slot.epoch = next(self.epochs)
+        slot.holder = conn
+        slot.refused = None
+        conn.held.add(slot.index)
+        logger.info("shard %d: leased to %s (epoch %d)", slot.index, conn, slot.epoch)
+        return slot.epoch
+
+    def _free(self, slot: Slot, why: str, skip: ServerConnection | None = None) -> None:
+        """`slot`'s holder let go of it: hand it to the first standby with room."""
+        holder = slot.holder
+        if holder is not None:
+            holder.held.discard(slot.index)
+        slot.holder = None
+        logger.info("shard %d: %s (epoch %d)", slot.index, why, slot.epoch)
+        for conn in self.workers:
+            if conn is not skip and self._has_room(conn):
+                epoch = self._grant(slot, conn)
+                conn.send(m.Lease(slot.index, epoch))
+                self._deliver_waiting(slot)
+                return
+
+    def lost(self, conn: ServerConnection) -> None:
+        self.connections.discard(conn)
+        if conn in self.workers:
+            self.workers.remove(conn)
+        for index in sorted(conn.held):
+            self._free(self.slots[index], f"let go: {conn} closed its connection")
+        for rid in conn.calls:
+            entry = self.calls.pop(rid, None)
+            if entry is not None:
+                self._answer(entry[0], entry[1], m.Answer(0, code="Connection", message=GONE))
+        conn.calls.clear()
+
+    def revoke(self, conn: ServerConnection, why: str) -> None:
+        """Take every lease `conn` holds (it went silent): close it, as if it had left."""
+        logger.warning("%s: revoking its leases on shards %s: %s", conn, sorted(conn.held), why)
+        conn.close()
+        if conn in self.connections:
+            self.lost(conn)
+
+    async def _watch(self) -> None:
+        """Liveness: a holder that sent nothing for `silence_s`, or has not taken what we
+        wrote for as long, loses its leases. Pings wait in the socket while the loop is
+        busy, so silence is judged only after reading what arrived."""
+        while True:
+            await asyncio.sleep(0.25)
+            now = time.monotonic()
+            for conn in list(self.workers):
+                if not conn.held or not conn.liveness or conn.transport is None:
+                    continue
+                if now - conn.last_read > self.silence_s:
+                    self.revoke(conn, f"no byte from it for {self.silence_s:g} s")
+                    continue
+                buffered = conn.transport.get_write_buffer_size()
+                if buffered == 0 or conn.write_stuck is None or buffered < conn.write_stuck[0]:
+                    conn.write_stuck = (buffered, now) if buffered else None
+                elif now - conn.write_stuck[1] > self.silence_s:
+                    self.revoke(conn, f"it has read nothing we wrote for {self.silence_s:g} s")
+
+    # -- frames ---------------------------------------------------------------------------
+
+    def received(self, conn: ServerConnection, message: Any) -> None:
+        kind = type(message)
+        if kind is m.Append:
+            self._append(conn, message)
+        elif kind is m.PutRun:
+            self._put_run(conn, message)
+        elif kind is m.Ping:
+            pass  # its bytes were the point
+        elif kind is m.Request:
+            asyncio.get_running_loop().create_task(self._request(conn, message))
+        elif kind is m.Relay:
+            self._relay(conn, message)
+        elif kind is m.Call:
+            self._call(conn, message)
+        elif kind is m.Answer:
+            self._answered(conn, message)
+        else:
+            conn.fail(f"{kind.__name__} is not a frame a {conn.role} sends")
+
+    def _held(self, conn: ServerConnection, shard: int, epoch: int) -> Slot | None:
+        """The slot, if `conn` holds `shard` under `epoch`; else the connection is closed
+        (a deposed or confused worker never writes again)."""
+        if 0 <= shard < self.shards:
+            slot = self.slots[shard]
+            if slot.holder is conn and slot.epoch == epoch:
+                if slot.refused is None:
+                    return slot
+                conn.fail(f"shard {shard}: a write after a refused one ({slot.refused})")
+                return None
+        conn.fail(f"shard {shard}: epoch {epoch} is not a lease this connection holds")
+        return None
+
+    def _append(self, conn: ServerConnection, message: m.Append) -> None:
+        slot = self._held(conn, message.shard, message.epoch)
+        if slot is None:
+            return
+        expected = self.log.appended(slot.index) + 1
+        if message.first != expected:
+            conn.fail(f"shard {slot.index}: records from {message.first}, but the log is at {expected}")
+            return
+        try:
+            last = self.log.stage_many(slot.index, message.records)
+            epoch = slot.epoch
+            self.storage.request(slot.index, last, lambda result: self._durable(conn, slot, epoch, result))
+        except (ValueError, IoError) as error:
+            slot.refused = str(error)
+            conn.fail(f"shard {slot.index}: {error}")
+
+    def _durable(self, conn: ServerConnection, slot: Slot, epoch: int, result: int | BaseException) -> None:
+        if isinstance(result, BaseException):
+            logger.critical("the log stopped after a failed write: %s; stopping", result)
+            self.stopped.set()
+            return
+        if slot.holder is conn and slot.epoch == epoch:
+            conn.send(m.Durable([(slot.index, epoch, result)]))
+
+    def _put_run(self, conn: ServerConnection, message: m.PutRun) -> None:
+        slot = self._held(conn, message.shard, message.epoch)
+        if slot is None:
+            return
+        try:
+            offset = slot.files.append_run(message.offset, message.frame)
+        except (_native.CorruptionError, OSError) as error:
+            slot.refused = f"the run store refused a write at {message.offset}: {error}"
+            conn.send(m.RunPut(slot.index, slot.epoch, message.offset, slot.refused))
+            return
+        conn.send(m.RunPut(slot.index, slot.epoch, offset))
+
+    async def _request(self, conn: ServerConnection, request: m.Request) -> None:
+        slot = self._held(conn, request.shard, request.epoch)
+        if slot is None:
+            return
+        try:
+            reply = await self._serve(conn, slot, request)
+        except (ValueError, OSError, _native.CorruptionError, IoError) as error:
+            reply = m.Reply(request.rid, error=f"shard {slot.index}: {error}")
+        except Exception as error:  # a bug here must answer, not leave the worker waiting
+            logger.exception("shard %d: %s request failed", slot.index, request.op)
+            reply = m.Reply(request.rid, error=f"shard {slot.index}: internal error: {error!r}")
+        conn.send(reply)
+
+    async def _serve(self, conn: ServerConnection, slot: Slot, request: m.Request) -> m.Reply:
+        loop = asyncio.get_running_loop()
+        op = request.op
+        if op == "open":
+            await self._settle(slot)
+            position = self.log.durable(slot.index)
+            return m.Reply(
+                request.rid, position=position, runs_len=slot.files.runs_len, checkpoint=slot.checkpoint
+            )
+        if op == "records":
+            page = await loop.run_in_executor(
+                self.readers, self.log.read_records, slot.index, request.after, request.max_bytes
+            )
+            return m.Reply(request.rid, items=page)
+        if op == "runs":
+            read = slot.files.read_run
+            items = await loop.run_in_executor(self.readers, lambda: [read(o) for o in request.offsets])
+            return m.Reply(request.rid, items=items)
+        if op == "checkpoint":
+            await self._checkpoint(slot, request.after, request.data)
+            return m.Reply(request.rid)
+        if op == "release":
+            if slot.holder is conn and slot.epoch == request.epoch:
+                self._free(slot, f"released by {conn}", skip=conn)
+            return m.Reply(request.rid)
+        raise ValueError(f"no request {op!r} (expected one of {', '.join(m.OPS)})")
+
+    async def _settle(self, slot: Slot) -> None:
+        """Before a new holder recovers: the previous holder's checkpoints and log writes
+        in flight finish, so nothing of its can land after what the new holder reads."""
+        while slot.writing:
+            await asyncio.wait(list(slot.writing))
+        appended = self.log.appended(slot.index)
+        if self.log.durable(slot.index) < appended:
+            done: asyncio.Future[int | BaseException] = asyncio.get_running_loop().create_future()
+            self.storage.request(slot.index, appended, done.set_result)
+            result = await done
+            if isinstance(result, BaseException):
+                raise IoError(str(result))
+
+    async def _checkpoint(self, slot: Slot, position: int, data: bytes) -> None:
+        loop = asyncio.get_running_loop()
+        writing = loop.run_in_executor(self.storage.checkpoints, slot.files.checkpoint, position, data)
+        slot.writing.add(writing)
+        try:
+            await writing
+        finally:
+            slot.writing.discard(writing)
+        slot.checkpoint = (position, data)
+        covered = [s.files.covered() for s in self.slots]
+        await loop.run_in_executor(self.storage.executor, self.log.retire, covered, False)
+
+    # -- messages between shards --------------------------------------------------------
+
+    def _relay(self, conn: ServerConnection, message: m.Relay) -> None:
+        if not 0 <= message.shard < self.shards:
+            conn.fail(f"a message for shard {message.shard}: the server has {self.shards}")
+            return
+        slot = self.slots[message.shard]
+        if message.ack:
+            try:
+                ack = _ack.decode(message.item)
+            except msgspec.DecodeError as error:
+                conn.fail(f"a malformed acknowledgment: {error}")
+                return
+            # Only to the lease the message was sent under: a newer holder renumbered its
+            # outbox, and this answer would remove another of its messages.
+            if slot.holder is not None and slot.epoch == ack.epoch:
+                slot.holder.send(message)
+            return
+        if slot.holder is not None:
+            slot.holder.send(message)
+            return
+        slot.waiting.append(message)
+        slot.waiting_bytes += len(message.item)
+        while len(slot.waiting) > RELAY_FRAMES_MAX or slot.waiting_bytes > RELAY_BYTES_MAX:
+            dropped = slot.waiting.popleft()  # its sender resends it every second
+            slot.waiting_bytes -= len(dropped.item)
+
+    def _deliver_waiting(self, slot: Slot) -> None:
+        holder = slot.holder
+        while holder is not None and slot.waiting:
+            holder.send(slot.waiting.popleft())
+        slot.waiting_bytes = 0
+
+    # -- calls from clients ---------------------------------------------------------------
+
+    def _call(self, client: ServerConnection, call: m.Call) -> None:
+        if call.shard == -1:
+            self._list(client, call)
+            return
+        if not 0 <= call.shard < self.shards:
+            client.send(m.Answer(call.rid, code="Rejected", message=f"no shard {call.shard}"))
+            return
+        holder = self.slots[call.shard].holder
+        if holder is None:
+            client.send(m.Answer(call.rid, code="NoHolder", message=no_holder(call.shard)))
+            return
+        rid = next(self.rids)
+        self.calls[rid] = (client, call.rid, holder)
+        holder.calls.add(rid)
+        holder.send(m.Call(rid, call.method, call.shard, call.args))
+
+    def _list(self, client: ServerConnection, call: m.Call) -> None:
+        free = [slot.index for slot in self.slots if slot.holder is None]
+        if free:
+            client.send(m.Answer(call.rid, code="NoHolder", message=no_holder(free[0])))
+            return
+        holders = list(dict.fromkeys(slot.holder for slot in self.slots if slot.holder is not None))
+        listing = Listing(client, call.rid, len(holders))
+        for holder in holders:
+            rid = next(self.rids)
+            self.calls[rid] = (listing, call.rid, holder)
+            holder.calls.add(rid)
+            holder.send(m.Call(rid, call.method, -1, call.args))
+
+    def _answered(self, conn: ServerConnection, answer: m.Answer) -> None:
+        entry = self.calls.get(answer.rid)
+        if entry is None:
+            return  # its client left
+        origin, rid, holder = entry
+        if holder is not conn:
+            conn.fail(f"an answer to call {answer.rid}, which went to another connection")
+            return
+        del self.calls[answer.rid]
+        holder.calls.discard(answer.rid)
+        if isinstance(origin, Listing):
+            try:
+                rows = m.decode_value(answer.value) if answer.code is None else []
+                if not isinstance(rows, list) or not all(
+                    isinstance(row, dict) and type(row.get("shard")) is int for row in rows
+                ):
+                    raise FrameError("a listing is a list of maps with a shard")
+            except FrameError as error:
+                conn.fail(f"a malformed listing: {error}")
+                answer = m.Answer(answer.rid, code="Connection", message=GONE)
+                rows = []
+            self._listed(origin, answer, rows)
+            return
+        self._answer(origin, rid, answer)
+
+    def _answer(self, origin: ServerConnection | Listing, rid: int, answer: m.Answer) -> None:
+        if isinstance(origin, ServerConnection):
+            origin.send(m.Answer(rid, answer.value, answer.code, answer.message))
+        else:
+            self._listed(origin, answer, [])
+
+    def _listed(self, listing: Listing, answer: m.Answer, rows: list[Any]) -> None:
+        """One holder's part of a listing; the whole goes back once every part is in."""
+        listing.parts -= 1
+        if answer.code is not None:
+            listing.error = listing.error or answer
+        listing.rows.extend(rows)
+        if listing.parts == 0:
+            if listing.error is not None:
+                self._answer(listing.client, listing.rid, listing.error)
+            else:
+                ordered = sorted(
+                    listing.rows, key=lambda row: row["shard"]
+                )  # stable: each shard's order kept
+                listing.client.send(m.Answer(listing.rid, m.encode_value(ordered)))
+
+    # -- stopping -------------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        """Leases released (connections closed), checkpoints in flight finished, the log's
+        last write made durable, the directory closed."""
+        for listener in self.listeners:
+            listener.close()
+        if self.watch is not None:
+            self.watch.cancel()
+        for conn in list(self.connections):
+            conn.close()
+            self.lost(conn)
+        writing = [w for slot in self.slots for w in slot.writing]
+        if writing:
+            await asyncio.wait(writing)
+        self.readers.shutdown(wait=True)
+        await self.storage.close()
+
+
+GONE = "the worker went away before answering; retry (the shard's next holder answers)"
+
+
+def no_holder(shard: int) -> str:
+    return f"no worker holds shard {shard} now; retry once one does (start a worker, or wait for a standby)"

@@ -1,0 +1,62 @@
+"""Workflows the server-mode tests run in worker processes. Every step appends what it
+returned to a side file (FUSEE_TEST_STEPS), so a test can tell a step that ran again
+from one whose recorded result was kept."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+
+import fusee
+
+go = fusee.signal("go", int)
+
+
+def _note(wid: str, step: int, value: str) -> str:
+    path = os.environ.get("FUSEE_TEST_STEPS")
+    if path:
+        with open(path, "a") as file:
+            file.write(f"{wid} {step} {value}\n")
+    return value
+
+
+@fusee.workflow("steps")
+async def steps(ctx: fusee.Ctx, n: int) -> list[str]:
+    """`n` steps of about 30 ms each; each returns the process and a fresh token."""
+    out = []
+    for i in range(n):
+
+        async def one(i: int = i) -> str:
+            await asyncio.sleep(0.03)
+            return _note(ctx.workflow_id, i, f"{os.getpid()}:{uuid.uuid4().hex[:8]}")
+
+        out.append(await ctx.step(f"s{i}", one))
+    return out
+
+
+@fusee.workflow("parent")
+async def parent(ctx: fusee.Ctx, children: int) -> list[list[str]]:
+    """Starts `children` children (their IDs spread over the shards) and waits for each."""
+    handles = [await ctx.start_child(steps, f"{ctx.workflow_id}-c{i}", 2) for i in range(children)]
+    return [await handle.result() for handle in handles]
+
+
+@fusee.workflow("waiter")
+async def waiter(ctx: fusee.Ctx, count: int) -> list[int]:
+    """Waits for `count` signals and returns their values in order of arrival."""
+    got = []
+    for _ in range(count):
+        got.append(await ctx.wait_for(go, timeout="1h"))
+    return got
+
+
+@fusee.workflow("sender")
+async def sender(ctx: fusee.Ctx, target: str) -> int:
+    """Signals `target` (on whatever shard) with 1, 2 and 3 from inside a workflow."""
+    for value in (1, 2, 3):
+        await ctx.signal_workflow(target, go, value)
+    return 3
+
+
+WORKFLOWS = [steps, parent, waiter, sender]
