@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+
 import fusee
+import fusee.sync
+from tests.server_mode.flows import WORKFLOWS
 
 
 async def test_a_worker_runs_what_a_client_starts(start_server, start_worker):
@@ -21,3 +27,44 @@ async def test_a_worker_runs_what_a_client_starts(start_server, start_worker):
         await client.close()
     assert worker.stop() == 0
     assert server.stop() == 0
+
+
+async def test_a_worker_over_the_unix_socket_and_a_blocking_client(start_server, start_worker, tmp_path):
+    sock = tmp_path / "fusee.sock"
+    server = start_server("--unix", str(sock))
+    worker = start_worker(f"unix:{sock}")
+    assert worker.initial == [0, 1, 2, 3]
+
+    def blocking() -> list[object]:
+        with fusee.sync.Client.connect(f"unix:{sock}") as client:
+            run = client.start("waiter", "w-1", 2)
+            run.signal("go", 7)
+            run.signal("go", 8)
+            rows = client.list(type="waiter")
+            return [run.result(), [r.id for r in rows]]
+
+    result, listed = await asyncio.to_thread(blocking)
+    assert result == [7, 8]
+    assert listed == ["w-1"]
+
+
+async def test_fusee_url_opens_an_engine_in_server_mode(start_server, monkeypatch):
+    server = start_server(shards=2)
+    monkeypatch.setenv("FUSEE_URL", server.address(max_shards=1))
+    engine = await fusee.Engine.open(workflows=WORKFLOWS)
+    try:
+        assert engine.storage.durability is fusee.Durability.SERVER
+        assert len(engine.shards) == 1
+        server.wait_for(r"shard \d: leased to worker")
+    finally:
+        await engine.close()
+    server.wait_for(r"released by worker")
+
+
+async def test_a_call_for_a_shard_without_holder_fails_at_once_saying_so(start_server):
+    server = start_server()
+    async with await fusee.Client.connect(server.address()) as client:
+        with pytest.raises(fusee.NoHolderError, match="no worker holds shard"):
+            await client.start("steps", "nobody-home", 1)
+        with pytest.raises(fusee.NoHolderError):
+            await client.list()
