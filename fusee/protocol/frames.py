@@ -39,7 +39,7 @@ class Kind(enum.IntEnum):
     OPEN = 1  # a worker's or client's first frame: its role, how many shards it wants
     WELCOME = 2  # the server's answer: shard count, the leases granted at once, liveness
     LEASE = 3  # a standby is granted a shard
-    PING = 4  # a holder is alive (from a thread of its own, every second)
+    PING = 4  # a worker is alive: every second, from a thread of its own (pinger.py)
     REQUEST = 5  # a round trip about a held shard: open, records, runs, checkpoint, release
     REPLY = 6
     APPEND = 7  # a shard's records, pipelined; answered by DURABLE once a write covers them

@@ -7,6 +7,7 @@ receiving side has not declared. Byte by byte in docs/FORMAT.md, *The wire*.
 
 Who sends what:
 
+    pinger -> server          OPEN, PING (a worker's second connection: see pinger.py)
     worker/client -> server   OPEN, PING, REQUEST, APPEND, PUT_RUN, RELAY, CALL, ANSWER, IDLE
     server -> worker/client   WELCOME, LEASE, REPLY, DURABLE, RUN_PUT, RELAY, CALL, ANSWER,
                               DRAIN
@@ -30,6 +31,7 @@ VERSION = 1
 
 ROLE_WORKER = "worker"
 ROLE_CLIENT = "client"
+ROLE_PINGER = "pinger"  # a worker's second connection, written by a thread of its own
 
 
 class Open(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
@@ -40,6 +42,7 @@ class Open(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     max_shards: int | None = None  # a worker holds at most this many shards
     invocation: str | None = None  # an invoked worker's invocation ID (next issue)
     liveness: bool = True  # the worker pings; the server may revoke a silent lease
+    session: bytes = b""  # a pinger: the worker session (from its WELCOME) it keeps alive
 
 
 class Welcome(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
@@ -47,6 +50,7 @@ class Welcome(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     granted: list[tuple[int, int]]  # (shard, epoch): what the worker holds from the start
     ping_ms: int
     timeout_ms: int  # 0: the server never revokes a silent lease
+    session: bytes = b""  # a worker's: what its pinger connection names
 
 
 class Lease(msgspec.Struct, array_like=True, forbid_unknown_fields=True):

@@ -32,6 +32,7 @@ from fusee.journal import Ack, Msg
 from fusee.protocol import messages as m
 from fusee.protocol.address import Address
 from fusee.protocol.connection import ClientConnection, connect
+from fusee.protocol.pinger import Pinger
 from fusee.storage.contract import PAGE_BYTES, Durability, Receive, Report
 from fusee.storage.relay import Relay
 
@@ -61,7 +62,8 @@ class RemoteStorage:
         self.lost: ConnectionError | None = None
         self.on_lease: Callable[[int], None] | None = None  # a standby was granted a shard
         self.on_call: Callable[[m.Call], None] | None = None
-        self.pinger: asyncio.TimerHandle | None = None
+        self.ticker: asyncio.TimerHandle | None = None
+        self.pinger: Pinger | None = None
         self.ping_s = 1.0
 
     @classmethod
@@ -74,6 +76,10 @@ class RemoteStorage:
         if welcome.timeout_ms:
             storage.ping_s = welcome.ping_ms / 1000
             storage._ping()
+            if welcome.session:
+                # The pings that do not depend on this event loop (pinger.py).
+                storage.pinger = Pinger(address, welcome.session, storage.ping_s)
+                storage.pinger.start()
         return storage
 
     @property
@@ -81,13 +87,14 @@ class RemoteStorage:
         return sorted(self.granted)
 
     def _ping(self) -> None:
-        # Only when nothing else went out for a while: any frame shows we are alive.
+        # Only when nothing else went out for a while: any frame shows we are alive. (The
+        # pinger thread does the same on its own connection while this loop is busy.)
         conn = self.conn
         if conn is None or conn.closed:
             return
         if time.monotonic() - conn.last_sent >= self.ping_s * 0.9:
             conn.send(m.Ping())
-        self.pinger = asyncio.get_running_loop().call_later(self.ping_s, self._ping)
+        self.ticker = asyncio.get_running_loop().call_later(self.ping_s, self._ping)
 
     # -- from the server ----------------------------------------------------------------
 
@@ -125,8 +132,7 @@ class RemoteStorage:
         if self.lost is not None:
             return
         self.lost = error
-        if self.pinger is not None:
-            self.pinger.cancel()
+        self._stop_pings()
         lease = LeaseLostError(f"{error}: this worker's leases are gone (a standby takes its shards)")
         for store in list(self.stores.values()):
             store.lose(lease)
@@ -186,11 +192,16 @@ class RemoteStorage:
             if self.granted.get(store.index) == store.epoch:
                 del self.granted[store.index]
 
-    async def close(self) -> None:
+    def _stop_pings(self) -> None:
+        if self.ticker is not None:
+            self.ticker.cancel()
         if self.pinger is not None:
-            self.pinger.cancel()
+            self.pinger.stop()
+
+    async def close(self) -> None:
+        self._stop_pings()
         if self.conn is not None:
-            self.conn.close()
+            await self.conn.aclose()
 
     async def abandon(self) -> None:
         await self.close()

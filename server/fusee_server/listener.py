@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from fusee.protocol import handshake
 from fusee.protocol.connection import FramedConnection
 from fusee.protocol.frames import Kind
-from fusee.protocol.messages import ROLE_CLIENT, ROLE_WORKER, VERSION, Open, decode
+from fusee.protocol.messages import ROLE_CLIENT, ROLE_PINGER, ROLE_WORKER, VERSION, Open, decode
 
 if TYPE_CHECKING:
     from fusee_server.server import Server
@@ -70,6 +70,8 @@ class ServerConnection(FramedConnection):
         self.max_shards: int | None = None
         self.invocation: str | None = None
         self.liveness = False
+        self.session = b""  # a worker's, given in its WELCOME; a pinger's, the one it names
+        self.pinger: ServerConnection | None = None  # a worker's second connection, for pings
         self.held: set[int] = set()
         self.calls: set[int] = set()  # calls relayed to this worker, not yet answered
         self.deadline: asyncio.TimerHandle | None = None
@@ -143,7 +145,7 @@ class ServerConnection(FramedConnection):
         if opening.version != VERSION:
             self.refuse(f"protocol version {opening.version}: this server speaks version {VERSION}")
             return
-        if opening.role not in (ROLE_WORKER, ROLE_CLIENT):
+        if opening.role not in (ROLE_WORKER, ROLE_CLIENT, ROLE_PINGER):
             self.refuse(f"role {opening.role!r}: expected {ROLE_WORKER!r} or {ROLE_CLIENT!r}")
             return
         if opening.max_shards is not None and opening.max_shards < 1:
@@ -153,6 +155,7 @@ class ServerConnection(FramedConnection):
         self.max_shards = opening.max_shards
         self.invocation = opening.invocation
         self.liveness = opening.liveness
+        self.session = opening.session
         self.decoder.limit = self.server.frame_limit
         self.state = "ready"
         if self.deadline is not None:

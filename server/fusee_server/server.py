@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -83,6 +84,7 @@ class Server:
         self.shards = len(slots)
         self.workers: list[ServerConnection] = []  # in the order they connected: standbys in line
         self.connections: set[ServerConnection] = set()
+        self.sessions: dict[bytes, ServerConnection] = {}  # workers by session: their pingers find them
         self.epochs = itertools.count(time.time_ns() // 1000)
         self.rids = itertools.count(1)
         self.calls: dict[int, tuple[ServerConnection | Listing, int, ServerConnection]] = {}
@@ -119,15 +121,25 @@ class Server:
 
     def opened(self, conn: ServerConnection) -> str | None:
         """A connection finished its setup: a worker takes the free shards it has room for."""
+        if conn.role == m.ROLE_PINGER:
+            worker = self.sessions.get(conn.session)
+            if worker is None:
+                return "no worker connection has that session (it closed)"
+            worker.pinger = conn
+            self.connections.add(conn)
+            conn.send(m.Welcome(self.shards, [], int(self.ping_s * 1000), int(self.silence_s * 1000)))
+            return None
         self.connections.add(conn)
         granted: list[tuple[int, int]] = []
         if conn.role == m.ROLE_WORKER:
+            conn.session = os.urandom(16)
+            self.sessions[conn.session] = conn
             self.workers.append(conn)
             for slot in self.slots:
                 if slot.holder is None and self._has_room(conn):
                     granted.append((slot.index, self._grant(slot, conn)))
         timeout_ms = int(self.silence_s * 1000) if conn.liveness else 0
-        conn.send(m.Welcome(self.shards, granted, int(self.ping_s * 1000), timeout_ms))
+        conn.send(m.Welcome(self.shards, granted, int(self.ping_s * 1000), timeout_ms, conn.session))
         for index, _ in granted:
             self._deliver_waiting(self.slots[index])
         return None
@@ -159,6 +171,12 @@ class Server:
 
     def lost(self, conn: ServerConnection) -> None:
         self.connections.discard(conn)
+        if conn.role == m.ROLE_PINGER:
+            return
+        if self.sessions.get(conn.session) is conn:
+            del self.sessions[conn.session]
+        if conn.pinger is not None:
+            conn.pinger.close()
         if conn in self.workers:
             self.workers.remove(conn)
         for index in sorted(conn.held):
@@ -186,7 +204,10 @@ class Server:
             for conn in list(self.workers):
                 if not conn.held or not conn.liveness or conn.transport is None:
                     continue
-                if now - conn.last_read > self.silence_s:
+                last_read = conn.last_read
+                if conn.pinger is not None and not conn.pinger.closed:
+                    last_read = max(last_read, conn.pinger.last_read)
+                if now - last_read > self.silence_s:
                     self.revoke(conn, f"no byte from it for {self.silence_s:g} s")
                     continue
                 buffered = conn.transport.get_write_buffer_size()
@@ -205,6 +226,8 @@ class Server:
             self._put_run(conn, message)
         elif kind is m.Ping:
             pass  # its bytes were the point
+        elif conn.role == m.ROLE_PINGER:
+            conn.fail(f"{kind.__name__} on a pinger connection (it sends PING only)")
         elif kind is m.Request:
             asyncio.get_running_loop().create_task(self._request(conn, message))
         elif kind is m.Relay:

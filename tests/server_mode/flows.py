@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 import uuid
 
 import fusee
@@ -59,4 +60,12 @@ async def sender(ctx: fusee.Ctx, target: str) -> int:
     return 3
 
 
-WORKFLOWS = [steps, parent, waiter, sender]
+@fusee.workflow("hog")
+async def hog(ctx: fusee.Ctx, seconds: float) -> str:
+    """Blocks its worker's event loop (as a long GC pause or blocking code would)."""
+    await ctx.step("before", lambda: "ok")
+    time.sleep(seconds)
+    return await ctx.step("after", lambda: "done")
+
+
+WORKFLOWS = [steps, parent, waiter, sender, hog]

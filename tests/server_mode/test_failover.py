@@ -151,3 +151,18 @@ async def test_the_server_killed_under_load_and_restarted_loses_nothing_acknowle
         result = await retry(lambda wid=wid: client.run(wid).result(), timeout=60)
         assert len(result) == 2
     await client.close()
+
+
+async def test_a_holder_whose_event_loop_blocks_keeps_its_leases_through_its_ping_thread(
+    start_server, start_worker
+):
+    server = start_server()
+    busy = start_worker(server.address())
+    standby = start_worker(server.address())
+    assert busy.initial == [0, 1, 2, 3] and standby.initial == []
+    client = await fusee.Client.connect(server.address())
+    run = await client.start("hog", "hog-1", 7.0)
+    assert await retry(run.result, timeout=30) == "done"
+    assert standby.held() == set()
+    assert not any("revoking" in line for line in server.lines), server.output()
+    await client.close()
