@@ -22,6 +22,7 @@ from fusee.engine.handle import RunSummary
 from fusee.protocol import messages as m
 from fusee.protocol.address import Address, parse
 from fusee.protocol.connection import ClientConnection, connect
+from fusee.protocol.frames import FrameError
 
 _failure = msgspec.msgpack.Decoder(Failure)
 
@@ -137,8 +138,11 @@ class Client:
         assert self.conn is not None
         self.rids += 1
         future: asyncio.Future[m.Answer] = asyncio.get_running_loop().create_future()
+        try:
+            self.conn.send(m.Call(self.rids, method, shard, m.encode_value(args)))
+        except (FrameError, TypeError) as error:  # over the frame limit, or not encodable
+            raise errors.RejectedError(f"call {method!r}: {error}") from None
         self.pending[self.rids] = future
-        self.conn.send(m.Call(self.rids, method, shard, m.encode_value(args)))
         answer = await future
         if answer.code is not None:
             raise error_of(answer)

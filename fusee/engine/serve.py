@@ -17,6 +17,7 @@ import msgspec
 
 from fusee._errors import FuseeError, RejectedError, _FailureError
 from fusee.protocol import messages as m
+from fusee.protocol.frames import FrameError
 from fusee.storage.remote import RemoteStorage
 
 if TYPE_CHECKING:
@@ -82,7 +83,10 @@ class CallServer:
             answer = m.Answer(call.rid, b"", error.code, error.message)
         except (TypeError, ValueError, KeyError, msgspec.ValidationError) as error:
             answer = m.Answer(call.rid, b"", RejectedError.code, f"call {call.method!r}: {error!r}")
-        self.storage.send(answer)
+        try:
+            self.storage.send(answer)
+        except FrameError as error:  # a value over the frame limit
+            self.storage.send(m.Answer(call.rid, b"", RejectedError.code, f"call {call.method!r}: {error}"))
 
 
 def _summary(row: Any) -> dict[str, Any]:

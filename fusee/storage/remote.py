@@ -39,6 +39,8 @@ from fusee.storage.relay import Relay
 logger = logging.getLogger("fusee.remote")
 
 FRAME_HEADER = 8  # a run-store frame: length and checksum, then its bytes
+APPEND_BYTES = 8 << 20  # records per APPEND frame, about (one record may be up to the log's limit)
+RECORD_BYTES_MAX = (64 << 20) - 4096  # the log's limit on one record (a batch's room)
 
 _msg = msgspec.msgpack.Decoder(Msg)
 _ack = msgspec.msgpack.Decoder(Ack)
@@ -264,10 +266,28 @@ class RemoteShardStore:
             return
         if self.pending:
             records, self.pending = self.pending, []
-            self.storage.send(m.Append(self.index, self.epoch, self.sent_position + 1, records))
+            # Cut into frames of about APPEND_BYTES: a burst of large records must not make
+            # one frame over the protocol's limit. Each says where its records begin.
+            start = size = 0
+            for i, record in enumerate(records):
+                if len(record) > RECORD_BYTES_MAX:
+                    self.lose(
+                        IoError(
+                            f"shard {self.index}: a record of {len(record)} bytes is over the log's limit"
+                        )
+                    )
+                    return
+                if size and size + len(record) > APPEND_BYTES:
+                    self._send_records(records[start:i], self.sent_position + 1 + start)
+                    start, size = i, 0
+                size += len(record)
+            self._send_records(records[start:], self.sent_position + 1 + start)
             self.sent_position = self.next_position
         elif self.durable_position >= self.next_position:
             asyncio.get_running_loop().call_soon(self.report, self.durable_position)
+
+    def _send_records(self, records: list[bytes], first: int) -> None:
+        self.storage.send(m.Append(self.index, self.epoch, first, records))
 
     def put_run(self, frame: bytes) -> int:
         offset = self.runs_len

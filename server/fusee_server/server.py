@@ -44,6 +44,7 @@ SILENCE_S = 5.0  # a holder silent this long (or not reading our writes) loses i
 RELAY_FRAMES_MAX = 1024  # messages kept per shard while it has no holder...
 RELAY_BYTES_MAX = 8 << 20  # ...and their bytes; the oldest are dropped first
 READ_THREADS = 4
+PAGE_BYTES_MAX = 16 << 20  # a recovery page asked for is cut to this (a reply fits one frame)
 
 _ack = msgspec.msgpack.Decoder(Ack)
 
@@ -51,10 +52,9 @@ _ack = msgspec.msgpack.Decoder(Ack)
 class Slot:
     """One shard: its files, who holds it, and what waits for a holder."""
 
-    def __init__(self, index: int, files: _native.Shard, checkpoint: tuple[int, bytes] | None) -> None:
+    def __init__(self, index: int, files: _native.Shard) -> None:
         self.index = index
         self.files = files
-        self.checkpoint = checkpoint  # the newest durable one: what a new holder recovers from
         self.holder: ServerConnection | None = None
         self.epoch = 0
         self.refused: str | None = None  # a refused run-store write: no more writes this lease
@@ -108,7 +108,7 @@ class Server:
                 checkpoint = files.recovered_checkpoint()
                 storage.log.ensure_next(index, checkpoint[0] if checkpoint is not None else 0)
                 storage.log.take_recovered(index, 0)  # the open's copy; leases read the disk
-                slots.append(Slot(index, files, checkpoint))
+                slots.append(Slot(index, files))
         except (_native.CorruptionError, OSError) as error:
             await storage.abandon()
             raise IoError(f"{root}: {error}") from None
@@ -299,7 +299,10 @@ class Server:
         except Exception as error:  # a bug here must answer, not leave the worker waiting
             logger.exception("shard %d: %s request failed", slot.index, request.op)
             reply = m.Reply(request.rid, error=f"shard {slot.index}: internal error: {error!r}")
-        conn.send(reply)
+        try:
+            conn.send(reply)
+        except FrameError as error:  # an answer over the frame limit (too many frames asked for)
+            conn.send(m.Reply(request.rid, error=f"shard {slot.index}: {request.op}: {error}"))
 
     async def _serve(self, conn: ServerConnection, slot: Slot, request: m.Request) -> m.Reply:
         loop = asyncio.get_running_loop()
@@ -307,12 +310,15 @@ class Server:
         if op == "open":
             await self._settle(slot)
             position = self.log.durable(slot.index)
+            # Read from its file, not kept in memory: a checkpoint holds a shard's whole index.
+            checkpoint = await loop.run_in_executor(self.readers, slot.files.latest_checkpoint)
             return m.Reply(
-                request.rid, position=position, runs_len=slot.files.runs_len, checkpoint=slot.checkpoint
+                request.rid, position=position, runs_len=slot.files.runs_len, checkpoint=checkpoint
             )
         if op == "records":
+            page_bytes = min(max(request.max_bytes, 1), PAGE_BYTES_MAX)
             page = await loop.run_in_executor(
-                self.readers, self.log.read_records, slot.index, request.after, request.max_bytes
+                self.readers, self.log.read_records, slot.index, request.after, page_bytes
             )
             return m.Reply(request.rid, items=page)
         if op == "runs":
@@ -349,7 +355,6 @@ class Server:
             await writing
         finally:
             slot.writing.discard(writing)
-        slot.checkpoint = (position, data)
         covered = [s.files.covered() for s in self.slots]
         await loop.run_in_executor(self.storage.executor, self.log.retire, covered, False)
 

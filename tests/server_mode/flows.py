@@ -68,4 +68,14 @@ async def hog(ctx: fusee.Ctx, seconds: float) -> str:
     return await ctx.step("after", lambda: "done")
 
 
-WORKFLOWS = [steps, parent, waiter, sender, hog]
+@fusee.workflow("big")
+async def big(ctx: fusee.Ctx, megabytes: int) -> list[int]:
+    """Three steps side by side, each recording `megabytes` MiB: their records reach the
+    log in one flush, more than one frame of records holds."""
+    values = await ctx.all(
+        [ctx.step(f"part{i}", lambda i=i: chr(97 + i) * (megabytes << 20)) for i in range(3)]
+    )
+    return [len(value) for value in values]
+
+
+WORKFLOWS = [steps, parent, waiter, sender, hog, big]

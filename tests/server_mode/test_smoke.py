@@ -9,6 +9,7 @@ import pytest
 import fusee
 import fusee.sync
 from tests.server_mode.flows import WORKFLOWS
+from tests.server_mode.procs import retry
 
 
 async def test_a_worker_runs_what_a_client_starts(start_server, start_worker):
@@ -31,7 +32,7 @@ async def test_a_worker_runs_what_a_client_starts(start_server, start_worker):
 
 async def test_a_worker_over_the_unix_socket_and_a_blocking_client(start_server, start_worker, tmp_path):
     sock = tmp_path / "fusee.sock"
-    server = start_server("--unix", str(sock))
+    start_server("--unix", str(sock))
     worker = start_worker(f"unix:{sock}")
     assert worker.initial == [0, 1, 2, 3]
 
@@ -68,3 +69,17 @@ async def test_a_call_for_a_shard_without_holder_fails_at_once_saying_so(start_s
             await client.start("steps", "nobody-home", 1)
         with pytest.raises(fusee.NoHolderError):
             await client.list()
+
+
+async def test_records_larger_than_one_frame_holds_together_reach_the_log_and_recover(
+    start_server, start_worker
+):
+    server = start_server(shards=1)
+    worker = start_worker(server.address())
+    async with await fusee.Client.connect(server.address()) as client:
+        run = await client.start("big", "big-1", 5)
+        assert await run.result() == [5 << 20] * 3
+        worker.kill()
+        standby = start_worker(server.address())  # recovers the shard: 15 MiB of records, in pages
+        assert standby.initial == [0]
+        assert await retry(lambda: client.run("big-1").result()) == [5 << 20] * 3

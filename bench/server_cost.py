@@ -1,0 +1,389 @@
+"""Server mode's cost: what a step pays for going to a `fusee server` instead of a data
+directory on this machine, how steps per second grow with worker processes sharing one
+server, and what the server keeps in memory. Run on demand:
+`python bench/server_cost.py [STEPS [ROUNDS]] [--window S] [--dir PARENT] [--quick]`
+(not a timed test; about a minute; `--quick` is a smoke run of a few seconds).
+
+The server is a separate process (`python -m fusee server` on loopback TCP and a Unix
+socket). Its data directory and local mode's are in a fresh directory under `--dir`
+(default: the system's temporary directory; a tmpfs would hide the flushes), removed
+afterwards; the processes are stopped however the run ends (Ctrl-C included). Prints,
+against the goals of the spec (server mode, *Measured*):
+- the spec's table: a sequential step (one workflow of STEPS trivial steps, default 500)
+  at p50, in local mode (one shard), over the Unix socket and over loopback TCP (a server
+  of one shard; the worker is this process). ROUNDS rounds (default 7) alternate the
+  three (each round in another order); a round's figure is the p50 of the time from one
+  step function's call to the next, the table shows the median of the rounds and their
+  range, and "Over local" each round's difference to local mode in the same round.
+  Goal: TCP at most local + 60 us. Then the voluntary context switches per step of this
+  process and of the server (every thread);
+- steps per second with 1, 2 and 4 worker processes splitting a server's 4 shards
+  (`max-shards`), each shard with `--in-flight` workflows stepping at once, counted over
+  `--window` seconds after a warm-up and summed over the workers, with the CPU the
+  server and the workers used (100% is one core);
+- the server's resident memory (VmRSS) while one worker holds its four shards and all
+  is idle (`--idle` seconds after the 1-worker window). Goal: under 64 MiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import resource
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from _server_procs import Server, Worker, stop_all, thread_switches
+from fusee_server import _native
+
+import fusee
+
+PATHS = ("local", "unix", "tcp")
+ROW_NAMES = {"local": "Local mode", "unix": "Unix socket", "tcp": "Loopback TCP"}
+OVER_LOCAL_GOAL_US = 60.0  # a step over TCP at most local + this
+RSS_GOAL_MIB = 64.0
+WORKER_COUNTS = (1, 2, 4)
+THROUGHPUT_SHARDS = 4
+
+STAMPS: list[int] = []  # perf_counter_ns at each call of a timed step's function
+TICKS = 0  # step functions run in this worker process (the throughput count)
+STEPPING = True  # cleared to let the throughput workflows end
+
+
+def stamp() -> None:
+    STAMPS.append(time.perf_counter_ns())
+
+
+def tick() -> bool:
+    global TICKS
+    TICKS += 1
+    return STEPPING
+
+
+@fusee.workflow("timed")
+async def timed(ctx: fusee.Ctx, steps: int) -> int:
+    """`steps` sequential steps, each stamping the time its function was called: the gap
+    from one stamp to the next is one step (its record made durable, the next one run)."""
+    for _ in range(steps):
+        await ctx.step("s", stamp)
+    return steps
+
+
+@fusee.workflow("looper")
+async def looper(ctx: fusee.Ctx) -> int:
+    """Steps until the worker is told to stop."""
+    steps = 1
+    while await ctx.step("t", tick):
+        steps += 1
+    return steps
+
+
+WORKFLOWS = [timed, looper]
+
+
+def fs_type(path: Path) -> str:
+    """The file system under `path`: that of the longest mount point holding it."""
+    best, kind = "", "?"
+    try:
+        with open("/proc/mounts") as mounts:
+            for line in mounts:
+                point, point_kind = line.split()[1:3]
+                if (path == Path(point) or Path(point) in path.parents) and len(point) > len(best):
+                    best, kind = point, point_kind
+    except OSError:
+        pass
+    return kind
+
+
+def p50(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+# -- 1. one sequential step: local mode, Unix socket, loopback TCP -----------------------
+
+
+@dataclass
+class Round:
+    step_us: float  # p50 of the round's steps
+    mean_us: float
+    switches: float  # voluntary context switches per step, this process
+    server_switches: float  # and the server's
+
+
+async def open_engine(path: str, local_dir: Path, server: Server) -> fusee.Engine:
+    if path == "local":
+        return await fusee.Engine.open(str(local_dir), workflows=WORKFLOWS, shards=1)
+    return await fusee.Engine.open(durability="server", address=server.address(path), workflows=WORKFLOWS)
+
+
+async def step_round(path: str, local_dir: Path, server: Server, steps: int, warmup: int, r: int) -> Round:
+    """Open an engine on `path`, warm it up, time one workflow of `steps` steps, close."""
+    engine = await open_engine(path, local_dir, server)
+    try:
+        await (await engine.start(timed, f"warm-{path}-{r}", warmup)).result()
+        STAMPS.clear()
+        gc.collect()
+        me, theirs = thread_switches("self"), server.voluntary_switches()
+        run = await engine.start(timed, f"timed-{path}-{r}", steps + 1)
+        await run.result()
+        me, theirs = thread_switches("self") - me, server.voluntary_switches() - theirs
+    finally:
+        await engine.close()
+    gaps = [(b - a) / 1000 for a, b in zip(STAMPS, STAMPS[1:], strict=False)]
+    assert len(gaps) == steps, f"{len(gaps)} steps timed, not {steps}"
+    return Round(p50(gaps), statistics.fmean(gaps), me / steps, theirs / steps)
+
+
+def us_range(values: list[float], sign: bool = False) -> str:
+    f = "{:+.1f}" if sign else "{:.1f}"
+    low, high = f.format(min(values)), f.format(max(values))
+    return low if low == high else f"{low}{' to ' if sign else '–'}{high}"
+
+
+async def step_table(args: argparse.Namespace, scratch: Path, disk: str) -> float:
+    """Prints the spec's table; returns TCP's median difference to local mode, in us."""
+    server = await Server(scratch / "server-1", scratch / "s1.sock", shards=1).ready()
+    rounds: dict[str, list[Round]] = {path: [] for path in PATHS}
+    try:
+        for r in range(args.rounds):
+            order = PATHS[r % 3 :] + PATHS[: r % 3]
+            for path in order:
+                rounds[path].append(
+                    await step_round(path, scratch / "local", server, args.steps, args.warmup_steps, r)
+                )
+    finally:
+        server.stop()
+    local = [x.step_us for x in rounds["local"]]
+    print(
+        f"sequential step: {args.steps} steps of one workflow, {args.rounds} rounds alternating local mode, "
+        f"the Unix socket and loopback TCP; one shard; {disk}"
+    )
+    print("| Path | Step p50 | Over local |\n| --- | ---: | ---: |")
+    over_median: dict[str, float] = {}
+    for path in PATHS:
+        steps = [x.step_us for x in rounds[path]]
+        cell = f"{p50(steps):.1f} µs ({us_range(steps)})"
+        over = ""
+        if path != "local":
+            diffs = [s - base for s, base in zip(steps, local, strict=True)]
+            over_median[path] = p50(diffs)
+            over = f"{over_median[path]:+.1f} µs ({us_range(diffs, sign=True)})"
+        print(f"| {ROW_NAMES[path]} | {cell} | {over} |")
+    print("  (median of the rounds' p50, and their range; a step's mean over all rounds: " + ", ".join(
+        f"{ROW_NAMES[path].lower()} {statistics.fmean(x.mean_us for x in rounds[path]):.1f} µs" for path in PATHS
+    ) + ")")
+    print("  voluntary context switches per step, median of the rounds: " + "; ".join(
+        f"{ROW_NAMES[path].lower()} {p50([x.switches for x in rounds[path]]):.1f} here"
+        + ("" if path == "local" else f" + {p50([x.server_switches for x in rounds[path]]):.1f} in the server")
+        for path in PATHS
+    ))
+    tcp_over = over_median["tcp"]
+    verdict = "met" if tcp_over <= OVER_LOCAL_GOAL_US else "NOT MET"
+    print(
+        f"goal: a step over TCP at most local + {OVER_LOCAL_GOAL_US:.0f} µs: local {tcp_over:+.1f} µs "
+        f"at the median round: {verdict}"
+    )
+    return tcp_over
+
+
+# -- 2. and 3. worker processes over one server of four shards; its memory ----------------
+
+
+@dataclass
+class Window:
+    steps_per_s: float
+    per_worker: list[float]
+    server_cpu: float  # share of one core over the window
+    worker_cpu: list[float]
+    rss_kib: int = 0  # the server's, idle, after the window (1 worker only)
+    hwm_kib: int = 0
+    start_rss_kib: int = 0
+
+
+async def workers_window(args: argparse.Namespace, scratch: Path, workers: int) -> Window:
+    """A fresh server of four shards and `workers` worker processes splitting them; all
+    step at once; each counts its steps over the same window."""
+    server = await Server(scratch / f"server-{workers}w", scratch / f"s{workers}.sock", THROUGHPUT_SHARDS).ready()
+    started: list[Worker] = []
+    try:
+        start_rss = server.status_kib("VmRSS")
+        address = server.address("tcp", max_shards=THROUGHPUT_SHARDS // workers)
+        script = Path(__file__).resolve()
+        for _ in range(workers):
+            # One at a time: each takes its shards before the next connects.
+            started.append(Worker(script, address, args.in_flight))
+            held = (await started[-1].wait_for(r"^ready (.*)$")).group(1).split()
+            assert len(held) == THROUGHPUT_SHARDS // workers, f"a worker holds shards {held}"
+        for worker in started:
+            worker.send(f"go {args.warmup} {args.window}")
+        await asyncio.sleep(args.warmup)
+        cpu_before, began = server.cpu_s(), time.monotonic()
+        counts = [(await w.wait_for(r"^steps (\S+) (\S+) (\S+)$", args.window + 60)).groups() for w in started]
+        server_cpu = (server.cpu_s() - cpu_before) / (time.monotonic() - began)
+        per_worker = [int(n) / float(s) for n, s, _ in counts]
+        window = Window(sum(per_worker), per_worker, server_cpu, [float(c) for _, _, c in counts])
+        for worker in started:
+            worker.send("quiesce")
+        for worker in started:
+            await worker.wait_for(r"^quiet$", 60)
+        if workers == 1:
+            await asyncio.sleep(args.idle)
+            window.rss_kib = server.status_kib("VmRSS")
+            window.hwm_kib = server.status_kib("VmHWM")
+            window.start_rss_kib = start_rss
+    finally:
+        for worker in reversed(started):
+            worker.stop()
+        server.stop()
+    return window
+
+
+async def worker_table(args: argparse.Namespace, scratch: Path) -> Window:
+    """Prints steps per second for 1, 2 and 4 worker processes; returns the 1-worker one."""
+    print(
+        f"steps per second: a server of {THROUGHPUT_SHARDS} shards over loopback TCP, worker processes "
+        f"splitting them (max-shards), {args.in_flight} workflows stepping per shard, counted over "
+        f"{args.window:g} s after {args.warmup:g} s ({os.cpu_count()} cores)"
+    )
+    first: Window | None = None
+    for workers in WORKER_COUNTS:
+        window = await workers_window(args, scratch, workers)
+        first = first or window
+        each = ", ".join(f"{rate:,.0f}" for rate in window.per_worker)
+        cpu = " + ".join(f"{c:.0%}" for c in window.worker_cpu)
+        print(
+            f"  {workers} worker{'s' if workers > 1 else ' '} (max-shards={THROUGHPUT_SHARDS // workers}): "
+            f"{window.steps_per_s:,.0f} steps/s"
+            + (f" ({each})" if workers > 1 else "")
+            + f"; CPU: server {window.server_cpu:.0%}, workers {cpu}"
+        )
+    assert first is not None
+    return first
+
+
+def print_rss(window: Window, idle_s: float) -> None:
+    mib = window.rss_kib / 1024
+    verdict = "met" if mib < RSS_GOAL_MIB else "NOT MET"
+    print(
+        f"server RSS, one worker holding its {THROUGHPUT_SHARDS} shards, idle {idle_s:g} s after the 1-worker "
+        f"window: {mib:.1f} MiB (at its start {window.start_rss_kib / 1024:.1f} MiB, peak "
+        f"{window.hwm_kib / 1024:.1f} MiB); goal: under {RSS_GOAL_MIB:.0f} MiB: {verdict}"
+    )
+
+
+# -- a worker process ---------------------------------------------------------------------
+
+
+async def worker_process(address: str, per_shard: int) -> None:
+    """`--worker ADDRESS`: hold what the server grants, print `ready SHARDS`; on `go
+    WARMUP WINDOW` keep `per_shard` workflows stepping on each held shard and print
+    `steps COUNT SECONDS CPU` for the window; on `quiesce` let them end and print
+    `quiet`; close on `stop` or when stdin closes (the benchmark went away)."""
+    global STEPPING
+    loop = asyncio.get_running_loop()
+    commands = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(commands), sys.stdin)
+    engine = await fusee.Engine.open(durability="server", address=address, workflows=WORKFLOWS)
+    held = sorted(shard.index for shard in engine.shards)
+    print("ready", *held, flush=True)
+    runs = []
+    try:
+        line = (await commands.readline()).decode().split()
+        if not line or line[0] != "go":
+            return
+        warmup, window = float(line[1]), float(line[2])
+        ids: dict[int, list[str]] = {index: [] for index in held}
+        i = 0
+        while any(len(wids) < per_shard for wids in ids.values()):
+            wid = f"looper-{os.getpid()}-{i}"
+            wids = ids.get(engine.shard_index(wid))
+            if wids is not None and len(wids) < per_shard:
+                wids.append(wid)
+            i += 1
+        runs = await asyncio.gather(*(engine.start(looper, wid) for wids in ids.values() for wid in wids))
+        await asyncio.sleep(warmup)
+        count, began, cpu = TICKS, time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+        await asyncio.sleep(window)
+        count, elapsed, after = TICKS - count, time.perf_counter() - began, resource.getrusage(resource.RUSAGE_SELF)
+        used = (after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime) / elapsed
+        print(f"steps {count} {elapsed:.6f} {used:.4f}", flush=True)
+        if (await commands.readline()).decode().strip() != "quiesce":
+            return
+        STEPPING = False
+        await asyncio.gather(*(run.result() for run in runs))
+        print("quiet", flush=True)
+        await commands.readline()  # `stop`, or the end of stdin
+    finally:
+        await engine.close()
+
+
+# -- main ---------------------------------------------------------------------------------
+
+
+async def run_all(args: argparse.Namespace, scratch: Path) -> None:
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    began = time.monotonic()
+    kind = fs_type(scratch)
+    latencies, direct = _native.disk_check(str(scratch), args.disk_check)
+    flush_us = p50([x / 1000 for x in latencies])
+    disk = f"{kind} under {scratch.parent}, flush p50 {flush_us:.0f} µs ({'O_DIRECT' if direct else 'buffered'})"
+    await step_table(args, scratch, disk)
+    first = await worker_table(args, scratch)
+    print_rss(first, args.idle)
+    print(f"({time.monotonic() - began:.0f} s in all)")
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("steps", type=int, nargs="?", default=500, help="steps of the timed workflow (500)")
+    parser.add_argument("rounds", type=int, nargs="?", default=7, help="rounds alternating the paths (7)")
+    parser.add_argument("--warmup-steps", type=int, default=50, help="an untimed workflow after each open")
+    parser.add_argument("--in-flight", type=int, default=64, help="workflows stepping per shard (64)")
+    parser.add_argument("--warmup", type=float, default=2.0, help="seconds of load before the window")
+    parser.add_argument("--window", type=float, default=8.0, help="seconds steps are counted over")
+    parser.add_argument("--idle", type=float, default=2.0, help="seconds idle before the RSS is read")
+    parser.add_argument("--disk-check", type=float, default=0.5, help="seconds of the flush latency check")
+    parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()), help="parent of the scratch")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: every figure, few seconds each")
+    parser.add_argument("--worker", metavar="ADDRESS", help=argparse.SUPPRESS)  # a worker process
+    args = parser.parse_args()
+    if args.quick:
+        args.steps, args.rounds, args.warmup_steps = min(args.steps, 100), min(args.rounds, 2), 10
+        args.in_flight, args.warmup, args.window, args.idle, args.disk_check = 16, 0.3, 0.7, 0.5, 0.1
+    if args.worker is None and (args.steps < 2 or args.rounds < 1):
+        parser.error("need at least 2 steps and 1 round")
+    return args
+
+
+def main() -> int:
+    args = arguments()
+    if args.worker is not None:
+        asyncio.run(worker_process(args.worker, args.in_flight))
+        return 0
+    scratch = Path(tempfile.mkdtemp(prefix="fusee-server-cost-", dir=args.dir.resolve()))
+    if len(str(scratch / "s1.sock")) > 100:
+        shutil.rmtree(scratch)
+        sys.exit(f"--dir {args.dir}: too long a path for a Unix socket under it")
+    try:
+        asyncio.run(run_all(args, scratch))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("\ninterrupted: stopping the processes, removing " + str(scratch), file=sys.stderr)
+        return 130
+    finally:
+        stop_all()
+        shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
