@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from _server_procs import Server, Worker, stop_all, thread_switches
+from _server_procs import Child, Server, Worker, stop_all, thread_switches
 from fusee_server import _native
 
 import fusee
@@ -52,6 +52,8 @@ OVER_LOCAL_GOAL_US = 60.0  # a step over TCP at most local + this
 RSS_GOAL_MIB = 64.0
 WORKER_COUNTS = (1, 2, 4)
 THROUGHPUT_SHARDS = 4
+ECHO_BYTES = 128  # about a one-step APPEND frame
+ECHO_TRIPS = 2000
 
 STAMPS: list[int] = []  # perf_counter_ns at each call of a timed step's function
 TICKS = 0  # step functions run in this worker process (the throughput count)
@@ -185,6 +187,11 @@ async def step_table(args: argparse.Namespace, scratch: Path, disk: str) -> floa
         + ("" if path == "local" else f" + {p50([x.server_switches for x in rounds[path]]):.1f} in the server")
         for path in PATHS
     ))
+    floor = await echo_floor(scratch)
+    print(
+        f"  floor on this machine: a bare asyncio round trip of {ECHO_BYTES} bytes to another process "
+        f"and back, p50 of {ECHO_TRIPS:,}: " + ", ".join(f"{ROW_NAMES[p].lower()} {floor[p]:.1f} µs" for p in floor)
+    )
     tcp_over = over_median["tcp"]
     verdict = "met" if tcp_over <= OVER_LOCAL_GOAL_US else "NOT MET"
     print(
@@ -192,6 +199,69 @@ async def step_table(args: argparse.Namespace, scratch: Path, disk: str) -> floa
         f"at the median round: {verdict}"
     )
     return tcp_over
+
+
+class _Echo(asyncio.Protocol):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.transport.write(data)
+
+
+class _Pinger(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.left = 0
+        self.done: asyncio.Future[None] | None = None
+
+    def data_received(self, data: bytes) -> None:
+        self.left -= len(data)
+        if self.left <= 0 and self.done is not None:
+            self.done.set_result(None)
+
+
+async def echo_process(unix: str) -> None:
+    """`--echo PATH`: echo every byte on loopback TCP and on the Unix socket `PATH`
+    until stdin closes."""
+    loop = asyncio.get_running_loop()
+    tcp = await loop.create_server(_Echo, "127.0.0.1", 0)
+    await loop.create_unix_server(_Echo, unix)
+    print("echo", tcp.sockets[0].getsockname()[1], flush=True)
+    stdin = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
+    await stdin.read()
+
+
+async def round_trip_us(path: str, unix: Path, port: int) -> float:
+    """p50 of a bare asyncio round trip of ECHO_BYTES to another process and back: the
+    floor under what the wire adds to a step on this machine."""
+    loop = asyncio.get_running_loop()
+    if path == "unix":
+        transport, pinger = await loop.create_unix_connection(_Pinger, str(unix))
+    else:
+        transport, pinger = await loop.create_connection(_Pinger, "127.0.0.1", port)
+    data, times = b"x" * ECHO_BYTES, []
+    try:
+        for _ in range(ECHO_TRIPS + ECHO_TRIPS // 10):
+            pinger.left, pinger.done = ECHO_BYTES, loop.create_future()
+            began = time.perf_counter_ns()
+            transport.write(data)
+            await pinger.done
+            times.append((time.perf_counter_ns() - began) / 1000)
+    finally:
+        transport.close()
+    return p50(times[ECHO_TRIPS // 10 :])
+
+
+async def echo_floor(scratch: Path) -> dict[str, float]:
+    unix = scratch / "echo.sock"
+    echo = Child([sys.executable, str(Path(__file__).resolve()), "--echo", str(unix)], stdin=True)
+    try:
+        port = int((await echo.wait_for(r"^echo (\d+)$")).group(1))
+        return {path: await round_trip_us(path, unix, port) for path in ("unix", "tcp")}
+    finally:
+        echo.stop()
 
 
 # -- 2. and 3. worker processes over one server of four shards; its memory ----------------
@@ -356,11 +426,12 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()), help="parent of the scratch")
     parser.add_argument("--quick", action="store_true", help="a smoke run: every figure, few seconds each")
     parser.add_argument("--worker", metavar="ADDRESS", help=argparse.SUPPRESS)  # a worker process
+    parser.add_argument("--echo", metavar="PATH", help=argparse.SUPPRESS)  # the round trip's far end
     args = parser.parse_args()
     if args.quick:
         args.steps, args.rounds, args.warmup_steps = min(args.steps, 100), min(args.rounds, 2), 10
         args.in_flight, args.warmup, args.window, args.idle, args.disk_check = 16, 0.3, 0.7, 0.5, 0.1
-    if args.worker is None and (args.steps < 2 or args.rounds < 1):
+    if args.worker is None and args.echo is None and (args.steps < 2 or args.rounds < 1):
         parser.error("need at least 2 steps and 1 round")
     return args
 
@@ -369,6 +440,9 @@ def main() -> int:
     args = arguments()
     if args.worker is not None:
         asyncio.run(worker_process(args.worker, args.in_flight))
+        return 0
+    if args.echo is not None:
+        asyncio.run(echo_process(args.echo))
         return 0
     scratch = Path(tempfile.mkdtemp(prefix="fusee-server-cost-", dir=args.dir.resolve()))
     if len(str(scratch / "s1.sock")) > 100:

@@ -57,6 +57,8 @@ class CallServer:
             logger.info("shard %d: taken over (epoch %d)", index, self.storage.granted.get(index, 0))
         except FuseeError as error:
             logger.warning("shard %d: could not take it over: %s", index, error)
+            # Let the lease go, or the shard would stay with a holder that runs nothing.
+            self.storage.release(index)
         finally:
             self.attaching.pop(index, None)
 

@@ -187,6 +187,12 @@ class RemoteStorage:
     def relay(self, index: int, item: Msg | Ack) -> None:
         self.send(m.Relay(index, isinstance(item, Ack), _encode(item)))
 
+    def release(self, index: int) -> None:
+        """Give back a granted shard no store holds (its attach failed)."""
+        epoch = self.granted.pop(index, None)
+        if epoch is not None and index not in self.stores:
+            self.send(m.Request(0, "release", index, epoch))
+
     def let_go(self, store: RemoteShardStore) -> None:
         if self.stores.get(store.index) is store:
             del self.stores[store.index]
