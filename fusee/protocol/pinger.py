@@ -20,8 +20,16 @@ from fusee._errors import ConnectionError, FuseeError
 from fusee.protocol import handshake
 from fusee.protocol.address import Address
 from fusee.protocol.connection import CONNECT_TIMEOUT_S, client_tls
-from fusee.protocol.frames import HANDSHAKE_BYTES_MAX, Decoder, Frame, FrameError, Kind, encode
-from fusee.protocol.messages import ROLE_PINGER, VERSION, Open, Ping, payload
+from fusee.protocol.frames import (
+    HANDSHAKE_BYTES_MAX,
+    PAYLOAD_BYTES_MAX,
+    Decoder,
+    Frame,
+    FrameError,
+    Kind,
+    encode,
+)
+from fusee.protocol.messages import ROLE_PINGER, VERSION, Open, Ping, Welcome, decode, payload
 
 logger = logging.getLogger("fusee.wire")
 
@@ -53,7 +61,7 @@ class Pinger:
         ping = encode(*payload(Ping()))
         while not self.stopped.is_set():
             try:
-                self.sock = open_blocking(self.address, Open(VERSION, ROLE_PINGER, session=self.session))
+                self.sock, _ = open_blocking(self.address, Open(VERSION, ROLE_PINGER, session=self.session))
                 with self.sock:
                     while not self.stopped.is_set():
                         self.sock.sendall(ping)
@@ -67,7 +75,7 @@ class Pinger:
                 self.sock = None
 
 
-def open_blocking(address: Address, opening: Open) -> socket.socket:
+def open_blocking(address: Address, opening: Open) -> tuple[socket.socket, Welcome]:
     """A blocking connection through the token exchange and OPEN, for a thread."""
     if address.unix is not None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -93,9 +101,10 @@ def open_blocking(address: Address, opening: Open) -> socket.socket:
             sock.sendall(encode(Kind.PROOF, handshake.proof(token, t)))
             handshake.verify(handshake.accept(token, t), frames.expect(Kind.ACCEPT))
         sock.sendall(encode(*payload(opening)))
-        frames.expect(Kind.WELCOME)
+        frames.decoder.limit = PAYLOAD_BYTES_MAX
+        welcome: Welcome = decode(Kind.WELCOME, frames.expect(Kind.WELCOME))
         sock.settimeout(None)
-        return sock
+        return sock, welcome
     except BaseException:
         sock.close()
         raise

@@ -5,6 +5,7 @@ not forwarded; a shard let go of goes to the standby with a higher epoch."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import msgspec
@@ -14,6 +15,7 @@ from fusee.journal import Ack, Msg
 from fusee.protocol import messages as m
 from fusee.protocol.address import parse
 from fusee.protocol.connection import connect
+from fusee.protocol.pinger import Pinger, open_blocking
 from fusee.storage.remote import _encode
 
 
@@ -124,3 +126,33 @@ async def test_messages_for_a_shard_without_holder_wait_for_one(start_server):
     assert [msg.seq for msg in got] == [0, 1, 2]
     a_conn.close()
     b_conn.close()
+
+
+async def test_a_holder_that_reads_nothing_for_five_seconds_loses_its_leases(start_server):
+    """Its pings keep coming (its ping thread), but what the server writes to it makes no
+    progress: the lease goes, as the spec's second liveness rule has it."""
+    server = start_server(shards=2)
+    address = parse(server.address())
+    # The stuck holder: a blocking socket nobody reads, and a real pinger for its session.
+    stuck, welcome = await asyncio.to_thread(open_blocking, address, m.Open(m.VERSION, m.ROLE_WORKER, 1))
+    pinger = Pinger(address, welcome.session, 1.0)
+    pinger.start()
+    try:
+        ((stuck_shard, _),) = welcome.granted
+        _sender, sender_conn, _ = await Raw.open(server.address(), max_shards=1)
+        # Messages for the stuck holder's shard, far more than the socket buffers hold.
+        payload = bytes(1 << 20)
+        for seq in range(64):
+            sender_conn.send(
+                m.Relay(stuck_shard, False, _encode(Msg("signal", 1 - stuck_shard, seq, "x", value=payload)))
+            )
+            await asyncio.sleep(0)
+        began = time.monotonic()
+        await asyncio.to_thread(
+            server.wait_for, r"revoking its leases on shards \[\d\]: it has read nothing", 20
+        )
+        assert time.monotonic() - began >= 4
+        sender_conn.close()
+    finally:
+        pinger.stop()
+        stuck.close()
