@@ -51,6 +51,7 @@ class Welcome(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     ping_ms: int
     timeout_ms: int  # 0: the server never revokes a silent lease
     session: bytes = b""  # a worker's: what its pinger connection names
+    budget_ms: int = 0  # an invoked worker's: the budget left of its invocation
 
 
 class Lease(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
@@ -151,17 +152,24 @@ class Answer(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
 
 
 class Drain(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """An invoked worker asks the server to route nothing more to these shards; the
+    server echoes it once every call it routed there before has gone out (the OK)."""
+
     shards: list[int]
 
 
 class Idle(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """How an invoked worker leaves a shard (fusee.engine.idle.IdleReport): counted only
+    under the lease epoch it names."""
+
     shard: int
     epoch: int
-    next_due_ms: int | None = None
+    next_due_ms: int | None = None  # relative to now; None: nothing due
     work_left: bool = False
     budget_ended: bool = False
     steps: int = 0
     open_ms: float = 0.0
+    types_without_code: list[str] = []
 
 
 TYPES: dict[int, type[Any]] = {

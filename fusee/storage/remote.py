@@ -67,6 +67,8 @@ class RemoteStorage:
         self.ticker: asyncio.TimerHandle | None = None
         self.pinger: Pinger | None = None
         self.ping_s = 1.0
+        self.budget_ms = 0  # an invoked worker's budget left, as its lease said
+        self.drained: asyncio.Future[None] | None = None
 
     @classmethod
     async def connect(cls, address: Address, role: str = m.ROLE_WORKER) -> RemoteStorage:
@@ -75,6 +77,7 @@ class RemoteStorage:
         storage.conn, welcome = await connect(address, opening, storage)
         storage.shards = welcome.shards
         storage.granted = dict(welcome.granted)
+        storage.budget_ms = welcome.budget_ms
         if welcome.timeout_ms:
             storage.ping_s = welcome.ping_ms / 1000
             storage._ping()
@@ -118,6 +121,9 @@ class RemoteStorage:
         elif kind is m.Relay:
             item: Msg | Ack = _ack.decode(message.item) if message.ack else _msg.decode(message.item)
             self.relayed.send(message.shard, item)
+        elif kind is m.Drain:
+            if self.drained is not None and not self.drained.done():
+                self.drained.set_result(None)
         elif kind is m.Lease:
             self.granted[message.shard] = message.epoch
             if self.on_lease is not None:
@@ -138,8 +144,8 @@ class RemoteStorage:
         lease = LeaseLostError(f"{error}: this worker's leases are gone (a standby takes its shards)")
         for store in list(self.stores.values()):
             store.lose(lease)
-        for future in self.pending.values():
-            if not future.done():
+        for future in [*self.pending.values(), self.drained]:
+            if future is not None and not future.done():
                 future.set_exception(error)
         self.pending.clear()
 
@@ -186,6 +192,19 @@ class RemoteStorage:
 
     def relay(self, index: int, item: Msg | Ack) -> None:
         self.send(m.Relay(index, isinstance(item, Ack), _encode(item)))
+
+    async def drain(self, shards: list[int]) -> None:
+        """Ask the server to route nothing more to `shards`; returns once everything it
+        routed here before has arrived (the server's echo comes behind it)."""
+        if self.lost is not None:
+            raise self.lost
+        self.drained = asyncio.get_running_loop().create_future()
+        self.send(m.Drain(shards))
+        await self.drained
+
+    def idle(self, report: m.Idle) -> None:
+        """How this invoked worker leaves a shard (sent before the connection closes)."""
+        self.send(report)
 
     def release(self, index: int) -> None:
         """Give back a granted shard no store holds (its attach failed)."""
