@@ -73,6 +73,7 @@ class ServerConnection(FramedConnection):
         self.session = b""  # a worker's, given in its WELCOME; a pinger's, the one it names
         self.pinger: ServerConnection | None = None  # a worker's second connection, for pings
         self.held: set[int] = set()
+        self.draining: set[int] = set()  # an invoked worker's shards it wants nothing more for
         self.calls: set[int] = set()  # calls relayed to this worker, not yet answered
         self.deadline: asyncio.TimerHandle | None = None
         self.write_stuck: tuple[int, float] | None = None  # (buffered bytes, since)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from fusee._errors import FuseeError
 from fusee.protocol import handshake
+from fusee_server import invoke_config
+from fusee_server.invoker import Invoker
 from fusee_server.listener import ServerConnection, server_tls
 from fusee_server.server import Server
 
@@ -36,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tls-ca", metavar="PEM", help="require client certificates signed by this CA (mutual TLS)"
     )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    invoke_config.add_arguments(parser)
 
 
 class SettingError(Exception):
@@ -69,6 +72,10 @@ async def serve(args: argparse.Namespace) -> int:
     if args.tls_ca is not None and args.tls_cert is None:
         raise SettingError("--tls-ca needs --tls-cert and --tls-key (mutual TLS is TLS)")
     listen = _host_port(args.listen) if args.listen is not None else None
+    try:
+        endpoints = invoke_config.endpoints(args)
+    except invoke_config.ConfigError as error:
+        raise SettingError(str(error)) from None
     token = None
     if args.token_file is not None:
         try:
@@ -120,6 +127,11 @@ async def serve(args: argparse.Namespace) -> int:
         raise SettingError(f"--listen/--unix: {error.strerror or error}") from None
     print(f"fusee server: {server.shards} shards in {args.dir}, ready", file=sys.stderr, flush=True)
     server.start()
+    if endpoints:
+        server.invoker = Invoker(server, endpoints)
+        server.invoker.start()
+        for endpoint in endpoints:
+            print(f"fusee server: invoking {endpoint.url}", file=sys.stderr, flush=True)
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, server.stopped.set)
     await server.stopped.wait()

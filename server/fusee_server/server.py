@@ -34,6 +34,7 @@ from fusee.journal import Ack
 from fusee.protocol import messages as m
 from fusee.protocol.frames import PAYLOAD_BYTES_MAX, FrameError
 from fusee_server import _native
+from fusee_server.invoker import Invoker
 from fusee_server.listener import ServerConnection
 from fusee_server.local import LocalStorage
 
@@ -44,6 +45,7 @@ SILENCE_S = 5.0  # a holder silent this long (or not reading our writes) loses i
 RELAY_FRAMES_MAX = 1024  # messages kept per shard while it has no holder...
 RELAY_BYTES_MAX = 8 << 20  # ...and their bytes; the oldest are dropped first
 READ_THREADS = 4
+CALL_WAIT_S = 60.0  # a call waits this long at the server for its shard's holder
 PAGE_BYTES_MAX = 16 << 20  # a recovery page asked for is cut to this (a reply fits one frame)
 
 _ack = msgspec.msgpack.Decoder(Ack)
@@ -61,6 +63,8 @@ class Slot:
         self.waiting: deque[m.Relay] = deque()  # messages for it while no one holds it
         self.waiting_bytes = 0
         self.writing: set[asyncio.Future[Any]] = set()  # its checkpoints in flight
+        # Calls waiting for a holder (invoked workers): the client, the call, until when.
+        self.calls_waiting: deque[tuple[ServerConnection, m.Call, float]] = deque()
 
 
 class Listing:
@@ -94,6 +98,8 @@ class Server:
         self.listeners: list[asyncio.Server] = []
         self.watch: asyncio.Task[None] | None = None
         self.stopped = asyncio.Event()
+        self.invoker: Invoker | None = None
+        self.listings_waiting: list[tuple[ServerConnection, m.Call, float]] = []
 
     @classmethod
     async def open(cls, root: str, shards: int | None) -> Server:
@@ -131,6 +137,8 @@ class Server:
             return None
         self.connections.add(conn)
         granted: list[tuple[int, int]] = []
+        if conn.invocation is not None:
+            return self._opened_invoked(conn)
         if conn.role == m.ROLE_WORKER:
             conn.session = os.urandom(16)
             self.sessions[conn.session] = conn
@@ -141,8 +149,59 @@ class Server:
         timeout_ms = int(self.silence_s * 1000) if conn.liveness else 0
         conn.send(m.Welcome(self.shards, granted, int(self.ping_s * 1000), timeout_ms, conn.session))
         for index, _ in granted:
-            self._deliver_waiting(self.slots[index])
+            self._granted(self.slots[index])
         return None
+
+    def _opened_invoked(self, conn: ServerConnection) -> str | None:
+        """An invoked worker: it gets exactly its invocation's shards that no one holds by
+        now, and never waits as a standby."""
+        assert conn.invocation is not None
+        invocation = self.invoker.lookup(conn.invocation) if self.invoker is not None else None
+        if invocation is None:
+            self.connections.discard(conn)
+            return f"invocation {conn.invocation} is unknown or finished"
+        if invocation.conn is not None:
+            self.connections.discard(conn)
+            return f"invocation {conn.invocation} is connected already"
+        invocation.conn = conn
+        conn.max_shards = 0
+        conn.session = os.urandom(16)
+        self.sessions[conn.session] = conn
+        granted = [
+            (i, self._grant(self.slots[i], conn)) for i in invocation.shards if self.slots[i].holder is None
+        ]
+        invocation.leased = bool(granted)
+        now = asyncio.get_running_loop().time()
+        conn.send(
+            m.Welcome(
+                self.shards,
+                granted,
+                int(self.ping_s * 1000),
+                int(self.silence_s * 1000),
+                conn.session,
+                invocation.budget_left_ms(now),
+            )
+        )
+        for index, _ in granted:
+            self._granted(self.slots[index])
+        return None
+
+    def _granted(self, slot: Slot) -> None:
+        """After the grant went out: what waited for a holder goes to it."""
+        self._deliver_waiting(slot)
+        holder = slot.holder
+        while holder is not None and slot.calls_waiting:
+            client, call, _ = slot.calls_waiting.popleft()
+            if not client.closed:
+                self._route(client, call, holder)
+        if self.listings_waiting:
+            waiting, self.listings_waiting = self.listings_waiting, []
+            for client, call, _ in waiting:
+                if not client.closed:
+                    self._list(client, call)
+
+    def calls_waiting(self) -> int:
+        return sum(len(slot.calls_waiting) for slot in self.slots) + len(self.listings_waiting)
 
     def _has_room(self, conn: ServerConnection) -> bool:
         return not conn.closed and (conn.max_shards is None or len(conn.held) < conn.max_shards)
@@ -166,8 +225,10 @@ class Server:
             if conn is not skip and self._has_room(conn):
                 epoch = self._grant(slot, conn)
                 conn.send(m.Lease(slot.index, epoch))
-                self._deliver_waiting(slot)
+                self._granted(slot)
                 return
+        if self.invoker is not None and holder is not None:
+            self.invoker.freed(slot.index, holder)
 
     def lost(self, conn: ServerConnection) -> None:
         self.connections.discard(conn)
@@ -179,6 +240,10 @@ class Server:
             conn.pinger.close()
         if conn in self.workers:
             self.workers.remove(conn)
+        if conn.invocation is not None and self.invoker is not None:
+            invocation = self.invoker.lookup(conn.invocation)
+            if invocation is not None and invocation.conn is conn:
+                invocation.closed.set()
         for index in sorted(conn.held):
             self._free(self.slots[index], f"let go: {conn} closed its connection")
         for rid in conn.calls:
@@ -200,6 +265,7 @@ class Server:
         busy, so silence is judged only after reading what arrived."""
         while True:
             await asyncio.sleep(0.25)
+            self._expire_calls()
             now = time.monotonic()
             for conn in list(self.workers):
                 if not conn.held or not conn.liveness or conn.transport is None:
@@ -215,6 +281,23 @@ class Server:
                     conn.write_stuck = (buffered, now) if buffered else None
                 elif now - conn.write_stuck[1] > self.silence_s:
                     self.revoke(conn, f"it has read nothing we wrote for {self.silence_s:g} s")
+
+    def _expire_calls(self) -> None:
+        now = asyncio.get_running_loop().time()
+        for slot in self.slots:
+            while slot.calls_waiting and slot.calls_waiting[0][2] <= now:
+                client, call, _ = slot.calls_waiting.popleft()
+                why = f"no worker took shard {slot.index} within {CALL_WAIT_S:g} s; retry"
+                client.send(m.Answer(call.rid, code="NoHolder", message=why))
+        expired = [entry for entry in self.listings_waiting if entry[2] <= now]
+        if expired:
+            self.listings_waiting = [entry for entry in self.listings_waiting if entry[2] > now]
+            for client, call, _ in expired:
+                client.send(
+                    m.Answer(
+                        call.rid, code="NoHolder", message="not every shard found a holder in time; retry"
+                    )
+                )
 
     # -- frames ---------------------------------------------------------------------------
 
@@ -236,6 +319,15 @@ class Server:
             self._call(conn, message)
         elif kind is m.Answer:
             self._answered(conn, message)
+        elif kind is m.Idle:
+            if self._held(conn, message.shard, message.epoch) is not None and self.invoker is not None:
+                self.invoker.idle(conn, message)
+        elif kind is m.Drain:
+            if not all(index in conn.held for index in message.shards):
+                conn.fail(f"DRAIN of shards {message.shards}: it holds {sorted(conn.held)}")
+                return
+            conn.draining.update(message.shards)
+            conn.send(message)  # the OK: behind every call routed to it before
         else:
             conn.fail(f"{kind.__name__} is not a frame a {conn.role} sends")
 
@@ -376,9 +468,11 @@ class Server:
             if slot.holder is not None and slot.epoch == ack.epoch:
                 slot.holder.send(message)
             return
-        if slot.holder is not None:
+        if slot.holder is not None and slot.index not in slot.holder.draining:
             slot.holder.send(message)
             return
+        if self.invoker is not None:
+            self.invoker.make_due(slot.index, "message")
         slot.waiting.append(message)
         slot.waiting_bytes += len(message.item)
         while len(slot.waiting) > RELAY_FRAMES_MAX or slot.waiting_bytes > RELAY_BYTES_MAX:
@@ -394,25 +488,45 @@ class Server:
     # -- calls from clients ---------------------------------------------------------------
 
     def _call(self, client: ServerConnection, call: m.Call) -> None:
+        if call.method == "invocations":
+            metrics = self.invoker.metrics() if self.invoker is not None else {"endpoints": []}
+            client.send(m.Answer(call.rid, m.encode_value(metrics)))
+            return
         if call.shard == -1:
             self._list(client, call)
             return
         if not 0 <= call.shard < self.shards:
             client.send(m.Answer(call.rid, code="Rejected", message=f"no shard {call.shard}"))
             return
-        holder = self.slots[call.shard].holder
-        if holder is None:
-            client.send(m.Answer(call.rid, code="NoHolder", message=no_holder(call.shard)))
+        slot = self.slots[call.shard]
+        holder = slot.holder
+        if holder is None or call.shard in holder.draining:
+            if self.invoker is None:
+                client.send(m.Answer(call.rid, code="NoHolder", message=no_holder(call.shard)))
+                return
+            # It waits here (up to CALL_WAIT_S) and makes its shard due.
+            deadline = asyncio.get_running_loop().time() + CALL_WAIT_S
+            slot.calls_waiting.append((client, call, deadline))
+            self.invoker.make_due(call.shard, "call", type=_type_of(call))
             return
+        self._route(client, call, holder)
+
+    def _route(self, client: ServerConnection, call: m.Call, holder: ServerConnection) -> None:
         rid = next(self.rids)
         self.calls[rid] = (client, call.rid, holder)
         holder.calls.add(rid)
         holder.send(m.Call(rid, call.method, call.shard, call.args))
 
     def _list(self, client: ServerConnection, call: m.Call) -> None:
-        free = [slot.index for slot in self.slots if slot.holder is None]
+        free = [s.index for s in self.slots if s.holder is None or s.index in s.holder.draining]
         if free:
-            client.send(m.Answer(call.rid, code="NoHolder", message=no_holder(free[0])))
+            if self.invoker is None:
+                client.send(m.Answer(call.rid, code="NoHolder", message=no_holder(free[0])))
+                return
+            # A listing invokes every shard nobody holds, and waits for all of them.
+            self.listings_waiting.append((client, call, asyncio.get_running_loop().time() + CALL_WAIT_S))
+            for index in free:
+                self.invoker.make_due(index, "call")
             return
         holders = list(dict.fromkeys(slot.holder for slot in self.slots if slot.holder is not None))
         listing = Listing(client, call.rid, len(holders))
@@ -475,6 +589,8 @@ class Server:
         last write made durable, the directory closed."""
         for listener in self.listeners:
             listener.close()
+        if self.invoker is not None:
+            await self.invoker.close()
         if self.watch is not None:
             self.watch.cancel()
         for conn in list(self.connections):
@@ -485,6 +601,18 @@ class Server:
             await asyncio.wait(writing)
         self.readers.shutdown(wait=True)
         await self.storage.close()
+
+
+def _type_of(call: m.Call) -> str | None:
+    """The workflow type a start names: the endpoint for its type runs it."""
+    if call.method not in ("start", "signal_with_start", "update_with_start"):
+        return None
+    try:
+        args = m.decode_value(call.args)
+    except FrameError:
+        return None
+    kind = args.get("type") if isinstance(args, dict) else None
+    return kind if isinstance(kind, str) else None
 
 
 GONE = "the worker went away before answering; retry (the shard's next holder answers)"
