@@ -155,7 +155,7 @@ class Server(Child):
 
     def __init__(self, dir: Path, unix: Path, shards: int) -> None:
         args = [sys.executable, "-m", "fusee", "server", "--dir", str(dir), "--shards", str(shards)]
-        super().__init__(args + ["--listen", "127.0.0.1:0", "--unix", str(unix)])
+        super().__init__([*args, "--listen", "127.0.0.1:0", "--unix", str(unix)])
         self.unix = unix
         self.tcp = ""
 
@@ -177,8 +177,9 @@ class Worker(Child):
     """A worker process running `server_cost.py --worker`: it answers on stdout and
     takes its commands on stdin (and exits when stdin closes)."""
 
-    def __init__(self, script: Path, address: str, per_shard: int) -> None:
-        args = [sys.executable, str(script), "--worker", address, "--in-flight", str(per_shard)]
+    def __init__(self, script: Path, address: str, per_shard: int, run_steps: int) -> None:
+        args = [sys.executable, str(script), "--worker", address]
+        args += ["--in-flight", str(per_shard), "--run-steps", str(run_steps)]
         super().__init__(args, stdin=True)
 
     def stop(self, signum: int = signal.SIGTERM, timeout: float = 15.0) -> int | None:

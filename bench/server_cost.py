@@ -7,20 +7,25 @@ server, and what the server keeps in memory. Run on demand:
 The server is a separate process (`python -m fusee server` on loopback TCP and a Unix
 socket). Its data directory and local mode's are in a fresh directory under `--dir`
 (default: the system's temporary directory; a tmpfs would hide the flushes), removed
-afterwards; the processes are stopped however the run ends (Ctrl-C included). Prints,
-against the goals of the spec (server mode, *Measured*):
+afterwards; the processes are stopped however the run ends (Ctrl-C, SIGTERM; after a
+SIGKILL they stop too, but the directory stays). Prints, against the goals of the spec
+(server mode, *Measured*):
 - the spec's table: a sequential step (one workflow of STEPS trivial steps, default 500)
   at p50, in local mode (one shard), over the Unix socket and over loopback TCP (a server
   of one shard; the worker is this process). ROUNDS rounds (default 7) alternate the
   three (each round in another order); a round's figure is the p50 of the time from one
   step function's call to the next, the table shows the median of the rounds and their
   range, and "Over local" each round's difference to local mode in the same round.
-  Goal: TCP at most local + 60 us. Then the voluntary context switches per step of this
-  process and of the server (every thread);
+  Goal: TCP at most local + 60 us. Under it: p90 and mean, the voluntary context
+  switches per step of this process and of the server (every thread), and the floor
+  under "Over local" on this machine: a bare asyncio round trip to another process;
 - steps per second with 1, 2 and 4 worker processes splitting a server's 4 shards
-  (`max-shards`), each shard with `--in-flight` workflows stepping at once, counted over
-  `--window` seconds after a warm-up and summed over the workers, with the CPU the
-  server and the workers used (100% is one core);
+  (`max-shards`), each shard with `--in-flight` runs of `--run-steps` steps at once (a
+  new one started as each ends: runs that never end cost the engine more every tick, so
+  the rate would fall as the window goes on), steps counted over `--window` seconds
+  after a warm-up and summed over the workers, with the CPU the
+  server and the workers used (100% is one core); then the same load on one process in
+  local mode, for reference;
 - the server's resident memory (VmRSS) while one worker holds its four shards and all
   is idle (`--idle` seconds after the 1-worker window). Goal: under 64 MiB.
 """
@@ -30,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import itertools
 import os
 import resource
 import shutil
@@ -38,6 +44,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,16 +55,18 @@ import fusee
 
 PATHS = ("local", "unix", "tcp")
 ROW_NAMES = {"local": "Local mode", "unix": "Unix socket", "tcp": "Loopback TCP"}
+RANGE_DASH = "\u2013"  # as the spec's table writes a range
 OVER_LOCAL_GOAL_US = 60.0  # a step over TCP at most local + this
 RSS_GOAL_MIB = 64.0
 WORKER_COUNTS = (1, 2, 4)
 THROUGHPUT_SHARDS = 4
+LOCAL_PREFIX = "dir:"  # a worker process's address for local mode instead
 ECHO_BYTES = 128  # about a one-step APPEND frame
 ECHO_TRIPS = 2000
 
 STAMPS: list[int] = []  # perf_counter_ns at each call of a timed step's function
 TICKS = 0  # step functions run in this worker process (the throughput count)
-STEPPING = True  # cleared to let the throughput workflows end
+STEPPING = True  # cleared to let the throughput runs end
 
 
 def stamp() -> None:
@@ -79,16 +88,16 @@ async def timed(ctx: fusee.Ctx, steps: int) -> int:
     return steps
 
 
-@fusee.workflow("looper")
-async def looper(ctx: fusee.Ctx) -> int:
-    """Steps until the worker is told to stop."""
-    steps = 1
-    while await ctx.step("t", tick):
-        steps += 1
-    return steps
+@fusee.workflow("burst")
+async def burst(ctx: fusee.Ctx, steps: int) -> int:
+    """`steps` sequential steps, fewer once the worker is told to stop."""
+    done = 0
+    while done < steps and await ctx.step("t", tick):
+        done += 1
+    return done
 
 
-WORKFLOWS = [timed, looper]
+WORKFLOWS = [timed, burst]
 
 
 def fs_type(path: Path) -> str:
@@ -115,6 +124,7 @@ def p50(values: list[float]) -> float:
 @dataclass
 class Round:
     step_us: float  # p50 of the round's steps
+    p90_us: float
     mean_us: float
     switches: float  # voluntary context switches per step, this process
     server_switches: float  # and the server's
@@ -139,66 +149,74 @@ async def step_round(path: str, local_dir: Path, server: Server, steps: int, war
         me, theirs = thread_switches("self") - me, server.voluntary_switches() - theirs
     finally:
         await engine.close()
-    gaps = [(b - a) / 1000 for a, b in zip(STAMPS, STAMPS[1:], strict=False)]
+    gaps = sorted((b - a) / 1000 for a, b in itertools.pairwise(STAMPS))
     assert len(gaps) == steps, f"{len(gaps)} steps timed, not {steps}"
-    return Round(p50(gaps), statistics.fmean(gaps), me / steps, theirs / steps)
+    return Round(p50(gaps), gaps[int(steps * 0.9)], statistics.fmean(gaps), me / steps, theirs / steps)
 
 
 def us_range(values: list[float], sign: bool = False) -> str:
+    """The range of `values` as the spec writes it: 27.0\u201332.5, or +12.0 to +18.0."""
     f = "{:+.1f}" if sign else "{:.1f}"
     low, high = f.format(min(values)), f.format(max(values))
-    return low if low == high else f"{low}{' to ' if sign else '–'}{high}"
+    return low if low == high else f"{low}{' to ' if sign else RANGE_DASH}{high}"
 
 
-async def step_table(args: argparse.Namespace, scratch: Path, disk: str) -> float:
-    """Prints the spec's table; returns TCP's median difference to local mode, in us."""
+async def step_table(args: argparse.Namespace, scratch: Path, disk: str) -> None:
+    """The spec's table, rounds alternating the three paths (each round in another order,
+    so none always follows the same one)."""
     server = await Server(scratch / "server-1", scratch / "s1.sock", shards=1).ready()
     rounds: dict[str, list[Round]] = {path: [] for path in PATHS}
     try:
         for r in range(args.rounds):
-            order = PATHS[r % 3 :] + PATHS[: r % 3]
-            for path in order:
+            for path in PATHS[r % 3 :] + PATHS[: r % 3]:
                 rounds[path].append(
                     await step_round(path, scratch / "local", server, args.steps, args.warmup_steps, r)
                 )
     finally:
         server.stop()
-    local = [x.step_us for x in rounds["local"]]
+    floor = await echo_floor(scratch)
     print(
         f"sequential step: {args.steps} steps of one workflow, {args.rounds} rounds alternating local mode, "
         f"the Unix socket and loopback TCP; one shard; {disk}"
     )
     print("| Path | Step p50 | Over local |\n| --- | ---: | ---: |")
-    over_median: dict[str, float] = {}
+    local = [x.step_us for x in rounds["local"]]
+    tcp_over = 0.0
     for path in PATHS:
         steps = [x.step_us for x in rounds[path]]
-        cell = f"{p50(steps):.1f} µs ({us_range(steps)})"
         over = ""
         if path != "local":
             diffs = [s - base for s, base in zip(steps, local, strict=True)]
-            over_median[path] = p50(diffs)
-            over = f"{over_median[path]:+.1f} µs ({us_range(diffs, sign=True)})"
-        print(f"| {ROW_NAMES[path]} | {cell} | {over} |")
-    print("  (median of the rounds' p50, and their range; a step's mean over all rounds: " + ", ".join(
-        f"{ROW_NAMES[path].lower()} {statistics.fmean(x.mean_us for x in rounds[path]):.1f} µs" for path in PATHS
-    ) + ")")
-    print("  voluntary context switches per step, median of the rounds: " + "; ".join(
-        f"{ROW_NAMES[path].lower()} {p50([x.switches for x in rounds[path]]):.1f} here"
-        + ("" if path == "local" else f" + {p50([x.server_switches for x in rounds[path]]):.1f} in the server")
+            over = f"{p50(diffs):+.1f} µs ({us_range(diffs, sign=True)})"
+            tcp_over = p50(diffs)
+        print(f"| {ROW_NAMES[path]} | {p50(steps):.1f} µs ({us_range(steps)}) | {over} |")
+    named = {path: ROW_NAMES[path].lower() for path in PATHS}
+    spread = ", ".join(
+        f"{named[path]} {p50([x.p90_us for x in rounds[path]]):.1f} and "
+        f"{statistics.fmean(x.mean_us for x in rounds[path]):.1f} µs"
         for path in PATHS
-    ))
-    floor = await echo_floor(scratch)
-    print(
-        f"  floor on this machine: a bare asyncio round trip of {ECHO_BYTES} bytes to another process "
-        f"and back, p50 of {ECHO_TRIPS:,}: " + ", ".join(f"{ROW_NAMES[p].lower()} {floor[p]:.1f} µs" for p in floor)
     )
-    tcp_over = over_median["tcp"]
+    print(f"  (the median of the rounds' p50, and their range; p90 and mean: {spread})")
+    switches = "; ".join(
+        f"{named[path]} {p50([x.switches for x in rounds[path]]):.1f} here"
+        + (
+            ""
+            if path == "local"
+            else f" + {p50([x.server_switches for x in rounds[path]]):.1f} in the server"
+        )
+        for path in PATHS
+    )
+    print(f"  voluntary context switches per step (every thread), median of the rounds: {switches}")
+    trips = ", ".join(f"{named[path]} {floor[path]:.1f} µs" for path in floor)
+    print(
+        f'  the floor under "Over local" here: a bare asyncio round trip of {ECHO_BYTES} bytes to '
+        f"another process and back, p50 of {ECHO_TRIPS:,}: {trips}"
+    )
     verdict = "met" if tcp_over <= OVER_LOCAL_GOAL_US else "NOT MET"
     print(
-        f"goal: a step over TCP at most local + {OVER_LOCAL_GOAL_US:.0f} µs: local {tcp_over:+.1f} µs "
-        f"at the median round: {verdict}"
+        f"goal: a step over TCP at most local + {OVER_LOCAL_GOAL_US:.0f} µs: {tcp_over:+.1f} µs "
+        f"(median of the rounds): {verdict}"
     )
-    return tcp_over
 
 
 class _Echo(asyncio.Protocol):
@@ -280,31 +298,40 @@ class Window:
 
 async def workers_window(args: argparse.Namespace, scratch: Path, workers: int) -> Window:
     """A fresh server of four shards and `workers` worker processes splitting them; all
-    step at once; each counts its steps over the same window."""
-    server = await Server(scratch / f"server-{workers}w", scratch / f"s{workers}.sock", THROUGHPUT_SHARDS).ready()
+    step at once; each counts its steps over the same window. With `workers` 0: one
+    process in local mode instead (four shards, its own data directory), no server."""
+    server = None
+    if workers:
+        server = Server(scratch / f"server-{workers}w", scratch / f"s{workers}.sock", THROUGHPUT_SHARDS)
+        await server.ready()
     started: list[Worker] = []
     try:
-        start_rss = server.status_kib("VmRSS")
-        address = server.address("tcp", max_shards=THROUGHPUT_SHARDS // workers)
+        start_rss = server.status_kib("VmRSS") if server else 0
+        if server:
+            address = server.address("tcp", max_shards=THROUGHPUT_SHARDS // workers)
+        else:
+            address = f"{LOCAL_PREFIX}{scratch / 'local-4'}"
         script = Path(__file__).resolve()
-        for _ in range(workers):
+        for _ in range(max(workers, 1)):
             # One at a time: each takes its shards before the next connects.
-            started.append(Worker(script, address, args.in_flight))
+            started.append(Worker(script, address, args.in_flight, args.run_steps))
             held = (await started[-1].wait_for(r"^ready (.*)$")).group(1).split()
-            assert len(held) == THROUGHPUT_SHARDS // workers, f"a worker holds shards {held}"
+            assert len(held) == THROUGHPUT_SHARDS // max(workers, 1), f"a worker holds shards {held}"
         for worker in started:
             worker.send(f"go {args.warmup} {args.window}")
         await asyncio.sleep(args.warmup)
-        cpu_before, began = server.cpu_s(), time.monotonic()
-        counts = [(await w.wait_for(r"^steps (\S+) (\S+) (\S+)$", args.window + 60)).groups() for w in started]
-        server_cpu = (server.cpu_s() - cpu_before) / (time.monotonic() - began)
+        cpu_before, began = (server.cpu_s() if server else 0.0), time.monotonic()
+        counts = [
+            (await w.wait_for(r"^steps (\S+) (\S+) (\S+)$", args.window + 60)).groups() for w in started
+        ]
+        server_cpu = ((server.cpu_s() - cpu_before) if server else 0.0) / (time.monotonic() - began)
         per_worker = [int(n) / float(s) for n, s, _ in counts]
         window = Window(sum(per_worker), per_worker, server_cpu, [float(c) for _, _, c in counts])
         for worker in started:
             worker.send("quiesce")
         for worker in started:
             await worker.wait_for(r"^quiet$", 60)
-        if workers == 1:
+        if server and workers == 1:
             await asyncio.sleep(args.idle)
             window.rss_kib = server.status_kib("VmRSS")
             window.hwm_kib = server.status_kib("VmHWM")
@@ -312,15 +339,18 @@ async def workers_window(args: argparse.Namespace, scratch: Path, workers: int) 
     finally:
         for worker in reversed(started):
             worker.stop()
-        server.stop()
+        if server:
+            server.stop()
     return window
 
 
 async def worker_table(args: argparse.Namespace, scratch: Path) -> Window:
-    """Prints steps per second for 1, 2 and 4 worker processes; returns the 1-worker one."""
+    """Prints steps per second for 1, 2 and 4 worker processes, and for one process in
+    local mode; returns the 1-worker window."""
     print(
         f"steps per second: a server of {THROUGHPUT_SHARDS} shards over loopback TCP, worker processes "
-        f"splitting them (max-shards), {args.in_flight} workflows stepping per shard, counted over "
+        f"splitting them (max-shards), {args.in_flight} runs of {args.run_steps} steps at once per shard "
+        f"(a new one as each ends), counted over "
         f"{args.window:g} s after {args.warmup:g} s ({os.cpu_count()} cores)"
     )
     first: Window | None = None
@@ -335,6 +365,11 @@ async def worker_table(args: argparse.Namespace, scratch: Path) -> Window:
             + (f" ({each})" if workers > 1 else "")
             + f"; CPU: server {window.server_cpu:.0%}, workers {cpu}"
         )
+    local = await workers_window(args, scratch, 0)
+    print(
+        f"  for reference, local mode in one process ({THROUGHPUT_SHARDS} shards, the same load): "
+        f"{local.steps_per_s:,.0f} steps/s; CPU {local.worker_cpu[0]:.0%}"
+    )
     assert first is not None
     return first
 
@@ -352,43 +387,57 @@ def print_rss(window: Window, idle_s: float) -> None:
 # -- a worker process ---------------------------------------------------------------------
 
 
-async def worker_process(address: str, per_shard: int) -> None:
-    """`--worker ADDRESS`: hold what the server grants, print `ready SHARDS`; on `go
-    WARMUP WINDOW` keep `per_shard` workflows stepping on each held shard and print
-    `steps COUNT SECONDS CPU` for the window; on `quiesce` let them end and print
-    `quiet`; close on `stop` or when stdin closes (the benchmark went away)."""
+def ids_on(engine: fusee.Engine, index: int) -> Iterator[str]:
+    """Fresh workflow IDs that fall on shard `index`."""
+    for i in itertools.count():
+        wid = f"burst-{os.getpid()}-{i}"
+        if engine.shard_index(wid) == index:
+            yield wid
+
+
+async def keep_busy(engine: fusee.Engine, ids: Iterator[str], steps: int) -> None:
+    """One slot: a run of `steps` steps, and as it ends the next, until told to stop."""
+    while STEPPING:
+        await (await engine.start(burst, next(ids), steps)).result()
+
+
+async def worker_process(address: str, per_shard: int, run_steps: int) -> None:
+    """`--worker ADDRESS`: hold what the server grants (or, for `dir:PATH`, every shard
+    of a local directory), print `ready SHARDS`; on `go WARMUP WINDOW` keep `per_shard`
+    runs of `run_steps` steps going on each held shard and print `steps COUNT SECONDS
+    CPU` for the window; on `quiesce` let them end and print `quiet`; close on `stop` or
+    when stdin closes (the benchmark went away)."""
     global STEPPING
     loop = asyncio.get_running_loop()
     commands = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(commands), sys.stdin)
-    engine = await fusee.Engine.open(durability="server", address=address, workflows=WORKFLOWS)
+    if address.startswith(LOCAL_PREFIX):
+        directory = address[len(LOCAL_PREFIX) :]
+        engine = await fusee.Engine.open(directory, workflows=WORKFLOWS, shards=THROUGHPUT_SHARDS)
+    else:
+        engine = await fusee.Engine.open(durability="server", address=address, workflows=WORKFLOWS)
     held = sorted(shard.index for shard in engine.shards)
     print("ready", *held, flush=True)
-    runs = []
     try:
         line = (await commands.readline()).decode().split()
         if not line or line[0] != "go":
             return
         warmup, window = float(line[1]), float(line[2])
-        ids: dict[int, list[str]] = {index: [] for index in held}
-        i = 0
-        while any(len(wids) < per_shard for wids in ids.values()):
-            wid = f"looper-{os.getpid()}-{i}"
-            wids = ids.get(engine.shard_index(wid))
-            if wids is not None and len(wids) < per_shard:
-                wids.append(wid)
-            i += 1
-        runs = await asyncio.gather(*(engine.start(looper, wid) for wids in ids.values() for wid in wids))
+        slots = []
+        for index in held:
+            ids = ids_on(engine, index)
+            slots += [asyncio.ensure_future(keep_busy(engine, ids, run_steps)) for _ in range(per_shard)]
         await asyncio.sleep(warmup)
         count, began, cpu = TICKS, time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
         await asyncio.sleep(window)
-        count, elapsed, after = TICKS - count, time.perf_counter() - began, resource.getrusage(resource.RUSAGE_SELF)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        count, elapsed = TICKS - count, time.perf_counter() - began
         used = (after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime) / elapsed
         print(f"steps {count} {elapsed:.6f} {used:.4f}", flush=True)
         if (await commands.readline()).decode().strip() != "quiesce":
             return
         STEPPING = False
-        await asyncio.gather(*(run.result() for run in runs))
+        await asyncio.gather(*slots)
         print("quiet", flush=True)
         await commands.readline()  # `stop`, or the end of stdin
     finally:
@@ -403,10 +452,17 @@ async def run_all(args: argparse.Namespace, scratch: Path) -> None:
     assert task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     began = time.monotonic()
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(
+        f"server_cost: Python {sys.version.split()[0]}, {os.cpu_count()} cores, load average {load} at the "
+        "start (other processes on the machine move these figures)"
+    )
     kind = fs_type(scratch)
     latencies, direct = _native.disk_check(str(scratch), args.disk_check)
     flush_us = p50([x / 1000 for x in latencies])
-    disk = f"{kind} under {scratch.parent}, flush p50 {flush_us:.0f} µs ({'O_DIRECT' if direct else 'buffered'})"
+    disk = (
+        f"{kind} under {scratch.parent}, flush p50 {flush_us:.0f} µs ({'O_DIRECT' if direct else 'buffered'})"
+    )
     await step_table(args, scratch, disk)
     first = await worker_table(args, scratch)
     print_rss(first, args.idle)
@@ -414,11 +470,14 @@ async def run_all(args: argparse.Namespace, scratch: Path) -> None:
 
 
 def arguments() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("steps", type=int, nargs="?", default=500, help="steps of the timed workflow (500)")
     parser.add_argument("rounds", type=int, nargs="?", default=7, help="rounds alternating the paths (7)")
     parser.add_argument("--warmup-steps", type=int, default=50, help="an untimed workflow after each open")
-    parser.add_argument("--in-flight", type=int, default=64, help="workflows stepping per shard (64)")
+    parser.add_argument("--in-flight", type=int, default=64, help="runs stepping at once per shard (64)")
+    parser.add_argument("--run-steps", type=int, default=50, help="steps of each of those runs (50)")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds of load before the window")
     parser.add_argument("--window", type=float, default=8.0, help="seconds steps are counted over")
     parser.add_argument("--idle", type=float, default=2.0, help="seconds idle before the RSS is read")
@@ -439,7 +498,7 @@ def arguments() -> argparse.Namespace:
 def main() -> int:
     args = arguments()
     if args.worker is not None:
-        asyncio.run(worker_process(args.worker, args.in_flight))
+        asyncio.run(worker_process(args.worker, args.in_flight, args.run_steps))
         return 0
     if args.echo is not None:
         asyncio.run(echo_process(args.echo))

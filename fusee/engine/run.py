@@ -220,6 +220,9 @@ class RunState:
                 self.apply(rec)
         finally:
             self.driving = False
+            # Parking counts from the last time the run did something, not from its
+            # start: a run that has been busy for an hour and just suspended is not idle.
+            self.last_active_ms = self.shard.now_ms()
 
     def _run_fibers(self) -> None:
         ready = self.ready

@@ -4,9 +4,9 @@ connecting side (workers and clients). The listening side is the server's
 
 A connection cuts what it reads into frames and decodes each into its message; a frame
 or message that breaks the protocol closes that connection with its reason logged, and
-touches nothing else. What it sends during one turn of the event loop leaves in one
-socket write, so the records of several shards, their run-store frames and a relayed
-message share a system call.
+touches nothing else. The first frame sent during a turn of the event loop leaves at
+once; the rest of that turn's frames leave together in one socket write, so the records
+of several shards, their run-store frames and a relayed message share a system call.
 
 The connecting side runs the token exchange (spec: Security) before its first protocol
 frame: it proves the token, then verifies the server's proof, and only then sends OPEN,
@@ -33,7 +33,7 @@ CONNECT_TIMEOUT_S = handshake.DEADLINE_S
 
 
 class FramedConnection(asyncio.Protocol):
-    """Frames in, messages out; one socket write per loop turn."""
+    """Frames in, messages out; at most two socket writes per loop turn."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -80,10 +80,18 @@ class FramedConnection(asyncio.Protocol):
     def send_frame(self, kind: int, body: bytes) -> None:
         if self.closed:
             return
-        self.out.append(encode(kind, body))
-        if not self.scheduled:
-            self.scheduled = True
-            asyncio.get_running_loop().call_soon(self._write)
+        frame = encode(kind, body)
+        if self.scheduled:
+            self.out.append(frame)
+            return
+        # The first frame of a turn leaves at once (a step is usually waiting on it: a
+        # write deferred to the next turn costs a pass through the selector, ~8 µs); the
+        # frames that follow it in the same turn gather and leave together at the next.
+        self.scheduled = True
+        asyncio.get_running_loop().call_soon(self._write)
+        if self.transport is not None:
+            self.transport.write(frame)
+            self.last_sent = time.monotonic()
 
     def _write(self) -> None:
         self.scheduled = False

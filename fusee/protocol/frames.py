@@ -94,9 +94,15 @@ class Decoder:
     def feed(self, data: bytes) -> list[Frame]:
         if self.broken is not None:
             raise self.broken
-        self.buffer += data
+        # With nothing held over (the usual case: a read ends on a frame's end), frames
+        # are cut from `data` itself: one copy of each payload, none of the read.
+        buffer: bytes | bytearray
+        if self.buffer:
+            self.buffer += data
+            buffer = self.buffer
+        else:
+            buffer = data
         frames: list[Frame] = []
-        buffer = self.buffer
         start = 0
         try:
             while len(buffer) - start >= HEADER_BYTES:
@@ -110,20 +116,19 @@ class Decoder:
                 end = start + HEADER_BYTES + length
                 if len(buffer) < end:
                     break
-                view = memoryview(buffer)
-                try:
-                    payload = bytes(view[start + HEADER_BYTES : end])
-                    if _crc(bytes(view[start : start + 12]), payload) != crc:
-                        raise FrameError(f"frame checksum mismatch (kind {kind}, {length} bytes)")
-                finally:
-                    view.release()
+                payload = bytes(buffer[start + HEADER_BYTES : end])
+                if _crc(bytes(buffer[start : start + 12]), payload) != crc:
+                    raise FrameError(f"frame checksum mismatch (kind {kind}, {length} bytes)")
                 frames.append(Frame(kind, payload))
                 start = end
         except FrameError as error:
             self.broken = error
             self.buffer = bytearray()
             raise
-        del buffer[:start]
+        if buffer is self.buffer:
+            del self.buffer[:start]
+        elif start < len(buffer):
+            self.buffer = bytearray(buffer[start:])
         return frames
 
     def finish(self) -> None:
