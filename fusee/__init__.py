@@ -1,5 +1,7 @@
 """Fusee: durable workflows in plain async Python."""
 
+from typing import TYPE_CHECKING
+
 from fusee._clock import SystemClock, VirtualClock
 from fusee._errors import (
     AlreadyExistsError,
@@ -40,6 +42,10 @@ from fusee.workflow.definitions import (
     update,
     workflow,
 )
+
+if TYPE_CHECKING:  # loaded on first use (module __getattr__ below): not on a cold path
+    from fusee.client import Client
+    from fusee.invoke import invocation_handler
 
 __version__ = "0.1.0"
 
@@ -83,6 +89,7 @@ __all__ = [
     "VirtualClock",
     "Workflow",
     "WorkflowError",
+    "invocation_handler",
     "query",
     "signal",
     "update",
@@ -96,4 +103,8 @@ def __getattr__(name: str) -> object:
         from fusee.client import Client
 
         return Client
+    if name == "invocation_handler":
+        from fusee.invoke import invocation_handler
+
+        return invocation_handler
     raise AttributeError(f"module 'fusee' has no attribute {name!r}")

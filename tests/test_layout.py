@@ -24,6 +24,7 @@ ALLOWED: dict[str, set[str]] = {
     "engine": {"base", "workflow", "storage", "protocol"},
     "testing": {"base", "workflow", "storage", "engine"},
     "client": {"base", "protocol", "engine"},
+    "invoke": {"base", "workflow", "storage", "protocol", "engine"},
 }
 TOP = {"__init__", "__main__", "_cli", "sync"}
 

@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 from fusee import _errors as errors
-from fusee._errors import ConnectionError, Failure, FuseeError
+from fusee._errors import ConnectionError, Failure, FuseeError, NoHolderError
 from fusee.engine.handle import RunSummary
 from fusee.protocol import messages as m
 from fusee.protocol.address import Address, parse
@@ -247,7 +247,17 @@ class ClientRun:
         return f"ClientRun({self.id!r})"
 
     async def result(self) -> Any:
-        return await self.client.call("result", self.shard, id=self.id)
+        """Waits for the run's result, however long: a wait the server gives up on (no
+        worker took the shard within its limit) or whose worker left is asked again."""
+        pause = 0.05
+        while True:
+            try:
+                return await self.client.call("result", self.shard, id=self.id)
+            except (NoHolderError, ConnectionError):
+                if self.client.lost is not None:
+                    raise
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1.0)
 
     async def signal(self, signal: Any, value: Any = None) -> None:
         await self.client.call("signal", self.shard, id=self.id, name=_name(signal), value=value)

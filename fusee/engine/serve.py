@@ -35,7 +35,7 @@ class CallServer:
         self.attaching: dict[int, asyncio.Task[None]] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
         storage.on_lease = self.leased
-        storage.on_call = self.called
+        storage.serve_calls(self.called)
         for index in sorted(storage.granted):
             if index not in engine.by_index:
                 self.leased(index)  # granted while the engine was opening

@@ -23,7 +23,7 @@ import collections
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Self
 
 import msgspec
 
@@ -69,9 +69,17 @@ class RemoteStorage:
         self.ping_s = 1.0
         self.budget_ms = 0  # an invoked worker's budget left, as its lease said
         self.drained: asyncio.Future[None] | None = None
+        self.held_calls: list[m.Call] = []
+
+    def serve_calls(self, on_call: Callable[[m.Call], None]) -> None:
+        """From now on `on_call` answers the calls relayed here (and those held so far)."""
+        self.on_call = on_call
+        held, self.held_calls = self.held_calls, []
+        for call in held:
+            on_call(call)
 
     @classmethod
-    async def connect(cls, address: Address, role: str = m.ROLE_WORKER) -> RemoteStorage:
+    async def connect(cls, address: Address, role: str = m.ROLE_WORKER) -> Self:
         storage = cls(address)
         opening = m.Open(m.VERSION, role, address.max_shards, address.invocation)
         storage.conn, welcome = await connect(address, opening, storage)
@@ -132,7 +140,9 @@ class RemoteStorage:
             if self.on_call is not None:
                 self.on_call(message)
             else:
-                self.send(m.Answer(message.rid, code="Rejected", message="this process serves no calls"))
+                # Calls that waited at the server come right behind the grant, often in
+                # the same read as the WELCOME: held until the engine serves calls.
+                self.held_calls.append(message)
         else:
             logger.warning("ignoring a %s frame from the server", kind.__name__)
 

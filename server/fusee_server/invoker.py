@@ -151,6 +151,13 @@ class Invoker:
             due.types.add(type)
         self.kick()
 
+    def held(self, index: int) -> None:
+        """`index` has a holder now: what made it due is in its hands (the calls and
+        messages that waited go to it), so nothing is due until it leaves."""
+        due = self.due[index]
+        due.at = None
+        due.reasons.clear()
+
     def freed(self, index: int, holder: ServerConnection) -> None:
         """`index` lost its holder and no standby took it."""
         due = self.due[index]

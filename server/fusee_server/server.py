@@ -92,7 +92,9 @@ class Server:
         self.sessions: dict[bytes, ServerConnection] = {}  # workers by session: their pingers find them
         self.epochs = itertools.count(time.time_ns() // 1000)
         self.rids = itertools.count(1)
-        self.calls: dict[int, tuple[ServerConnection | Listing, int, ServerConnection]] = {}
+        # Calls relayed to a worker, by the server's number: who asked (and its number for
+        # it), the worker, the call.
+        self.calls: dict[int, tuple[ServerConnection | Listing, int, ServerConnection, m.Call]] = {}
         self.readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="fusee-read")
         self.silence_s = SILENCE_S
         self.ping_s = PING_S
@@ -189,6 +191,8 @@ class Server:
 
     def _granted(self, slot: Slot) -> None:
         """After the grant went out: what waited for a holder goes to it."""
+        if self.invoker is not None:
+            self.invoker.held(slot.index)
         self._deliver_waiting(slot)
         holder = slot.holder
         while holder is not None and slot.calls_waiting:
@@ -247,10 +251,18 @@ class Server:
                 invocation.closed.set()
         for index in sorted(conn.held):
             self._free(self.slots[index], f"let go: {conn} closed its connection")
+        now = asyncio.get_running_loop().time()
         for rid in conn.calls:
             entry = self.calls.pop(rid, None)
-            if entry is not None:
-                self._answer(entry[0], entry[1], m.Answer(0, code="Connection", message=GONE))
+            if entry is None:
+                continue
+            origin, _, _, call = entry
+            if call.method == "result" and isinstance(origin, ServerConnection) and self.invoker is not None:
+                # A wait for a result (a run asleep) outlives its worker: it waits here for
+                # the shard's next holder, and does not invoke one by itself.
+                self.slots[call.shard].calls_waiting.append((origin, call, now + CALL_WAIT_S))
+            else:
+                self._answer(origin, entry[1], m.Answer(0, code="Connection", message=GONE))
         conn.calls.clear()
 
     def revoke(self, conn: ServerConnection, why: str) -> None:
@@ -531,7 +543,7 @@ class Server:
 
     def _route(self, client: ServerConnection, call: m.Call, holder: ServerConnection) -> None:
         rid = next(self.rids)
-        self.calls[rid] = (client, call.rid, holder)
+        self.calls[rid] = (client, call.rid, holder, call)
         holder.calls.add(rid)
         holder.send(m.Call(rid, call.method, call.shard, call.args))
 
@@ -550,7 +562,7 @@ class Server:
         listing = Listing(client, call.rid, len(holders))
         for holder in holders:
             rid = next(self.rids)
-            self.calls[rid] = (listing, call.rid, holder)
+            self.calls[rid] = (listing, call.rid, holder, call)
             holder.calls.add(rid)
             holder.send(m.Call(rid, call.method, -1, call.args))
 
@@ -558,7 +570,7 @@ class Server:
         entry = self.calls.get(answer.rid)
         if entry is None:
             return  # its client left
-        origin, rid, holder = entry
+        origin, rid, holder, _ = entry
         if holder is not conn:
             conn.fail(f"an answer to call {answer.rid}, which went to another connection")
             return

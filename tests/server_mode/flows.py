@@ -78,4 +78,11 @@ async def big(ctx: fusee.Ctx, megabytes: int) -> list[int]:
     return [len(value) for value in values]
 
 
-WORKFLOWS = [steps, parent, waiter, sender, hog, big]
+@fusee.workflow("sleeper")
+async def sleeper(ctx: fusee.Ctx, seconds: float) -> float:
+    """Sleeps, then returns when (unix seconds) the step after the sleep ran."""
+    await ctx.sleep("nap", f"{int(seconds * 1000)}ms")
+    return float(await ctx.step("woke", time.time))
+
+
+WORKFLOWS = [steps, parent, waiter, sender, hog, big, sleeper]

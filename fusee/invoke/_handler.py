@@ -1,0 +1,327 @@
+"""The invocation handler: one object, three ways in.
+
+- `await handler.invoke(headers, body)` -> `(status, headers, body)`, for any framework;
+- the handler itself is an ASGI app (uvicorn, Cloud Run, anything ASGI);
+- `handler.lambda_handler(event, context)`: AWS Lambda through mangum (function URLs,
+  API Gateway v1 and v2, ALB), lifespan off.
+
+Every request goes the same way: the signature is checked over the exact body bytes
+before anything is connected to (401: nobody without the secret can make this process
+open a connection), then the body is decoded (400), then the invocation runs (502 when
+the server cannot be reached or refuses it, 200 with the summary otherwise).
+
+| status | when | body |
+| --- | --- | --- |
+| 200 | the invocation ran (some shards may have lost their lease: see each) | the summary |
+| 400 | a signed body that is not an invocation request | `{"error": ...}` |
+| 401 | no signature, a malformed or stale one, or one no secret verifies | `{"error": "unauthorized"}` |
+| 405 | not a POST (ASGI) | `{"error": ...}` |
+| 413 | a body over 64 KiB (ASGI) | `{"error": ...}` |
+| 500 | a failure of this process (logged with its traceback) | `{"error": ...}` |
+| 502 | the server cannot be reached, refuses the connection, or goes during the open | `{"error": ...}` |
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
+from typing import Any
+
+from fusee._errors import RejectedError
+from fusee.invoke import _request as request_
+from fusee.invoke._run import Trace, Unavailable, run
+from fusee.protocol import signature
+from fusee.protocol.address import Address
+from fusee.protocol.address import parse as parse_address
+from fusee.workflow.definitions import Workflow
+
+logger = logging.getLogger("fusee.invoke")
+
+Headers = Mapping[str, str] | Iterable[tuple[str | bytes, str | bytes]]
+Response = tuple[int, list[tuple[str, str]], bytes]
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+SECRET_BYTES_MIN = 16  # as the server requires of --invoke-secret-file
+# What Engine.open takes besides what an invocation decides itself (the storage, the
+# shards, park_after): the rest would contradict it.
+ENGINE_OPTIONS = ("retention", "profile", "record_stacks", "retry", "clock")
+_JSON = [("content-type", "application/json")]
+
+_cold = True  # no invocation has run in this process yet
+
+
+def _take_cold() -> bool:
+    global _cold
+    cold, _cold = _cold, False
+    return cold
+
+
+class InvocationHandler:
+    """Runs the invocations a `fusee server` POSTs (spec: Invoked workers). Keeps only its
+    settings: each invocation connects, opens a fresh engine and closes both."""
+
+    def __init__(
+        self,
+        address: str | Address,
+        *,
+        workflows: Sequence[Workflow[Any]],
+        secret: bytes | str | Sequence[bytes | str] | None,
+        trace: bool | None = None,
+        **engine_options: Any,
+    ) -> None:
+        self.address = _address(address)
+        self.workflows = _workflows(workflows)
+        self.secrets = _secrets(secret)
+        if not self.secrets:
+            logger.warning(
+                "invocation handler without a secret: it runs any request it is sent, so only the "
+                "server may reach it (check the server's client certificate in front of it)"
+            )
+        unknown = sorted(set(engine_options) - set(ENGINE_OPTIONS))
+        if unknown:
+            raise TypeError(
+                f"invocation_handler() does not take {', '.join(unknown)}: each invocation opens its "
+                f"engine on the shards it was granted (engine options it takes: {', '.join(ENGINE_OPTIONS)})"
+            )
+        self.engine_options = engine_options
+        self.trace = os.environ.get("FUSEE_INVOKE_TRACE", "") not in ("", "0") if trace is None else trace
+        self._lambda: Any = None
+        self._loops = threading.local()
+        self._refusals = _Refusals()
+
+    # -- any framework -------------------------------------------------------------------
+
+    async def invoke(self, headers: Headers, body: bytes, *, remaining_ms: int | None = None) -> Response:
+        """Answer one request: `headers` as a mapping or (name, value) pairs, `body` the
+        exact bytes received. `remaining_ms`: what the platform still allows this call,
+        when it says (the handler stops before the budget or this, whichever is first)."""
+        received_at = asyncio.get_running_loop().time()
+        trace = Trace(self.trace)
+        if self.secrets:
+            try:
+                signature.verify(_signature_header(headers), body, self.secrets)
+            except signature.SignatureError as error:
+                self._refusals.log(str(error))
+                trace("refused", status=401, why=repr(str(error)))
+                return _answer(401, {"error": "unauthorized"})
+        try:
+            request = request_.decode(body)
+        except request_.RequestError as error:
+            trace("refused", status=400, why=repr(str(error)))
+            return _answer(400, {"error": str(error)})
+        trace.invocation = request.invocation
+        cold = _take_cold()
+        trace("received", shards=request.shards, budget_ms=request.budget_ms, reasons=request.reasons)
+        try:
+            summary = await run(
+                request,
+                self.address,
+                self.workflows,
+                self.engine_options,
+                received_at=received_at,
+                remaining_ms=remaining_ms,
+                cold=cold,
+                trace=trace,
+            )
+        except Unavailable as error:
+            logger.warning("invocation %s: %s", request.invocation, error)
+            trace("answered", status=502, why=repr(str(error)))
+            return _answer(502, {"error": str(error)})
+        except Exception as error:
+            logger.exception("invocation %s failed", request.invocation)
+            trace("answered", status=500, why=repr(str(error)))
+            return _answer(500, {"error": f"{type(error).__name__}: {error}"})
+        summary.elapsed_ms = round((asyncio.get_running_loop().time() - received_at) * 1000, 3)
+        trace("answered", status=200, elapsed_ms=summary.elapsed_ms)
+        return 200, list(_JSON), request_.encode(summary)
+
+    # -- ASGI ----------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if kind != "http":
+            raise ValueError(f"the invocation handler serves HTTP, not {kind!r}")
+        if scope["method"] != "POST":
+            status, headers, body = _answer(405, {"error": "invocations are POSTed"})
+            headers.append(("allow", "POST"))
+        else:
+            data = await _read_body(receive)
+            if data is None:
+                status, headers, body = _answer(413, {"error": "the body is too large for an invocation"})
+            else:
+                context = scope.get("aws.context")  # set by mangum under Lambda
+                remaining = getattr(context, "get_remaining_time_in_millis", None)
+                status, headers, body = await self.invoke(
+                    scope["headers"], data, remaining_ms=int(remaining()) if remaining else None
+                )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (k.encode(), v.encode()) for k, v in [*headers, ("content-length", str(len(body)))]
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    # -- AWS Lambda ------------------------------------------------------------------------
+
+    def lambda_handler(self, event: dict[str, Any], context: Any) -> dict[str, Any]:
+        """An AWS Lambda handler: a function URL, API Gateway (v1, v2) or ALB event in,
+        its HTTP answer out (mangum, lifespan off). Needs `pip install 'fusee[lambda]'`."""
+        loop: asyncio.AbstractEventLoop | None = getattr(self._loops, "loop", None)
+        if loop is None or loop.is_closed():
+            # Mangum runs each request on the thread's current loop: one of ours, set
+            # before the adapter exists, so neither ever finds a closed or missing one.
+            loop = self._loops.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        if self._lambda is None:
+            try:
+                from mangum import Mangum
+            except ImportError:
+                raise RuntimeError("lambda_handler needs mangum: pip install 'fusee[lambda]'") from None
+            self._lambda = Mangum(self, lifespan="off")
+        result: dict[str, Any] = self._lambda(event, context)
+        return result
+
+
+def invocation_handler(
+    address: str | Address,
+    *,
+    workflows: Sequence[Workflow[Any]],
+    secret: bytes | str | Sequence[bytes | str] | None,
+    trace: bool | None = None,
+    **engine_options: Any,
+) -> InvocationHandler:
+    """The handler for invocations from the `fusee server` at `address` (its options, such
+    as `token-file=` or `ca=`, included), running `workflows`, checking each request's
+    signature with `secret` (several: any one verifies, while a secret is rotated).
+    `trace`: one line per invocation event on standard error (default: FUSEE_INVOKE_TRACE).
+    `engine_options`: retention, profile, record_stacks, retry, clock, as for Engine.open."""
+    return InvocationHandler(address, workflows=workflows, secret=secret, trace=trace, **engine_options)
+
+
+def _address(address: str | Address) -> Address:
+    parsed = parse_address(address) if isinstance(address, str) else address
+    if not isinstance(parsed, Address):
+        raise RejectedError(f"address {address!r}: expected host:port or unix:/path")
+    if parsed.invocation is not None:
+        raise RejectedError(
+            f"address {address!r}: invocation= is set per request, from the server's; leave it out"
+        )
+    return parsed
+
+
+def _workflows(workflows: Sequence[Workflow[Any]]) -> list[Workflow[Any]]:
+    if isinstance(workflows, Workflow) or not isinstance(workflows, Sequence):
+        raise TypeError("workflows= takes a list of workflows made with @fusee.workflow")
+    by_name: dict[str, Workflow[Any]] = {}
+    for wf in workflows:
+        if not isinstance(wf, Workflow):
+            raise TypeError(f"workflows= takes workflows made with @fusee.workflow, not {wf!r}")
+        known = by_name.setdefault(wf.name, wf)
+        if known.fn is not wf.fn:
+            raise RejectedError(f"workflow type '{wf.name}' is given twice, with different code")
+    return list(by_name.values())
+
+
+def _secrets(secret: bytes | str | Sequence[bytes | str] | None) -> list[bytes]:
+    if secret is None:
+        return []
+    given = [secret] if isinstance(secret, (bytes, str)) else list(secret)
+    if not given:
+        raise RejectedError("secret=: give the secret (or several, while one is rotated), or None")
+    secrets: list[bytes] = []
+    for value in given:
+        if not isinstance(value, (bytes, str)):
+            raise TypeError(f"secret=: expected bytes or str, got {type(value).__name__}")
+        data = value.encode() if isinstance(value, str) else bytes(value)
+        if len(data) < SECRET_BYTES_MIN:
+            raise RejectedError(
+                f"secret=: {len(data)} bytes; at least {SECRET_BYTES_MIN} (the server's "
+                "--invoke-secret-file must hold the same; use 32 random bytes)"
+            )
+        secrets.append(data)
+    return secrets
+
+
+class _Refusals:
+    """Refused signatures are logged with their reason, at most one line every ten
+    seconds (with how many were refused meanwhile): a flood of bad requests does not
+    flood the log."""
+
+    EVERY_S = 10.0
+
+    def __init__(self) -> None:
+        self.last = -self.EVERY_S
+        self.quiet = 0
+
+    def log(self, reason: str) -> None:
+        now = time.monotonic()
+        if now - self.last < self.EVERY_S:
+            self.quiet += 1
+            return
+        more = f" ({self.quiet} more refused since the last line)" if self.quiet else ""
+        logger.warning("refused a request: %s%s", reason, more)
+        self.last, self.quiet = now, 0
+
+
+def _signature_header(headers: Headers) -> str | None:
+    """The signature header's value; None when absent. Given twice it is refused: which
+    copy a proxy kept would decide what is checked."""
+    pairs: Iterable[tuple[str | bytes, str | bytes]] = (
+        headers.items() if isinstance(headers, Mapping) else headers
+    )
+    found: str | None = None
+    for name, value in pairs:
+        text = name.decode("latin-1") if isinstance(name, bytes) else name
+        if text.lower() == signature.HEADER:
+            if found is not None:
+                raise signature.SignatureError(f"{signature.HEADER} given twice")
+            # latin-1 keeps every byte as one character: verify refuses what is not ASCII.
+            found = value.decode("latin-1") if isinstance(value, bytes) else value
+    return found
+
+
+def _answer(status: int, payload: dict[str, Any]) -> Response:
+    return status, list(_JSON), request_.encode(payload)
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The request's body; None once it is over the limit (not read further)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > request_.BODY_BYTES_MAX:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    """Nothing to start or stop: every invocation opens and closes its own engine."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

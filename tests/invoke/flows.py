@@ -1,0 +1,13 @@
+"""A module to name in FUSEE_WORKFLOWS: the handler registers every workflow it defines."""
+
+from __future__ import annotations
+
+import fusee
+
+
+@fusee.workflow("greet")
+async def greet(ctx: fusee.Ctx, name: str) -> str:
+    return await ctx.step("compose", lambda: f"hello {name}")
+
+
+NOT_A_WORKFLOW = 3

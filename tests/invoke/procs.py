@@ -1,0 +1,265 @@
+"""What the handler's tests run against, all on loopback:
+
+- `Listener`: a plain TCP listener that counts the connections it accepts (and closes
+  each at once), so a test proves that a refused request made none;
+- `Uvicorn`: `uvicorn handlers.asgi:app` as its own process, configured by environment;
+- `RuntimeApi` and `LambdaRuntime`: the Lambda Runtime API (the edge we fake: AWS's
+  side of it) and the real runtime interface client (`python -m awslambdaric`) running
+  `handlers.aws_lambda.handler` against it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import queue
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import IO, Any
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = "invoke-tests-secret-0123456789abcdef"
+
+
+class Listener:
+    """Accepts and counts connections on a fixed loopback port; `stop` leaves nothing
+    listening there (a connection is refused) until `start`."""
+
+    def __init__(self) -> None:
+        self.port = 0
+        self.peers: list[tuple[str, int]] = []
+        self.lock = threading.Lock()
+        self.sock: socket.socket | None = None
+        self.thread: threading.Thread | None = None
+        self.running = False
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self.port))
+        sock.listen(64)
+        sock.settimeout(0.05)
+        self.port = sock.getsockname()[1]
+        self.sock, self.running = sock, True
+        self.thread = threading.Thread(target=self._accept, args=(sock,), daemon=True)
+        self.thread.start()
+
+    def _accept(self, sock: socket.socket) -> None:
+        while self.running:
+            try:
+                conn, peer = sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with self.lock:
+                self.peers.append(peer)
+            conn.close()
+
+    def stop(self) -> None:
+        self.running = False
+        if self.thread is not None:
+            self.thread.join(5)
+        if self.sock is not None:
+            self.sock.close()
+        self.sock = self.thread = None
+
+    def mark(self) -> int:
+        """The count now (see `settled`), to compare with after a request."""
+        return self.settled()
+
+    def settled(self) -> int:
+        """How many connections were accepted, every earlier one included: a sentinel
+        connection is made and waited for (the listener accepts in order)."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as sentinel:
+            mine = sentinel.getsockname()
+            deadline = time.monotonic() + 5
+            while True:
+                with self.lock:
+                    if mine in self.peers:
+                        index = self.peers.index(mine)
+                        del self.peers[index]
+                        return index
+                if time.monotonic() > deadline:
+                    raise AssertionError("the listener never accepted the sentinel connection")
+                time.sleep(0.002)
+
+
+def environment(**settings: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FUSEE_")}
+    env["PYTHONPATH"] = str(ROOT)
+    env.update(settings)
+    return env
+
+
+class Process:
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.lines: list[str] = []
+        self.changed = threading.Condition()
+        self.popen = subprocess.Popen(
+            args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        assert self.popen.stdout is not None
+        self.drain = threading.Thread(target=self._drain, args=(self.popen.stdout,), daemon=True)
+        self.drain.start()
+
+    def _drain(self, stream: IO[str]) -> None:
+        for line in stream:
+            with self.changed:
+                self.lines.append(line.rstrip("\n"))
+                self.changed.notify_all()
+
+    def wait_for(self, pattern: str, timeout: float = 20.0) -> re.Match[str]:
+        compiled = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while True:
+                for line in self.lines:
+                    if found := compiled.search(line):
+                        return found
+                if time.monotonic() > deadline or (
+                    self.popen.poll() is not None and not self.drain.is_alive()
+                ):
+                    raise AssertionError(f"no line matching {pattern!r}:\n" + "\n".join(self.lines[-40:]))
+                self.changed.wait(0.1)
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(10)
+        self.drain.join(5)
+        if self.popen.stdout is not None:
+            self.popen.stdout.close()
+
+
+class Uvicorn(Process):
+    """`uvicorn handlers.asgi:app` on a port of its choosing."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        args = [sys.executable, "-m", "uvicorn", "handlers.asgi:app", "--host", "127.0.0.1", "--port", "0"]
+        super().__init__(args, env)
+        self.port = int(self.wait_for(r"Uvicorn running on http://127\.0\.0\.1:(\d+)").group(1))
+
+    def request(
+        self, method: str, headers: dict[str, str], body: bytes, path: str = "/"
+    ) -> tuple[int, dict[str, str], bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            conn.request(method, path, body=body, headers=headers)
+            answer = conn.getresponse()
+            return answer.status, {k.lower(): v for k, v in answer.getheaders()}, answer.read()
+        finally:
+            conn.close()
+
+
+class RuntimeApi:
+    """The Lambda Runtime API (2018-06-01) as the runtime interface client uses it: it
+    long-polls `invocation/next` for an event, and posts the answer to `…/response` (or
+    `…/error`, or `init/error` when the handler cannot even be loaded)."""
+
+    PREFIX = "/2018-06-01/runtime"
+
+    def __init__(self) -> None:
+        self.events: queue.Queue[tuple[str, bytes]] = queue.Queue()
+        self.answers: dict[str, queue.Queue[tuple[str, Any]]] = {}
+        self.init_errors: queue.Queue[Any] = queue.Queue()
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                if self.path != f"{api.PREFIX}/invocation/next":
+                    self._reply(404, b"{}")
+                    return
+                request_id, event = api.events.get()
+                deadline_ms = int(time.time() * 1000) + 60_000
+                self._reply(
+                    200,
+                    event,
+                    {
+                        "Lambda-Runtime-Aws-Request-Id": request_id,
+                        "Lambda-Runtime-Deadline-Ms": str(deadline_ms),
+                        "Lambda-Runtime-Invoked-Function-Arn": (
+                            "arn:aws:lambda:eu-west-1:123456789012:function:fusee-worker"
+                        ),
+                        "Lambda-Runtime-Trace-Id": "Root=1-5eb1c2d3-0123456789abcdef01234567;Sampled=0",
+                    },
+                )
+
+            def do_POST(self) -> None:
+                data = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                payload = json.loads(data) if data else None
+                if self.path == f"{api.PREFIX}/init/error":
+                    api.init_errors.put(payload)
+                else:
+                    found = re.fullmatch(rf"{api.PREFIX}/invocation/([^/]+)/(response|error)", self.path)
+                    if found is None:
+                        self._reply(404, b"{}")
+                        return
+                    api.answers.setdefault(found.group(1), queue.Queue()).put((found.group(2), payload))
+                self._reply(202, b'{"status":"OK"}')
+
+            def _reply(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.server.server_address[1]}"
+
+    def invoke(self, event: dict[str, Any], timeout: float = 30.0) -> tuple[str, Any]:
+        """Hand `event` to the function; its answer: ("response", value) or ("error", …)."""
+        request_id = str(uuid.uuid4())
+        self.answers[request_id] = queue.Queue()
+        self.events.put((request_id, json.dumps(event).encode()))
+        return self.answers[request_id].get(timeout=timeout)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class LambdaRuntime(Process):
+    """`python -m awslambdaric handlers.aws_lambda.handler`, as a Lambda container runs it."""
+
+    def __init__(self, api: RuntimeApi, env: dict[str, str]) -> None:
+        env = {
+            **env,
+            "AWS_LAMBDA_RUNTIME_API": api.address,
+            "AWS_LAMBDA_FUNCTION_NAME": "fusee-worker",
+            "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "512",
+            "AWS_LAMBDA_FUNCTION_VERSION": "$LATEST",
+            "AWS_REGION": "eu-west-1",
+            "LAMBDA_TASK_ROOT": str(ROOT),
+        }
+        super().__init__([sys.executable, "-m", "awslambdaric", "handlers.aws_lambda.handler"], env)

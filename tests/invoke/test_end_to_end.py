@@ -1,0 +1,267 @@
+"""Invoked workers end to end, every part a real process on loopback: `fusee server
+--invoke` POSTing to uvicorn serving `handlers.asgi:app`, and a client. No worker runs
+but the ones the server invokes (and, in one test, a long-lived one alongside)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fusee
+from tests.server_mode.procs import Proc, Server, retry, steps_seen
+
+SECRET = "end-to-end-secret-0123456789abcdef"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Handler(Proc):
+    """`uvicorn handlers.asgi:app` on a fixed port (the server's endpoint URL names it)."""
+
+    def __init__(self, port: int, server_port: int, steps: Path | None = None) -> None:
+        env = {
+            "FUSEE_URL": f"127.0.0.1:{server_port}",
+            "FUSEE_INVOKE_SECRET": SECRET,
+            "FUSEE_WORKFLOWS": "tests.server_mode.flows",
+            "FUSEE_INVOKE_TRACE": "1",
+        }
+        if steps is not None:
+            env["FUSEE_TEST_STEPS"] = str(steps)
+        args = [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "handlers.asgi:app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
+        super().__init__(args, env)
+        self.wait_for(r"Uvicorn running on")
+
+
+class Cluster:
+    def __init__(self, procs: list[Proc], tmp: Path) -> None:
+        self.procs = procs
+        self.tmp = tmp
+        self.port = free_port()
+        self.handler_port = free_port()
+        self.secret = tmp / "secret"
+        self.secret.write_text(SECRET)
+        self.steps = tmp / "steps.txt"
+        self.server: Server | None = None
+        self.handler: Handler | None = None
+
+    def start_handler(self) -> Handler:
+        self.handler = Handler(self.handler_port, self.port, self.steps)
+        self.procs.append(self.handler)
+        return self.handler
+
+    def start_server(self, *extra: str) -> Server:
+        url = f"http://127.0.0.1:{self.handler_port}/"
+        self.server = Server(
+            self.tmp / "data",
+            "--invoke",
+            url,
+            "--invoke-secret-file",
+            str(self.secret),
+            *extra,
+            listen=f"127.0.0.1:{self.port}",
+        )
+        self.procs.append(self.server)
+        return self.server
+
+    async def client(self) -> fusee.Client:
+        assert self.server is not None
+        return await retry(lambda: fusee.Client.connect(self.server.address()))  # type: ignore[union-attr]
+
+
+@pytest.fixture
+def cluster(procs: list[Proc], tmp_path: Path) -> Cluster:
+    return Cluster(procs, tmp_path)
+
+
+async def metrics(client: fusee.Client) -> dict[str, Any]:
+    answer: dict[str, Any] = await client.call("invocations", -1)
+    return answer
+
+
+async def until(check: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        assert time.monotonic() < deadline, "condition never held"
+        await asyncio.sleep(0.05)
+
+
+async def quiet(client: fusee.Client) -> dict[str, Any]:
+    """Once nothing is due or being invoked: the metrics then."""
+
+    async def settled() -> dict[str, Any] | None:
+        now = await metrics(client)
+        return now if now["invoking"] == 0 and now["shardsDue"] == 0 else None
+
+    result: dict[str, Any] = await until(settled)
+    return result
+
+
+def held_by_nobody(server: Server) -> bool:
+    """Every lease the server granted was let go of (from its log lines)."""
+    held: set[int] = set()
+    for line in list(server.lines):
+        if "leased to" in line:
+            held.add(int(line.split("shard ")[1].split(":")[0]))
+        elif "shard " in line and ("released by" in line or "let go" in line):
+            held.discard(int(line.split("shard ")[1].split(":")[0]))
+    return not held
+
+
+async def test_a_start_on_a_shard_nobody_holds_runs_to_its_result(cluster):
+    cluster.start_handler()
+    server = cluster.start_server()
+    client = await cluster.client()
+    await quiet(client)  # the start's invocation of every shard, done
+    run = await client.start("steps", "first", 3)
+    assert len(await run.result()) == 3
+    after = await quiet(client)
+    assert after["endpoints"][0]["succeeded"] >= 1 and after["endpoints"][0]["failed"] == 0
+    await until(lambda: held_by_nobody(server))
+    await client.close()
+
+
+async def test_a_one_second_sleep_is_invoked_again_on_time(cluster):
+    cluster.start_handler()
+    server = cluster.start_server()
+    client = await cluster.client()
+    await quiet(client)
+    began = time.time()
+    run = await client.start("sleeper", "nap-1", 1.0)
+    await until(lambda: held_by_nobody(server), timeout=5)  # nothing runs while it sleeps
+    woke = await run.result()
+    assert 1.0 <= woke - began < 1.6, woke - began
+    await client.close()
+
+
+@pytest.mark.parametrize("together", [True, False], ids=["at-once", "one-after-another"])
+async def test_two_hundred_workflows_on_four_shards_take_four_invocations(cluster, together):
+    cluster.start_handler()
+    cluster.start_server()
+    client = await cluster.client()
+    settled = (await quiet(client))["endpoints"][0]
+    before, steps_before = settled["sent"], settled["steps"]
+    ids = [f"fan-{i}" for i in range(200)]
+    if together:
+        await asyncio.gather(*(client.start("steps", wid, 4) for wid in ids))
+    else:
+        for wid in ids:
+            await client.start("steps", wid, 4)
+    after = await quiet(client)
+    endpoint = after["endpoints"][0]
+    trace = "\n".join(line for line in cluster.server.lines + cluster.handler.lines if "fusee invoke" in line)
+    assert endpoint["sent"] - before == 4, trace
+    assert endpoint["steps"] - steps_before == 800, trace
+    # (Reading the results afterwards invokes the shards again: counted above, not here.)
+    results = await asyncio.gather(*(client.run(wid).result() for wid in ids))
+    assert all(len(r) == 4 for r in results)
+    await client.close()
+
+
+async def test_a_handler_killed_mid_step_loses_nothing_acknowledged(cluster):
+    handler = cluster.start_handler()
+    cluster.start_server()
+    client = await cluster.client()
+    await quiet(client)
+    ids = [f"kill-{i}" for i in range(8)]
+    for wid in ids:
+        await client.start("steps", wid, 12)
+    await until(lambda: len(steps_seen(cluster.steps)) >= 12)
+    handler.kill()
+    cluster.start_handler()  # the platform starts a fresh process on the same URL
+    results = {wid: await retry(lambda wid=wid: client.run(wid).result(), timeout=60) for wid in ids}
+    seen = steps_seen(cluster.steps)
+    for wid, result in results.items():
+        assert len(result) == 12
+        for i, value in enumerate(result):
+            assert value in seen[(wid, i)]
+    assert any(v.startswith(f"{handler.popen.pid}:") for r in results.values() for v in r)
+    await client.close()
+
+
+async def test_a_handler_that_hangs_past_budget_and_grace_loses_its_lease(cluster, tmp_path):
+    config = tmp_path / "invoke.json"
+    handler = cluster.start_handler()
+    config.write_text(
+        '{"endpoints": [{"url": "http://127.0.0.1:%d/", "secretFile": "%s", "budgetMs": 2000, "graceMs": 500}]}'
+        % (cluster.handler_port, cluster.secret)
+    )
+    port = cluster.port
+    cluster.server = Server(cluster.tmp / "data", "--invoke-config", str(config), listen=f"127.0.0.1:{port}")
+    cluster.procs.append(cluster.server)
+    client = await cluster.client()
+    await quiet(client)
+    await client.start("steps", "hang-1", 40)
+    await until(lambda: len(steps_seen(cluster.steps)) >= 2)
+    handler.signal(signal.SIGSTOP)
+    cluster.server.wait_for(r"revoking its leases on shards \[\d\]", timeout=15)
+    handler.signal(signal.SIGCONT)
+    result = await retry(lambda: client.run("hang-1").result(), timeout=60)
+    assert len(result) == 40
+    seen = steps_seen(cluster.steps)
+    assert all(value in seen[("hang-1", i)] for i, value in enumerate(result))
+    counts = (await metrics(client))["endpoints"][0]
+    assert counts["timedOut"] + counts["failed"] >= 1, counts
+    await client.close()
+
+
+async def test_an_endpoint_that_is_down_backs_off_and_recovers(cluster):
+    cluster.start_server()  # no handler yet: nothing listens at the endpoint's URL
+    client = await cluster.client()
+    down = await until(lambda: _failed(client))
+    assert down["endpoints"][0]["backoffMs"] > 0 or down["endpoints"][0]["failed"] >= 2
+    starting = asyncio.ensure_future(client.start("steps", "late-1", 1))
+    await asyncio.sleep(0.5)
+    cluster.start_handler()
+    await asyncio.wait_for(starting, 60)
+    assert len(await client.run("late-1").result()) == 1
+    after = await quiet(client)
+    assert after["endpoints"][0]["succeeded"] >= 1
+    await client.close()
+
+
+async def _failed(client: fusee.Client) -> dict[str, Any] | None:
+    now = await metrics(client)
+    return now if now["endpoints"][0]["failed"] >= 1 else None
+
+
+async def test_a_long_lived_worker_alongside_takes_freed_shards_first(cluster, start_worker):
+    cluster.start_handler()
+    server = cluster.start_server()
+    client = await cluster.client()
+    before = (await quiet(client))["endpoints"][0]["sent"]
+    worker = start_worker(server.address())
+    assert worker.initial == [0, 1, 2, 3]
+    runs = [await client.start("steps", f"ll-{i}", 2) for i in range(20)]
+    assert [len(await run.result()) for run in runs] == [2] * 20
+    assert (await quiet(client))["endpoints"][0]["sent"] == before  # none invoked
+    worker.kill()  # its shards are due at once and invoked workers take over
+    run = await retry(lambda: client.start("steps", "after-ll", 2))
+    assert len(await run.result()) == 2
+    assert (await quiet(client))["endpoints"][0]["sent"] > before
+    await client.close()

@@ -1,0 +1,141 @@
+"""`handlers/`: the entry points deployed as they are, configured by environment. A missing
+or bad setting fails the import with a message naming it: in a process of its own (as
+uvicorn or Lambda imports it), and under the real Lambda runtime as an init error."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import handlers
+from fusee.invoke import InvocationHandler
+from tests.invoke import flows
+from tests.invoke.procs import ROOT, SECRET, LambdaRuntime, RuntimeApi, Uvicorn, environment
+
+GOOD = {"FUSEE_URL": "127.0.0.1:7600", "FUSEE_INVOKE_SECRET": SECRET, "FUSEE_WORKFLOWS": "tests.invoke.flows"}
+
+
+def without(name: str) -> dict[str, str]:
+    return {k: v for k, v in GOOD.items() if k != name}
+
+
+def test_the_environment_makes_the_handler(tmp_path: Path) -> None:
+    handler = handlers.from_environment(GOOD)
+    assert isinstance(handler, InvocationHandler)
+    assert handler.workflows == [flows.greet]
+    assert handler.secrets == [SECRET.encode()]
+    assert (handler.address.host, handler.address.port) == ("127.0.0.1", 7600)
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(f"  {SECRET}\n")  # as `openssl rand -hex 32 > file` leaves it
+    from_file = handlers.from_environment(
+        {**without("FUSEE_INVOKE_SECRET"), "FUSEE_INVOKE_SECRET_FILE": str(secret_file)}
+    )
+    assert from_file.secrets == [SECRET.encode()]
+    several = handlers.from_environment(
+        {**GOOD, "FUSEE_WORKFLOWS": " tests.invoke.flows , tests.server_mode.flows"}
+    )
+    assert flows.greet in several.workflows and len(several.workflows) > 1
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (without("FUSEE_URL"), "FUSEE_URL is not set"),
+        ({**GOOD, "FUSEE_URL": "  "}, "FUSEE_URL is not set"),
+        ({**GOOD, "FUSEE_URL": "nowhere"}, "FUSEE_URL: address 'nowhere'"),
+        ({**GOOD, "FUSEE_URL": "127.0.0.1:7600?tls=1"}, "FUSEE_URL: .*unknown option 'tls'"),
+        ({**GOOD, "FUSEE_URL": "127.0.0.1:7600?invocation=a"}, "FUSEE_URL: leave invocation= out"),
+        (without("FUSEE_INVOKE_SECRET"), r"FUSEE_INVOKE_SECRET \(or FUSEE_INVOKE_SECRET_FILE\) is not set"),
+        ({**GOOD, "FUSEE_INVOKE_SECRET": "short"}, "FUSEE_INVOKE_SECRET: 5 bytes, at least 16"),
+        (
+            {**GOOD, "FUSEE_INVOKE_SECRET_FILE": "/x"},
+            "FUSEE_INVOKE_SECRET and FUSEE_INVOKE_SECRET_FILE are both set",
+        ),
+        (
+            {**without("FUSEE_INVOKE_SECRET"), "FUSEE_INVOKE_SECRET_FILE": "/nonexistent/secret"},
+            "FUSEE_INVOKE_SECRET_FILE=/nonexistent/secret: No such file",
+        ),
+        (without("FUSEE_WORKFLOWS"), "FUSEE_WORKFLOWS is not set"),
+        ({**GOOD, "FUSEE_WORKFLOWS": " , "}, "FUSEE_WORKFLOWS is not set"),
+        (
+            {**GOOD, "FUSEE_WORKFLOWS": "tests.invoke.nonexistent"},
+            "FUSEE_WORKFLOWS: cannot import 'tests.invoke.nonexistent'",
+        ),
+        ({**GOOD, "FUSEE_WORKFLOWS": "json"}, "FUSEE_WORKFLOWS: module 'json' defines no workflow"),
+    ],
+)
+def test_a_missing_or_bad_setting_is_named(settings: dict[str, str], message: str) -> None:
+    with pytest.raises(handlers.SettingError, match=message):
+        handlers.from_environment(settings)
+
+
+def test_a_secret_file_too_short_is_named(tmp_path: Path) -> None:
+    short = tmp_path / "secret"
+    short.write_text("abc\n")
+    with pytest.raises(handlers.SettingError, match="FUSEE_INVOKE_SECRET_FILE: 3 bytes, at least 16"):
+        handlers.from_environment({**without("FUSEE_INVOKE_SECRET"), "FUSEE_INVOKE_SECRET_FILE": str(short)})
+
+
+def import_in_a_process(module: str, **settings: str) -> subprocess.CompletedProcess[str]:
+    code = f"import {module} as m; print(type(getattr(m, 'app', None) or m.handler).__name__)"
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=environment(**settings),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("module", ["handlers.asgi", "handlers.aws_lambda"])
+def test_each_entry_point_imports_with_its_environment(module: str) -> None:
+    done = import_in_a_process(module, **GOOD)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ("InvocationHandler" if module == "handlers.asgi" else "method")
+
+
+@pytest.mark.parametrize("module", ["handlers.asgi", "handlers.aws_lambda"])
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (without("FUSEE_URL"), "handlers.SettingError: FUSEE_URL is not set"),
+        (
+            without("FUSEE_INVOKE_SECRET"),
+            "handlers.SettingError: FUSEE_INVOKE_SECRET (or FUSEE_INVOKE_SECRET_FILE)",
+        ),
+        (
+            {**GOOD, "FUSEE_WORKFLOWS": "no_such_module"},
+            "handlers.SettingError: FUSEE_WORKFLOWS: cannot import",
+        ),
+    ],
+)
+def test_a_bad_setting_fails_the_import(module: str, settings: dict[str, str], message: str) -> None:
+    done = import_in_a_process(module, **settings)
+    assert done.returncode == 1
+    assert message in done.stderr.splitlines()[-1]
+
+
+def test_under_the_lambda_runtime_a_bad_setting_is_an_init_error() -> None:
+    api = RuntimeApi()
+    runtime = LambdaRuntime(api, environment(**without("FUSEE_URL")))
+    try:
+        error = api.init_errors.get(timeout=30)
+        assert runtime.popen.wait(30) == 1
+    finally:
+        runtime.stop()
+        api.close()
+    assert error["errorType"] == "SettingError"
+    assert error["errorMessage"].startswith("FUSEE_URL is not set")
+
+
+def test_uvicorn_serves_the_trace_on_its_standard_error(uvicorn_app: Uvicorn) -> None:
+    status, headers, body = uvicorn_app.request("POST", {}, b"{}")
+    assert (status, body) == (401, b'{"error":"unauthorized"}')
+    assert headers["content-type"] == "application/json"
+    uvicorn_app.wait_for(r"^fusee invoke - \+[\d.]+ms refused status=401 why='no fusee-signature header'$")
+    status, headers, _ = uvicorn_app.request("GET", {}, b"")
+    assert (status, headers["allow"]) == (405, "POST")
