@@ -5,6 +5,7 @@ but the ones the server invokes (and, in one test, a long-lived one alongside)."
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import socket
 import sys
@@ -207,10 +208,13 @@ async def test_a_handler_killed_mid_step_loses_nothing_acknowledged(cluster):
 async def test_a_handler_that_hangs_past_budget_and_grace_loses_its_lease(cluster, tmp_path):
     config = tmp_path / "invoke.json"
     handler = cluster.start_handler()
-    config.write_text(
-        '{"endpoints": [{"url": "http://127.0.0.1:%d/", "secretFile": "%s", "budgetMs": 2000, "graceMs": 500}]}'
-        % (cluster.handler_port, cluster.secret)
-    )
+    endpoint = {
+        "url": f"http://127.0.0.1:{cluster.handler_port}/",
+        "secretFile": str(cluster.secret),
+        "budgetMs": 2000,
+        "graceMs": 500,
+    }
+    config.write_text(json.dumps({"endpoints": [endpoint]}))
     port = cluster.port
     cluster.server = Server(cluster.tmp / "data", "--invoke-config", str(config), listen=f"127.0.0.1:{port}")
     cluster.procs.append(cluster.server)
