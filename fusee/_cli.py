@@ -91,6 +91,20 @@ def _parser() -> argparse.ArgumentParser:
     disk.add_argument("--json", action="store_true", help="print the figures as JSON")
     disk.set_defaults(run=_run_disk_check)
 
+    invocations = commands.add_parser(
+        "invocations",
+        help="a server's invoker: invocations per endpoint and how they ended, shards due",
+        description="Ask a fusee server for its invocation metrics (the `invocations` call) and print "
+        "them as a table: per endpoint the invocations sent and how they ended, in flight, backoff, "
+        "time to answer, shards invoked, steps run, concurrency in force; overall the shards due, "
+        "invoking, in backoff and overdue.",
+    )
+    invocations.add_argument(
+        "address", help="the server's address, with its options (host:port?token-file=...)"
+    )
+    invocations.add_argument("--json", action="store_true", help="print the server's answer as JSON")
+    invocations.set_defaults(run=_run_invocations)
+
     # Its options belong to the fusee-server distribution, which parses them itself.
     server = commands.add_parser(
         "server",
@@ -101,6 +115,74 @@ def _parser() -> argparse.ArgumentParser:
     server.add_argument("args", nargs=argparse.REMAINDER)
     server.set_defaults(run=_run_server)
     return parser
+
+
+def _run_invocations(args: argparse.Namespace) -> int:
+    import asyncio
+
+    async def ask() -> Any:
+        from fusee.client import Client
+
+        client = await Client.connect(args.address)
+        try:
+            return await client.call("invocations", -1)
+        finally:
+            await client.close()
+
+    try:
+        metrics = asyncio.run(ask())
+    except fusee.FuseeError as error:
+        raise _Stop(str(error)) from None
+    if args.json:
+        print(json.dumps(metrics, indent=2))
+        return EXIT_OK
+    print("\n".join(_invocation_lines(metrics)))
+    return EXIT_OK
+
+
+ENDPOINT_COLUMNS = (
+    ("sent", "sent"),
+    ("succeeded", "ok"),
+    ("failed", "failed"),
+    ("timedOut", "timed out"),
+    ("withoutLease", "no lease"),
+    ("throttled", "throttled"),
+    ("inFlight", "in flight"),
+    ("backoffMs", "backoff ms"),
+    ("answerMsP50", "answer ms p50"),
+    ("shardsInvoked", "shards"),
+    ("steps", "steps"),
+    ("concurrency", "concurrency"),
+)
+OVERALL = (
+    ("shardsDue", "shards due"),
+    ("invoking", "invoking"),
+    ("inBackoff", "in backoff"),
+    ("overdue", "overdue (due over 1 s ago, not invoked)"),
+    ("handbacks", "handbacks"),
+    ("leftWithoutReport", "left without reporting"),
+    ("withoutProgress", "invocations without progress"),
+    ("callsWaiting", "calls waiting at the server"),
+)
+
+
+def _invocation_lines(metrics: dict[str, Any]) -> list[str]:
+    endpoints = metrics.get("endpoints", [])
+    if not endpoints:
+        return ["this server invokes no endpoint (start it with --invoke URL)"]
+    header = ["endpoint", *(title for _, title in ENDPOINT_COLUMNS)]
+    rows = [
+        [e["url"], *("-" if e.get(key) is None else str(round(e[key], 1)) for key, _ in ENDPOINT_COLUMNS)]
+        for e in endpoints
+    ]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    ]
+    lines.append("")
+    lines += [f"{title}: {metrics.get(key, 0)}" for key, title in OVERALL]
+    return lines
 
 
 def _run_server(args: argparse.Namespace) -> int:

@@ -8,13 +8,16 @@ import asyncio
 import json
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp import web
 
 import fusee
 from tests.server_mode.procs import Proc, Server, retry, steps_seen
@@ -269,3 +272,102 @@ async def test_a_long_lived_worker_alongside_takes_freed_shards_first(cluster, s
     assert len(await run.result()) == 2
     assert (await quiet(client))["endpoints"][0]["sent"] > before
     await client.close()
+
+
+class Flaky:
+    """An endpoint in front of the handler that answers `status` to the first `count`
+    invocations (a platform's throttle, a broken deploy), then passes them on."""
+
+    def __init__(self, target_port: int, status: int, count: int, retry_after: str | None = None) -> None:
+        self.target = f"http://127.0.0.1:{target_port}/"
+        self.status = status
+        self.left = count
+        self.retry_after = retry_after
+        self.seen = 0
+        self.runner: web.AppRunner | None = None
+        self.port = free_port()
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.seen += 1
+        body = await request.read()
+        if self.left > 0:
+            self.left -= 1
+            headers = {"retry-after": self.retry_after} if self.retry_after else {}
+            return web.Response(status=self.status, headers=headers, text="not now")
+        async with aiohttp.ClientSession() as session:
+            async with session.post(self.target, data=body, headers=dict(request.headers)) as answer:
+                return web.Response(
+                    status=answer.status, body=await answer.read(), content_type="application/json"
+                )
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/", self.handle)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+@pytest.mark.parametrize("status", [500, 429])
+async def test_an_endpoint_that_fails_or_throttles_shows_it_in_the_metrics_and_recovers(cluster, status):
+    cluster.start_handler()
+    flaky = Flaky(cluster.handler_port, status, 3, retry_after="0.2" if status == 429 else None)
+    await flaky.start()
+    try:
+        cluster.server = Server(
+            cluster.tmp / "data",
+            "--invoke",
+            f"http://127.0.0.1:{flaky.port}/",
+            "--invoke-secret-file",
+            str(cluster.secret),
+            listen=f"127.0.0.1:{cluster.port}",
+        )
+        cluster.procs.append(cluster.server)
+        client = await cluster.client()
+        seen = await until(lambda: _counted(client, "failed" if status == 500 else "throttled", 3))
+        endpoint = seen["endpoints"][0]
+        if status == 500:
+            assert endpoint["backoffMs"] > 0 or endpoint["failed"] > 3  # backing off after three failures
+        else:
+            assert (
+                endpoint["failed"] == 0 and endpoint["concurrency"] < 16
+            )  # throttled: fewer at once, no failure
+        run = await client.start("steps", "after-flaky", 2)
+        assert len(await run.result()) == 2
+        assert (await quiet(client))["endpoints"][0]["succeeded"] >= 1
+        await client.close()
+    finally:
+        await flaky.stop()
+
+
+async def _counted(client: fusee.Client, key: str, least: int) -> dict[str, Any] | None:
+    now = await metrics(client)
+    return now if now["endpoints"][0][key] >= least else None
+
+
+async def test_fusee_invocations_prints_the_metrics(cluster):
+    cluster.start_handler()
+    server = cluster.start_server()
+    client = await cluster.client()
+    await quiet(client)
+    await client.close()
+    table = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "fusee", "invocations", server.address()],
+        capture_output=True,
+        text=True,
+    )
+    assert table.returncode == 0, table.stderr
+    assert f"http://127.0.0.1:{cluster.handler_port}/" in table.stdout
+    assert "shards due: 0" in table.stdout and "overdue" in table.stdout
+    raw = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "fusee", "invocations", server.address(), "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert json.loads(raw.stdout)["endpoints"][0]["sent"] >= 4  # every shard invoked once at the start
