@@ -371,3 +371,33 @@ async def test_fusee_invocations_prints_the_metrics(cluster):
         text=True,
     )
     assert json.loads(raw.stdout)["endpoints"][0]["sent"] >= 4  # every shard invoked once at the start
+
+
+async def test_a_step_longer_than_the_budget_backs_its_shard_off_instead_of_looping(cluster, tmp_path):
+    cluster.start_handler()
+    config = tmp_path / "invoke.json"
+    endpoint = {
+        "url": f"http://127.0.0.1:{cluster.handler_port}/",
+        "secretFile": str(cluster.secret),
+        "budgetMs": 1000,
+    }
+    config.write_text(json.dumps({"endpoints": [endpoint]}))
+    cluster.server = Server(
+        cluster.tmp / "data", "--invoke-config", str(config), listen=f"127.0.0.1:{cluster.port}"
+    )
+    cluster.procs.append(cluster.server)
+    client = await cluster.client()
+    await quiet(client)
+    before = (await metrics(client))["endpoints"][0]["sent"]
+    await client.start("slow_step", "too-long", 30.0)
+    await until(lambda: _counted_overall(client, "withoutProgress", 2), timeout=20)
+    cluster.server.wait_for(r"budget ended before any step finished; next try in 2 s")
+    now = await metrics(client)
+    # About one invocation per backoff period (1 s, then 2 s...), not one after another.
+    assert now["endpoints"][0]["sent"] - before <= 4, now
+    await client.close()
+
+
+async def _counted_overall(client: fusee.Client, key: str, least: int) -> dict[str, Any] | None:
+    now = await metrics(client)
+    return now if now[key] >= least else None

@@ -185,6 +185,7 @@ async def main(address: str, code: str) -> None:
         if stop.is_set():
             await engine.close()
         else:
+            print("disconnected", LIFETIME[0], flush=True)
             engine.abandon()
             await engine.storage.abandon()  # type: ignore[attr-defined]
     print("closed", flush=True)

@@ -85,4 +85,15 @@ async def sleeper(ctx: fusee.Ctx, seconds: float) -> float:
     return float(await ctx.step("woke", time.time))
 
 
-WORKFLOWS = [steps, parent, waiter, sender, hog, big, sleeper]
+@fusee.workflow("slow_step")
+async def slow_step(ctx: fusee.Ctx, seconds: float) -> str:
+    """One step that takes `seconds` (longer than an invocation's budget, in a test)."""
+
+    async def slow() -> str:
+        await asyncio.sleep(seconds)
+        return "done"
+
+    return str(await ctx.step("slow", slow))
+
+
+WORKFLOWS = [steps, parent, waiter, sender, hog, big, sleeper, slow_step]

@@ -1,0 +1,206 @@
+"""The processes of the model test's server mode: a `fusee server` on loopback and worker
+processes running the model's workflows (server_worker.py), two holding two shards each
+and one standby, started, SIGKILLed, SIGSTOPped and restarted by the moves of the state
+machine. What the workers do outside the engine (step calls, tokens, compensations) is
+read back from the ledger file they append to."""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.server_mode.procs import Proc, Server
+
+WORKERS = 3  # two holders of two shards each, one standby
+MAX_SHARDS = 2
+
+# Lines in a process's output that no run of the model should cause: an exception that
+# escaped (the in-process model's loop errors), a coroutine never awaited, a server that
+# stopped its log. (Warnings such as a shard not taken over are part of failing over.)
+PROBLEMS = re.compile(r"Traceback|never retrieved|never awaited|CRITICAL|Fatal|panicked")
+
+
+class ModelWorker(Proc):
+    """A worker process; `ready` waits for its first engine."""
+
+    def __init__(self, address: str, dir: Path, code: str) -> None:
+        super().__init__(
+            [sys.executable, "-m", "tests.model.server_worker", address, code], {"FUSEE_MODEL_DIR": str(dir)}
+        )
+        self.pid = self.popen.pid
+        self.stopped = False
+
+    def ready(self) -> None:
+        self.wait_for(r"^ready ")
+
+    def held(self) -> set[int]:
+        held: set[int] = set()
+        for line in list(self.lines):
+            kind, _, rest = line.partition(" ")
+            if kind == "ready":
+                held = {int(s) for s in rest.split()[1:]}
+            elif kind in ("reconnected", "disconnected"):
+                held.clear()
+            elif kind == "took":
+                held.add(int(rest))
+            elif kind == "lost":
+                held.discard(int(rest))
+        return held
+
+    def connected(self) -> bool:
+        """Its latest engine is open (not between a lost connection and the next)."""
+        for line in reversed(list(self.lines)):
+            kind = line.partition(" ")[0]
+            if kind in ("ready", "reconnected"):
+                return True
+            if kind in ("disconnected", "closed"):
+                return False
+        return False
+
+    def lifetime(self) -> str:
+        """`PID.N` of its latest engine."""
+        for line in reversed(list(self.lines)):
+            kind, _, rest = line.partition(" ")
+            if kind in ("ready", "reconnected"):
+                return rest.split()[0]
+        return f"{self.pid}.0"
+
+
+class Cluster:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        (root / "valve").mkdir(parents=True, exist_ok=True)
+        self.code = "right"
+        self.server = Server(root / "server")
+        self.host_port = self.server.host_port
+        self.workers: list[ModelWorker] = []
+        self.gone: list[Proc] = []  # killed processes, their pipes closed at the end
+        self.valve_openings = 0
+        self.start_workers(WORKERS)
+
+    def address(self, max_shards: int | None = None) -> str:
+        return self.host_port + (f"?max-shards={max_shards}" if max_shards else "")
+
+    def start_workers(self, n: int) -> list[ModelWorker]:
+        started = [
+            ModelWorker(self.address(MAX_SHARDS), self.root, self.code) for _ in range(n)
+        ]  # (connected one after another, as they come up)
+        for worker in started:
+            worker.ready()
+        self.workers += started
+        return started
+
+    def holder_of(self, shard: int) -> ModelWorker | None:
+        for worker in self.workers:
+            if not worker.stopped and shard in worker.held():
+                return worker
+        return None
+
+    def standby(self) -> ModelWorker | None:
+        for worker in self.workers:
+            if not worker.stopped and worker.connected() and not worker.held():
+                return worker
+        return None
+
+    def all_connected(self) -> bool:
+        return all(w.connected() for w in self.workers if not w.stopped)
+
+    def kill_worker(self, worker: ModelWorker) -> None:
+        worker.kill()
+        worker.close()
+        self.workers.remove(worker)
+        self.gone.append(worker)
+
+    def restart_server(self) -> None:
+        """SIGKILL, and a new server on the same directory and port."""
+        self.server.kill()
+        self.server.close()
+        self.gone.append(self.server)
+        self.server = Server(self.root / "server", listen=self.host_port)
+
+    def open_valve(self) -> None:
+        (self.root / "valve" / f"open-{self.valve_openings}").touch()
+        self.valve_openings += 1
+
+    def problems(self) -> list[str]:
+        out = []
+        for proc in [self.server, *self.workers, *self.gone]:
+            for line in list(proc.lines):
+                if PROBLEMS.search(line):
+                    out.append(f"{proc.args[2:4]} pid {proc.popen.pid}: {line}")
+        return out
+
+    def outputs(self) -> str:
+        parts = []
+        for proc in [self.server, *self.workers]:
+            parts.append(f"--- {' '.join(proc.args[2:4])} pid {proc.popen.pid}:\n{proc.output()}")
+        return "\n".join(parts)
+
+    def close(self) -> None:
+        for worker in self.workers:
+            if worker.stopped:
+                worker.signal(signal.SIGCONT)
+        for proc in [*self.workers, self.server]:
+            if proc.popen.poll() is None:
+                try:
+                    proc.stop(10)
+                except AssertionError:
+                    pass  # killed instead (stop() did)
+            proc.close()
+        for proc in self.gone:
+            proc.close()
+
+
+@dataclass
+class StepCall:
+    index: int  # its place among every call, in the order they were made
+    kind: str  # call, gate
+    key: str
+    attempt: int
+    lifetime: str
+    value: int
+
+
+@dataclass
+class Ledger:
+    """The workers' ledger file, read on as it grows."""
+
+    path: Path
+    offset: int = 0
+    calls: dict[tuple[str, int], list[StepCall]] = field(default_factory=lambda: defaultdict(list))
+    count: int = 0
+    tokens: list[tuple[str, str]] = field(default_factory=list)
+    comps: dict[tuple[str, int], list[str]] = field(default_factory=dict)
+
+    def read(self) -> int:
+        """Read what was appended since; returns how many step calls were made so far."""
+        if not self.path.exists():
+            return self.count
+        with open(self.path, "rb") as file:
+            file.seek(self.offset)
+            data = file.read()
+        end = data.rfind(b"\n") + 1  # (a line being written is read next time)
+        self.offset += end
+        for line in data[:end].decode().splitlines():
+            kind, *rest = line.split(" ")
+            if kind in ("call", "gate"):
+                key, attempt, lifetime, value = rest
+                call = StepCall(self.count, kind, key, int(attempt), lifetime, int(value))
+                self.calls[(key, int(attempt))].append(call)
+                self.count += 1
+            elif kind == "token":
+                self.tokens.append((rest[0], rest[1]))
+            elif kind == "comp":
+                names = self.comps.setdefault((rest[0], int(rest[1])), [])
+                if rest[2] not in names:
+                    names.append(rest[2])
+        return self.count
+
+
+def status(status: str) -> str:
+    """A run's status as the model reads it: a parked run is running."""
+    return "running" if status == "parked" else status
