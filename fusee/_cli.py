@@ -153,9 +153,11 @@ ENDPOINT_COLUMNS = (
     ("shardsInvoked", "shards"),
     ("steps", "steps"),
     ("concurrency", "concurrency"),
+    ("leadMs", "lead ms"),
 )
 OVERALL = (
     ("shardsDue", "shards due"),
+    ("shardsScheduled", "shards due later (a timer, a backoff)"),
     ("invoking", "invoking"),
     ("inBackoff", "in backoff"),
     ("overdue", "overdue (due over 1 s ago, not invoked)"),

@@ -27,7 +27,8 @@ class SystemClock:
 
     def call_at(self, due_ms: int, fn: Callable[[], None]) -> Handle:
         loop = asyncio.get_running_loop()
-        return loop.call_later(max(0.0, (due_ms - self.now_ms()) / 1000), fn)
+        # From the exact time, not the floored millisecond: that would fire up to 1 ms late.
+        return loop.call_later(max(0.0, due_ms / 1000 - time.time()), fn)
 
 
 class _VirtualHandle:

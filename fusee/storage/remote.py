@@ -65,6 +65,7 @@ class RemoteStorage:
         self.on_lease: Callable[[int], None] | None = None  # a standby was granted a shard
         self.on_call: Callable[[m.Call], None] | None = None
         self.ticker: asyncio.TimerHandle | None = None
+        self.ticker_thread: asyncio.TimerHandle | None = None  # an invoked worker's pinger, started late
         self.pinger: Pinger | None = None
         self.ping_s = 1.0
         self.budget_ms = 0  # an invoked worker's budget left, as its lease said
@@ -92,7 +93,14 @@ class RemoteStorage:
             if welcome.session:
                 # The pings that do not depend on this event loop (pinger.py).
                 storage.pinger = Pinger(address, welcome.session, storage.ping_s)
-                storage.pinger.start()
+                if address.invocation is None:
+                    storage.pinger.start()
+                else:
+                    # Most invocations end within a few hundred ms: their thread and second
+                    # connection would cost more than the pings they send (the loop's own
+                    # pings cover a loop that is not blocked).
+                    delay = storage.ping_s / 2
+                    storage.ticker_thread = asyncio.get_running_loop().call_later(delay, storage.pinger.start)
         return storage
 
     @property
@@ -232,6 +240,8 @@ class RemoteStorage:
     def _stop_pings(self) -> None:
         if self.ticker is not None:
             self.ticker.cancel()
+        if self.ticker_thread is not None:
+            self.ticker_thread.cancel()
         if self.pinger is not None:
             self.pinger.stop()
 

@@ -167,6 +167,7 @@ class Server:
             self.connections.discard(conn)
             return f"invocation {conn.invocation} is connected already"
         invocation.conn = conn
+        invocation.connected = asyncio.get_running_loop().time()
         conn.max_shards = 0
         conn.session = os.urandom(16)
         self.sessions[conn.session] = conn

@@ -1,0 +1,531 @@
+"""Invoked workers' cost: the spec's *Measured* table (server mode, *Invoked workers*),
+row by row, against its goals. Run on demand:
+`python bench/invoke_cost.py [COLD [FAN [SLEEPS [PARKED]]]] [--quick] [--dir PARENT]
+[--profile DIR]` (defaults `100 200 100 10000`, as the spec's run; a few minutes on two
+cores; `--quick` is a smoke run of well under a minute). Not a timed test.
+
+The setup, all on loopback on this machine, each part a process of its own as deployed:
+- `python -m fusee server --shards 4 --invoke http://127.0.0.1:H/ --invoke-secret-file F`,
+  its data directory in a fresh directory under `--dir` (default: the system's temporary
+  directory), removed afterwards;
+- the handler: uvicorn serving `handlers.from_environment()` (what `handlers.asgi:app`
+  is), FUSEE_INVOKE_TRACE=1, with a wrapper that prints each request's arrival and answer
+  times once it has answered (see _invoke_procs.py). A fresh engine per invocation, as
+  always. The process is started once and kept (a platform's process and runtime cold
+  start is not measured: it comes on top, see bench/handler_boot.py);
+- the client: this process (`fusee.Client`).
+The spec's Rust run has all three in one process; in Python they would share one GIL
+and one event loop, which is not how the handler is deployed. One handler process
+serves every invocation, so the invocations of rows 3 to 5, on four shards at once,
+share its one event loop (on a functions platform each would get an instance).
+
+Rows (COLD, FAN, SLEEPS, PARKED are the four arguments):
+1. a start for a shard nobody holds, from just before `client.start` to the first step's
+   body (the step returns time.time()): p50/p90/max over COLD starts, each from a state
+   where the server's metrics show nothing invoking and nothing due, and 20 ms after it
+   (the processes idle, as before a real cold start);
+2. of which until the engine is open (the handler's trace: `opened`, placed on the same
+   clock through the request's arrival time), and the shard's own recovery (the trace's
+   `open_ms`, what the engine measured);
+3. FAN workflows of 4 trivial steps on 4 shards started at once: invocations (the
+   metrics' `sent`, before and after) and steps per invocation;
+4. the same started one after another;
+5. SLEEPS runs started at once, each sleeping 1 s and then running a step: how late that
+   step ran after the timer's recorded due time (p50), the handler's time (request
+   arrival to answer) summed over every invocation of the row per run, and the engine's
+   open (Engine.open: from leased to opened in the trace) per invocation. The server
+   invokes at the start of the 100 ms bucket of the shard's earliest timer (the run
+   index's granularity), so how long before the timer the engine is open varies from
+   run to run; the line under the table says how long it was;
+6. PARKED runs asleep for an hour on one shard (IDs chosen by zlib.crc32(id) % 4), their
+   invocation over: then starts on that shard as in row 1 (COLD / 5 of them, at least 5),
+   p50, and of which the shard's recovery. The parked runs are counted afterwards (a
+   listing), so a wrong shard or a lost run fails the benchmark.
+Under the table: where a cold start's time goes (p50 of each part).
+
+`--profile DIR`: the server and the handler run under cProfile, their stats written to
+DIR (server.prof, handler.prof) when they stop; the times are then cProfile's, not the
+product's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import secrets
+import shutil
+import signal
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from _invoke_procs import Served, handler_args, served, server_args
+from _server_procs import Child, stop_all
+
+import fusee
+
+SHARDS = 4
+FAN_STEPS = 4
+SLEEP_MS = 1000
+WARM_UP_STARTS = 3  # the handler process's first invocations import what they use
+PARKED_CONCURRENCY = 256  # starts in flight while parking runs
+QUIET_TIMEOUT_S = 120.0
+SETTLE_S = 0.02  # after the last invocation's answer, before a cold start: its process's tail
+
+GOAL_COLD_P50_MS = 2.0
+GOAL_FAN_INVOCATIONS = 4
+GOAL_LATE_P50_MS = 1.0
+GOAL_TIME_PER_RUN_MS = 15.0
+GOAL_PARKED_P50_MS = 100.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def pct(values: list[float], p: float) -> float:
+    """The p-th percentile, nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(p / 100 * len(ordered)) - 1))]
+
+
+def goal(met: bool, text: str) -> str:
+    return f"(goal {text}: {'met' if met else 'MISSED'})"
+
+
+# -- the processes and the client --------------------------------------------------------
+
+
+@dataclass
+class Cluster:
+    server: Child
+    handler: Child
+    client: fusee.Client
+
+    async def metrics(self) -> dict[str, Any]:
+        answer: dict[str, Any] = await self.client.call("invocations", -1)
+        return answer
+
+    async def quiet(self, due_allowed: int = 0) -> dict[str, Any]:
+        """The metrics once nothing is being invoked and nothing is due. `due_allowed`:
+        shards whose next due time is far off (the metrics count those as due too)."""
+        deadline = time.monotonic() + QUIET_TIMEOUT_S
+        while True:
+            now = await self.metrics()
+            if now["invoking"] == 0 and now["shardsDue"] <= due_allowed and now["overdue"] == 0:
+                return now
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the server never settled: {now}")
+            await asyncio.sleep(0.005)
+
+    async def handled(self, mark: int, count: int) -> list[Served]:
+        """The invocations the handler answered since its output line `mark`, once there
+        are `count` (its stamp line comes just after its answer)."""
+        deadline = time.monotonic() + 10
+        while True:
+            with self.handler.lock:
+                lines = self.handler.lines[mark:]
+            found = sorted(served(lines).values(), key=lambda s: s.arrived)
+            if len(found) >= count:
+                return found
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the handler answered {len(found)} invocations, not {count}")
+            await asyncio.sleep(0.005)
+
+    def mark(self) -> int:
+        with self.handler.lock:
+            return len(self.handler.lines)
+
+
+async def start_cluster(scratch: Path, profile: Path | None) -> Cluster:
+    secret = secrets.token_hex(16)
+    secret_file = scratch / "invoke-secret"
+    secret_file.write_text(secret)
+    port, handler_port = free_port(), free_port()
+    # The handler first: the server invokes every shard as it starts.
+    handler = Child(handler_args(handler_port, port, secret, profile / "handler.prof" if profile else None))
+    await handler.wait_for(r"Uvicorn running on", timeout=60)
+    server = Child(
+        server_args(
+            scratch / "data",
+            port,
+            handler_port,
+            secret_file,
+            profile / "server.prof" if profile else None,
+            trace=False,
+        )
+    )
+    await server.wait_for(r"ready$", timeout=60)
+    client = await fusee.Client.connect(f"127.0.0.1:{port}")
+    return Cluster(server, handler, client)
+
+
+# -- row 1, 2, 6: cold starts -------------------------------------------------------------
+
+
+@dataclass
+class ColdStart:
+    began: float  # just before client.start (unix s)
+    step: float  # the first step's body (unix s)
+    served: Served
+    shard: int
+
+    @property
+    def total_ms(self) -> float:
+        return (self.step - self.began) * 1000
+
+    @property
+    def until_open_ms(self) -> float:
+        return (self.served.at("opened") - self.began) * 1000
+
+    @property
+    def recovery_ms(self) -> float:
+        return self.served.open_ms.get(self.shard, float("nan"))
+
+    def parts_ms(self) -> dict[str, float]:
+        s = self.served
+        return {
+            "dispatch": (s.arrived - self.began) * 1000,
+            "lease": (s.at("leased") - s.arrived) * 1000,
+            "open": (s.at("opened") - s.at("leased")) * 1000,
+            "recovery": self.recovery_ms,
+            "step": (self.step - s.at("opened")) * 1000,
+        }
+
+
+async def cold_start(cluster: Cluster, wid: str, due_allowed: int = 0) -> ColdStart:
+    await cluster.quiet(due_allowed)
+    await asyncio.sleep(SETTLE_S)
+    mark = cluster.mark()
+    began = time.time()
+    run = await cluster.client.start("first", wid, None)
+    step = float(await run.result())
+    found = await cluster.handled(mark, 1)
+    # The invocation that ran the step: the last to arrive before it did.
+    mine = max((s for s in found if s.arrived <= step), key=lambda s: s.arrived)
+    return ColdStart(began, step, mine, cluster.client.shard_of(wid))
+
+
+def ids_on(shard: int, prefix: str) -> Iterator[str]:
+    """Workflow IDs that hash to `shard` (as the client routes them)."""
+    i = 0
+    while True:
+        wid = f"{prefix}-{i}"
+        if zlib.crc32(wid.encode()) % SHARDS == shard:
+            yield wid
+        i += 1
+
+
+async def cold_starts(cluster: Cluster, count: int) -> list[ColdStart]:
+    for i in range(WARM_UP_STARTS):
+        await cold_start(cluster, f"warm-{i}")
+    return [await cold_start(cluster, f"cold-{i}") for i in range(count)]
+
+
+# -- rows 3, 4: fan-out --------------------------------------------------------------------
+
+
+async def fan_out(cluster: Cluster, count: int, together: bool) -> tuple[int, int]:
+    """(invocations, steps) that `count` workflows of FAN_STEPS steps took."""
+    client = cluster.client
+    before = (await cluster.quiet())["endpoints"][0]
+    ids = [f"fan-{'together' if together else 'serial'}-{i}" for i in range(count)]
+    if together:
+        await asyncio.gather(*(client.start("fan", wid, FAN_STEPS) for wid in ids))
+    else:
+        for wid in ids:
+            await client.start("fan", wid, FAN_STEPS)
+    after = (await cluster.quiet())["endpoints"][0]
+    # Read afterwards (their invocations are not counted above): every run finished.
+    results = await asyncio.gather(*(client.run(wid).result() for wid in ids))
+    expected = sum(range(FAN_STEPS))
+    if any(result != expected for result in results):
+        raise RuntimeError(f"fan-out results: {sorted(set(results))}, expected {expected}")
+    return after["sent"] - before["sent"], after["steps"] - before["steps"]
+
+
+# -- row 5: a step after a sleep -----------------------------------------------------------
+
+
+@dataclass
+class Sleeps:
+    runs: list[tuple[int, float, float]]  # shard, the timer's due time, the step after (unix ms)
+    invocations: list[Served]
+    began: float
+
+    @property
+    def late_ms(self) -> list[float]:
+        return [woke - due for _, due, woke in self.runs]
+
+    def resumed(self) -> list[Served]:
+        """The invocations after the sleep (the others ran the starts)."""
+        return [s for s in self.invocations if s.arrived >= self.began + SLEEP_MS / 2000]
+
+    def ahead_ms(self, event: str) -> list[float]:
+        """Per invocation after the sleep: how long after the earliest timer of its
+        shards `event` came (negative: before it)."""
+        found = []
+        for one in self.resumed():
+            dues = [due for shard, due, _ in self.runs if shard in one.shards]
+            if dues:
+                found.append(one.at(event) * 1000 - min(dues))
+        return found
+
+
+async def sleeps(cluster: Cluster, count: int) -> Sleeps:
+    client = cluster.client
+    before = (await cluster.quiet())["endpoints"][0]
+    mark = cluster.mark()
+    began = time.time()
+
+    async def one(wid: str) -> tuple[int, float, float]:
+        # The result asked for at once, while the start's invocation holds the shard: it
+        # waits at the server through the sleep and invokes nothing by itself.
+        run = await client.start("nap", wid, SLEEP_MS)
+        due, woke = await run.result()
+        return run.shard, float(due), float(woke)
+
+    runs = await asyncio.gather(*(one(f"nap-{i}") for i in range(count)))
+    after = (await cluster.quiet())["endpoints"][0]
+    found = await cluster.handled(mark, after["sent"] - before["sent"])
+    return Sleeps(list(runs), found, began)
+
+
+# -- row 6: a shard holding parked runs -----------------------------------------------------
+
+
+async def park(cluster: Cluster, shard: int, count: int) -> float:
+    """Starts `count` runs asleep for an hour on `shard`; seconds it took, until the
+    invocation that ran them was over."""
+    began = time.monotonic()
+    gate = asyncio.Semaphore(PARKED_CONCURRENCY)
+
+    async def one(wid: str) -> None:
+        async with gate:
+            await cluster.client.start("parked", wid, None)
+
+    ids = ids_on(shard, "parked")
+    await asyncio.gather(*(one(next(ids)) for _ in range(count)))
+    await cluster.quiet(due_allowed=1)  # that shard's timer, an hour off
+    return time.monotonic() - began
+
+
+# -- the report -------------------------------------------------------------------------
+
+
+def ms(value: float) -> str:
+    return f"{value:.1f} ms"
+
+
+def table(rows: list[tuple[str, str]]) -> str:
+    lines = ["| What | Result |", "| --- | --- |"]
+    lines += [f"| {what} | {result} |" for what, result in rows]
+    return "\n".join(lines)
+
+
+def cold_rows(cold: list[ColdStart]) -> list[tuple[str, str]]:
+    total = [c.total_ms for c in cold]
+    until_open = [c.until_open_ms for c in cold]
+    recovery = [c.recovery_ms for c in cold]
+    p50 = pct(total, 50)
+    return [
+        (
+            "Start for a shard nobody holds, call to the first step's body",
+            f"p50 {ms(p50)}, p90 {ms(pct(total, 90))}, max {ms(max(total))} "
+            + goal(p50 <= GOAL_COLD_P50_MS, f"p50 \u2264 {GOAL_COLD_P50_MS:g} ms"),
+        ),
+        (
+            "Of which: until the engine is open and the workflows registered",
+            f"p50 {ms(pct(until_open, 50))} (the shard's own recovery {ms(pct(recovery, 50))})",
+        ),
+    ]
+
+
+def fan_row(what: str, invocations: int, steps: int, note: str = "") -> tuple[str, str]:
+    per = steps / invocations if invocations else float("nan")
+    return (
+        what,
+        f"{invocations} invocations, {per:.0f} steps each{note} "
+        + goal(invocations == GOAL_FAN_INVOCATIONS, f"{GOAL_FAN_INVOCATIONS} invocations"),
+    )
+
+
+def sleep_row(result: Sleeps) -> tuple[str, str]:
+    late_p50 = pct(result.late_ms, 50)
+    runs = len(result.late_ms)
+    per_run_ms = sum(s.took_s for s in result.invocations) * 1000 / runs
+    resumed = result.resumed()
+    opens = [(s.at("opened") - s.at("leased")) * 1000 for s in result.invocations]
+    return (
+        "Step after a 1 s sleep, invoked",
+        f"late by {ms(late_p50)} p50 (p90 {ms(pct(result.late_ms, 90))}) "
+        + goal(late_p50 <= GOAL_LATE_P50_MS, f"\u2264 {GOAL_LATE_P50_MS:g} ms")
+        + f"; engine open {ms(statistics.mean(opens))} per invocation and invocation time "
+        f"{ms(per_run_ms)} per resumed run ({runs} runs, {len(result.invocations)} invocations, "
+        f"{len(resumed)} of them after the sleep: "
+        f"{ms(sum(s.took_s for s in resumed) * 1000 / runs)} per run) "
+        + goal(per_run_ms <= GOAL_TIME_PER_RUN_MS, f"\u2264 {GOAL_TIME_PER_RUN_MS:g} ms per run"),
+    )
+
+
+def parked_row(parked: int, cold: list[ColdStart]) -> tuple[str, str]:
+    p50 = pct([c.total_ms for c in cold], 50)
+    return (
+        f"Start on a shard holding {parked:,} runs asleep for an hour",
+        f"p50 {ms(p50)}, of which recovery {ms(pct([c.recovery_ms for c in cold], 50))} "
+        f"({len(cold)} starts) " + goal(p50 <= GOAL_PARKED_P50_MS, f"\u2264 {GOAL_PARKED_P50_MS:g} ms"),
+    )
+
+
+def breakdown(title: str, cold: list[ColdStart]) -> str:
+    parts = [c.parts_ms() for c in cold]
+
+    def p(key: str) -> str:
+        values = [part[key] for part in parts]
+        return f"p50 {pct(values, 50):6.2f} ms  p90 {pct(values, 90):6.2f} ms"
+
+    return "\n".join(
+        [
+            f"{title} ({len(cold)} starts; p50s of the parts need not add up to the total's):",
+            f"  client.start to the request at the handler (server dispatch, HTTP)  {p('dispatch')}",
+            f"  to leased (connect, handshake, the grant)                           {p('lease')}",
+            f"  to opened (Engine.open)                                             {p('open')}",
+            f"    of which the shard's own recovery (open_ms)                       {p('recovery')}",
+            f"  to the first step's body (the start routed, the run, its records)   {p('step')}",
+        ]
+    )
+
+
+def timers(result: Sleeps) -> str:
+    arrived, opened = result.ahead_ms("received"), result.ahead_ms("opened")
+    if not arrived:
+        return "After the sleep: no invocation came after it"
+    return (
+        f"After the sleep ({len(arrived)} invocations), after each one's earliest timer: the request "
+        f"reached the handler p50 {pct(arrived, 50):.1f} ms (min {min(arrived):.1f}), the engine was "
+        f"open p50 {pct(opened, 50):.1f} ms; the step after each timer ran p50 "
+        f"{pct(result.late_ms, 50):.1f} ms late (min {min(result.late_ms):.1f}, max {max(result.late_ms):.1f})."
+    )
+
+
+# -- the whole run ----------------------------------------------------------------------------
+
+
+async def run_all(args: argparse.Namespace, scratch: Path) -> None:
+    began = time.monotonic()
+    cluster = await start_cluster(scratch, args.profile)
+    try:
+        await cluster.quiet()  # the invocations of every shard a starting server sends
+        progress = Progress(began)
+        cold = await cold_starts(cluster, args.cold)
+        progress(f"{args.cold} cold starts")
+        at_once = await fan_out(cluster, args.fan, together=True)
+        progress(f"{args.fan} workflows started at once")
+        serial = await fan_out(cluster, args.fan, together=False)
+        progress(f"{args.fan} workflows started one after another")
+        slept = await sleeps(cluster, args.sleeps)
+        progress(f"{args.sleeps} runs sleeping 1 s")
+        shard = 0
+        parked_s = await park(cluster, shard, args.parked)
+        progress(f"{args.parked:,} runs parked on shard {shard} ({args.parked / parked_s:.0f} starts/s)")
+        probes = ids_on(shard, "probe")
+        samples = max(5, args.cold // 5)
+        parked = [await cold_start(cluster, next(probes), due_allowed=1) for _ in range(samples)]
+        progress(f"{samples} starts on the parked shard")
+        asleep = await cluster.client.list(type="parked", status="running")
+        if len(asleep) != args.parked or {r.shard for r in asleep} != {shard}:
+            raise RuntimeError(
+                f"{len(asleep)} parked runs found, on shards {sorted({r.shard for r in asleep})}"
+            )
+    finally:
+        await cluster.client.close()
+    rows = cold_rows(cold)
+    rows.append(fan_row(f"{args.fan} workflows of {FAN_STEPS} steps on 4 shards, started at once", *at_once))
+    rows.append(fan_row("The same started one after another", *serial))
+    rows.append(sleep_row(slept))
+    rows.append(parked_row(args.parked, parked))
+    print()
+    print(table(rows))
+    print()
+    print(breakdown("Cold start, where the time goes", cold))
+    print(breakdown(f"On the shard holding {args.parked:,} runs", parked))
+    print(timers(slept))
+    print(
+        f"\nServer, handler (uvicorn, FUSEE_INVOKE_TRACE=1) and client in three processes on "
+        f"loopback, {os.cpu_count()} cores (load average {os.getloadavg()[0]:.2f} at the end); "
+        f"{time.monotonic() - began:.0f} s in all"
+        + (f"; under cProfile (stats in {args.profile})" if args.profile else "")
+        + "."
+    )
+
+
+class Progress:
+    """A line on standard error as each part ends."""
+
+    def __init__(self, began: float) -> None:
+        self.began = began
+
+    def __call__(self, what: str) -> None:
+        print(f"[{time.monotonic() - self.began:5.1f} s] {what}", file=sys.stderr, flush=True)
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("cold", type=int, nargs="?", default=100, help="cold starts (default 100)")
+    parser.add_argument("fan", type=int, nargs="?", default=200, help="fan-out workflows (default 200)")
+    parser.add_argument("sleeps", type=int, nargs="?", default=100, help="runs sleeping 1 s (default 100)")
+    parser.add_argument(
+        "parked", type=int, nargs="?", default=10_000, help="runs parked on one shard (default 10000)"
+    )
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 10 20 10 500")
+    parser.add_argument(
+        "--dir", type=Path, default=Path(tempfile.gettempdir()), help="parent of the scratch directory"
+    )
+    parser.add_argument(
+        "--profile", type=Path, help="run the server and the handler under cProfile, stats here"
+    )
+    args = parser.parse_args()
+    if args.quick:
+        args.cold, args.fan, args.sleeps, args.parked = 10, 20, 10, 500
+    if min(args.cold, args.fan, args.sleeps, args.parked) < 1:
+        parser.error("every count must be at least 1")
+    if args.profile is not None:
+        args.profile = args.profile.resolve()
+        args.profile.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def main() -> int:
+    args = arguments()
+    scratch = Path(tempfile.mkdtemp(prefix="fusee-invoke-cost-", dir=args.dir.resolve()))
+
+    async def guarded() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        await run_all(args, scratch)
+
+    try:
+        asyncio.run(guarded())
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("\ninterrupted: stopping the processes, removing " + str(scratch), file=sys.stderr)
+        return 130
+    finally:
+        stop_all()
+        shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
