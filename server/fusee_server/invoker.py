@@ -426,7 +426,9 @@ class Invoker:
         return {
             "endpoints": [e.metrics(now) for e in self.endpoints],
             "shardsDue": sum(1 for d in due if d.invocation is None and d.at is not None and d.at <= now),
-            "shardsScheduled": sum(1 for d in due if d.invocation is None and d.at is not None and d.at > now),
+            "shardsScheduled": sum(
+                1 for d in due if d.invocation is None and d.at is not None and d.at > now
+            ),
             "invoking": sum(1 for d in self.due if d.invocation is not None),
             "inBackoff": sum(1 for d in due if d.backoff_until > now),
             "overdue": sum(
