@@ -23,7 +23,7 @@ ALLOWED: dict[str, set[str]] = {
     "protocol": {"base"},
     "engine": {"base", "workflow", "storage", "protocol"},
     "testing": {"base", "workflow", "storage", "engine"},
-    "client": {"base", "protocol", "engine"},
+    "client": {"base", "workflow", "protocol", "engine"},
     "invoke": {"base", "workflow", "storage", "protocol", "engine"},
 }
 TOP = {"__init__", "__main__", "_cli", "sync"}

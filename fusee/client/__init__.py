@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from fusee import _codec as codec
 from fusee import _errors as errors
 from fusee._errors import ConnectionError, Failure, FuseeError, NoHolderError
 from fusee.engine.handle import RunSummary
@@ -23,6 +24,7 @@ from fusee.protocol import messages as m
 from fusee.protocol.address import Address, parse
 from fusee.protocol.connection import ClientConnection, connect
 from fusee.protocol.frames import FrameError
+from fusee.workflow.definitions import Query, Signal, Update
 
 _failure = msgspec.msgpack.Decoder(Failure)
 
@@ -79,6 +81,15 @@ def error_of(answer: m.Answer) -> FuseeError:
 
 def _name(thing: Any) -> str:
     return thing if isinstance(thing, str) else str(thing.name)
+
+
+def _checked(definition: Any, value: Any, type_field: str, what: str) -> Any:
+    """`value`, refused (CodecError) here when a typed definition (a Signal, an Update, a
+    Query) says it is not of its type, as the engine refuses it in process: the worker
+    only sees the name, and would record a value its code cannot read."""
+    if isinstance(definition, (Signal, Update, Query)):
+        codec.convert(value, getattr(definition, type_field), f"{what} '{definition.name}'")
+    return value
 
 
 class Client:
@@ -178,7 +189,7 @@ class Client:
             id=id,
             input=input,
             signal=_name(signal),
-            value=value,
+            value=_checked(signal, value, "type", "signal"),
         )
         return ClientRun(self, id)
 
@@ -199,7 +210,7 @@ class Client:
             id=id,
             input=input,
             update=_name(update),
-            arg=arg,
+            arg=_checked(update, arg, "arg", "update"),
             update_id=update_id,
         )
         return ClientRun(self, id), value
@@ -260,12 +271,15 @@ class ClientRun:
             pause = min(pause * 2, 1.0)
 
     async def signal(self, signal: Any, value: Any = None) -> None:
+        value = _checked(signal, value, "type", "signal")
         await self.client.call("signal", self.shard, id=self.id, name=_name(signal), value=value)
 
     async def query(self, query: Any, arg: Any = None) -> Any:
+        arg = _checked(query, arg, "arg", "query")
         return await self.client.call("query", self.shard, id=self.id, name=_name(query), arg=arg)
 
     async def update(self, update: Any, arg: Any = None, *, id: str | None = None) -> Any:
+        arg = _checked(update, arg, "arg", "update")
         return await self.client.call(
             "update", self.shard, id=self.id, name=_name(update), arg=arg, update_id=id
         )

@@ -15,6 +15,7 @@ import logging
 import socket
 import ssl
 import threading
+import time
 
 from fusee._errors import ConnectionError, FuseeError
 from fusee.protocol import handshake
@@ -37,10 +38,13 @@ RETRY_S = 0.5
 
 
 class Pinger:
-    def __init__(self, address: Address, session: bytes, interval_s: float) -> None:
+    def __init__(self, address: Address, session: bytes, interval_s: float, stall_s: float = 0.0) -> None:
         self.address = address
         self.session = session
         self.interval_s = interval_s
+        self.stall_s = stall_s  # a gap between beats longer than this: the process was stopped
+        self.last_beat = 0.0  # time.monotonic() of the last ping that left (0: none yet)
+        self.stalled = False
         self.stopped = threading.Event()
         self.sock: socket.socket | None = None
         self.thread = threading.Thread(target=self._run, name="fusee-ping", daemon=True)
@@ -64,7 +68,15 @@ class Pinger:
                 self.sock, _ = open_blocking(self.address, Open(VERSION, ROLE_PINGER, session=self.session))
                 with self.sock:
                     while not self.stopped.is_set():
+                        now = time.monotonic()
+                        if self.stall_s and self.last_beat and now - self.last_beat > self.stall_s:
+                            # Woken after a stop (SIGSTOP, a frozen VM): the server has
+                            # revoked the leases meanwhile. Pinging now would make the
+                            # worker look alive to itself; it must learn it was not.
+                            self.stalled = True
+                            return
                         self.sock.sendall(ping)
+                        self.last_beat = time.monotonic()
                         self.stopped.wait(self.interval_s)
             except (OSError, FrameError, FuseeError) as error:
                 if isinstance(error, ConnectionError) and "session" in str(error):

@@ -39,6 +39,7 @@ from fusee.storage.relay import Relay
 logger = logging.getLogger("fusee.remote")
 
 FRAME_HEADER = 8  # a run-store frame: length and checksum, then its bytes
+SILENCE_SHARE = 0.8  # of the server's liveness timeout: silent longer, a worker lets its leases go
 APPEND_BYTES = 8 << 20  # records per APPEND frame, about (one record may be up to the log's limit)
 RECORD_BYTES_MAX = (64 << 20) - 4096  # the log's limit on one record (a batch's room)
 
@@ -68,6 +69,8 @@ class RemoteStorage:
         self.ticker_thread: asyncio.TimerHandle | None = None  # an invoked worker's pinger, started late
         self.pinger: Pinger | None = None
         self.ping_s = 1.0
+        self.silence_limit_s = 0.0  # 0: the server never revokes a silent lease
+        self.last_tick = 0.0  # time.monotonic() of the loop's last ping tick (a heartbeat)
         self.budget_ms = 0  # an invoked worker's budget left, as its lease said
         self.drained: asyncio.Future[None] | None = None
         self.held_calls: list[m.Call] = []
@@ -89,10 +92,13 @@ class RemoteStorage:
         storage.budget_ms = welcome.budget_ms
         if welcome.timeout_ms:
             storage.ping_s = welcome.ping_ms / 1000
+            # Well inside the server's timeout: a worker that was silent this long may be
+            # deposed already (the server judges by when bytes arrived, a little later).
+            storage.silence_limit_s = welcome.timeout_ms / 1000 * SILENCE_SHARE
             storage._ping()
             if welcome.session:
                 # The pings that do not depend on this event loop (pinger.py).
-                storage.pinger = Pinger(address, welcome.session, storage.ping_s)
+                storage.pinger = Pinger(address, welcome.session, storage.ping_s, storage.silence_limit_s)
                 if address.invocation is None:
                     storage.pinger.start()
                 else:
@@ -113,13 +119,16 @@ class RemoteStorage:
         conn = self.conn
         if conn is None or conn.closed:
             return
-        if time.monotonic() - conn.last_sent >= self.ping_s * 0.9:
+        self.last_tick = time.monotonic()
+        if self.last_tick - conn.last_sent >= self.ping_s * 0.9:
             conn.send(m.Ping())
         self.ticker = asyncio.get_running_loop().call_later(self.ping_s, self._ping)
 
     # -- from the server ----------------------------------------------------------------
 
     def on_message(self, message: Any) -> None:
+        if self.silence_limit_s and self.stores and self._was_silent():
+            return
         kind = type(message)
         if kind is m.Durable:
             for shard, epoch, position in message.positions:
@@ -153,6 +162,22 @@ class RemoteStorage:
                 self.held_calls.append(message)
         else:
             logger.warning("ignoring a %s frame from the server", kind.__name__)
+
+    def _was_silent(self) -> bool:
+        """Whether this process said nothing for longer than the server waits before it
+        revokes a lease (it was stopped, or starved of CPU): then the server has given its
+        shards to another holder, and what it reads now (a durable position waiting in
+        the socket) must not start a step that holder may have run and recorded. It lets
+        its leases go instead, as if the connection had closed."""
+        assert self.conn is not None
+        pinger = self.pinger
+        last = max(self.last_tick, pinger.last_beat if pinger is not None else 0.0)
+        silent = time.monotonic() - last
+        if silent <= self.silence_limit_s and not (pinger is not None and pinger.stalled):
+            return False
+        self.conn.close()
+        self.on_lost(ConnectionError(f"this worker sent nothing for {silent:.1f} s (was it stopped?)"))
+        return True
 
     def on_lost(self, error: ConnectionError) -> None:
         if self.lost is not None:

@@ -24,9 +24,13 @@ show no run the journal read after them has not reached, with the same final sta
 and message. `fencing`: a holder stopped until its leases moved never writes again; no
 step result it computed after it woke is recorded (step values name their process).
 
-Dropped (engine internals a Client cannot see): `next-due` (5) and `idle` (6), the
-outbox's pending messages after a minute, and settling before a check (the workers run
-on while the checks read; every check here holds for a moving system)."""
+Dropped (engine internals a Client cannot see): `next-due` (5) and `idle` (6) (after
+every step, and between loop turns in `crash_during`), the outbox's pending messages
+after a minute, the coroutines an engine left unawaited at its close (but "never
+awaited" in a process's output counts), and settling before a check (the workers run on
+while the checks read; every check here holds for a moving system). The deploy moves
+(changed or absent code) have no server-mode counterpart yet, so neither have the
+checks of runs stuck or waiting for code."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Defects the model test's server mode found, each as a small standalone test against a
-real `fusee server` (xfail, strict, until fixed; server_harness.SERVER_KNOWN lists what
-the model steps around meanwhile)."""
+real `fusee server` (each was seen failing before its fix)."""
 
 from __future__ import annotations
 
@@ -48,13 +47,6 @@ async def _journal(client: fusee.Client, wid: str) -> list[Any]:
     return [R.decode_entry(e).rec for e in got["records"]]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fusee/client/__init__.py ClientRun.signal sends only the signal's name (`_name(signal)`) "
-    "and never checks the value against the definition's type, as Run.signal does in process "
-    "(codec.convert(value, sig.type)): a value of the wrong type is acknowledged and recorded, and "
-    "the run then fails with a CodecError when it takes the signal",
-)
 async def test_a_client_signal_of_the_wrong_type_is_refused(cluster: Cluster) -> None:
     """In process, `run.signal(GO, "bad")` raises CodecError and records nothing
     (test_model's typed-calls check); through a Client the same call must do the same."""
@@ -66,13 +58,6 @@ async def test_a_client_signal_of_the_wrong_type_is_refused(cluster: Cluster) ->
     await client.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fusee/client/__init__.py ClientRun.update sends the update's name and argument unchecked "
-    "(in process Run.update converts it with the definition's `arg` type first: CodecError, nothing "
-    "recorded); the worker records UpdateAccepted, then an UpdateDone with the Codec failure, so the "
-    "update ID is spent on a call that was refused",
-)
 async def test_a_client_update_of_the_wrong_type_is_refused(cluster: Cluster) -> None:
     """In process, `run.update(BUMP_STEP, "three", id=...)` raises CodecError and records
     nothing; through a Client the CodecError comes back, but after the update was recorded."""
@@ -84,20 +69,16 @@ async def test_a_client_update_of_the_wrong_type_is_refused(cluster: Cluster) ->
     await client.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fusee/engine/engine.py Engine.open installs the CallServer (storage.on_call) only after "
-    "_open_shards recovered every shard granted at connection; the server routes calls to the "
-    "worker from the grant on, and RemoteStorage.received answers them 'RejectedError: this "
-    "process serves no calls', a refusal, not a retryable NoHolder/Connection error",
-)
 async def test_a_call_to_a_worker_still_recovering_its_first_shards_waits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A worker that connects is granted its shards at once and recovers them before its
     engine opens (at its start, and whenever it reconnects after the server restarted). A
-    call the server relays to it meanwhile must wait for the shard, as a call to a shard a
-    standby is taking over does (serve.CallServer._answer), or fail as retryable."""
+    call the server relays to it meanwhile waits for the shard, as a call to a shard a
+    standby is taking over does (serve.CallServer._answer). Found by test_server_model
+    (seed 5, 4 sequences of 12 steps: a call right after a server restart was refused
+    "RejectedError: this process serves no calls"); fixed in 2bfdd24 (RemoteStorage holds
+    the calls that arrive before the engine serves them)."""
     server = Server(tmp_path / "server", shards=1)
     recovering = asyncio.Event()
     release = asyncio.Event()
@@ -177,16 +158,6 @@ asyncio.run(main())
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a holder stopped (SIGSTOP) past the liveness timeout is deposed: the server revokes its "
-    "leases and the standby runs and records the run's next step; when the holder wakes it reads "
-    "what waited in its socket first, the server's DURABLE for the records ahead of that step, and "
-    "starts the step's function at once, before it reads the end of its connection "
-    "(fusee/storage/remote.py: frames are acted on whatever the time since the last byte from the "
-    "server; nothing checks the lease is still held, after silence_s of silence, before a step "
-    "starts): the function runs again after its outcome was durable (guarantee 3)",
-)
 async def test_a_holder_that_wakes_deposed_runs_no_step_another_holder_recorded(tmp_path: Path) -> None:
     """Found by test_server_model (seed 21, FUSEE_MODEL_SERVER_EXAMPLES=8,
     FUSEE_MODEL_SERVER_STEPS=20): a start met by a holder SIGSTOPped right after; the
