@@ -99,6 +99,7 @@ class EndpointState:
         self.successes = 0
         self.backoff_s = 0.0
         self.backoff_until = 0.0
+        self.backoff_set_at = -1.0  # when the backoff last grew (loop time)
         self.counts: Counter[str] = Counter()
         self.open_ms = 0.0  # the engines' open time, summed
         self.answer_ms: list[float] = []  # the last 256 times from sending to the answer
@@ -391,8 +392,12 @@ class Invoker:
                 status,
                 endpoint.concurrency,
             )
-        else:
+        elif invocation.sent >= endpoint.backoff_set_at:
+            # One step per failure seen after the last step was taken: invocations that
+            # were in flight together and fail together (an instance crashing with N
+            # requests, an endpoint down at the server's start) are one failure, not N.
             endpoint.backoff_s = min(BACKOFF_MAX_S, endpoint.backoff_s * 2 or BACKOFF_FIRST_S)
+            endpoint.backoff_set_at = now
             endpoint.backoff_until = now + jittered(endpoint.backoff_s)
             logger.warning(
                 "invocation %s to %s %s (status %s); backing off %.1f s",

@@ -1,0 +1,90 @@
+"""Defects the model test's invoked mode found, each as a small standalone test against a
+real `fusee server` (xfail, strict, until the fix: then the marker goes)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+import fusee
+from tests.server_mode.procs import Server
+
+from .invoke_cluster import SECRET, free_port
+
+SHARDS = 4
+
+
+class FailingAtOnce:
+    """An endpoint that holds every invocation until `count` are in flight, then fails
+    them all at the same moment (as a handler instance that crashes with that many
+    requests in flight), and answers 200 without doing anything afterwards."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.arrived = 0
+        self.all_in = asyncio.Event()
+        self.port = free_port()
+        self.runner: web.AppRunner | None = None
+
+    async def handle(self, request: web.Request) -> web.Response:
+        await request.read()
+        self.arrived += 1
+        if self.arrived > self.count:
+            return web.json_response({}, status=200)
+        if self.arrived == self.count:
+            self.all_in.set()
+        await self.all_in.wait()
+        return web.Response(status=500, text="crashed")
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/", self.handle)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+async def _metrics(client: fusee.Client) -> dict[str, Any]:
+    got: dict[str, Any] = await client.call("invocations", -1)
+    return got
+
+
+async def test_invocations_failing_together_back_the_endpoint_off_one_step(tmp_path: Path) -> None:
+    """Found by test_invoke_model (seed 11): three handler SIGKILLs, each with the four
+    shards' invocations in flight, left the endpoint backing off 30 s, and the next read
+    went unanswered for 20 s. Four invocations sent at once (the server's start invokes
+    each shard) that fail at once are one failure of the endpoint: it backs off 100 ms
+    (a fifth of jitter), as after one failed invocation."""
+    endpoint = FailingAtOnce(SHARDS)
+    await endpoint.start()
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET)
+    server = Server(
+        tmp_path / "server",
+        "--invoke",
+        f"http://127.0.0.1:{endpoint.port}/",
+        "--invoke-secret-file",
+        str(secret),
+        shards=SHARDS,
+    )
+    try:
+        client = await fusee.Client.connect(server.address())
+        deadline = time.monotonic() + 10
+        while (now := await _metrics(client))["endpoints"][0]["failed"] < SHARDS:
+            assert time.monotonic() < deadline, now
+            await asyncio.sleep(0.005)
+        await client.close()
+        backoff_ms = now["endpoints"][0]["backoffMs"]
+        assert backoff_ms <= 100 * 1.2, f"the endpoint backs off {backoff_ms} ms after one crash: {now}"
+    finally:
+        server.kill()
+        server.close()
+        await endpoint.stop()
