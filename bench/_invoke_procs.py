@@ -227,5 +227,31 @@ def handler_args(port: int, server_port: int, secret: str, profile: Path | None)
     return _with_env(env, args)
 
 
-if __name__ == "__main__":  # the handler under cProfile: --profile PATH PORT
+def worker_args(server_port: int) -> list[str]:
+    """A long-lived worker running these workflows (the lateness row's comparison)."""
+    return [sys.executable, __file__, "--worker", f"127.0.0.1:{server_port}"]
+
+
+async def _long_lived(address: str) -> None:
+    import asyncio
+
+    engine = await fusee.Engine.open(
+        durability="server", address=address, workflows=[first, fan, nap, parked]
+    )
+    print("worker ready", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await engine.close()
+
+
+if __name__ == "__main__" and sys.argv[1] == "--worker":  # until SIGTERM
+    import asyncio
+    import contextlib
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_long_lived(sys.argv[2]))
+elif __name__ == "__main__":  # the handler under cProfile: --profile PATH PORT
     _profiled_uvicorn(sys.argv[2], "127.0.0.1", int(sys.argv[3]))

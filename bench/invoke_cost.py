@@ -68,7 +68,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _invoke_procs import Served, handler_args, served, server_args
+from _invoke_procs import Served, handler_args, served, server_args, worker_args
 from _server_procs import Child, stop_all
 
 import fusee
@@ -112,6 +112,7 @@ class Cluster:
     server: Child
     handler: Child
     client: fusee.Client
+    port: int
 
     async def metrics(self) -> dict[str, Any]:
         answer: dict[str, Any] = await self.client.call("invocations", -1)
@@ -168,7 +169,7 @@ async def start_cluster(scratch: Path, profile: Path | None) -> Cluster:
     )
     await server.wait_for(r"ready$", timeout=60)
     client = await fusee.Client.connect(f"127.0.0.1:{port}")
-    return Cluster(server, handler, client)
+    return Cluster(server, handler, client, port)
 
 
 # -- row 1, 2, 6: cold starts -------------------------------------------------------------
@@ -300,6 +301,25 @@ async def sleeps(cluster: Cluster, count: int) -> Sleeps:
     after = (await cluster.quiet())["endpoints"][0]
     found = await cluster.handled(mark, after["sent"] - before["sent"])
     return Sleeps(list(runs), found, began)
+
+
+async def long_lived_sleeps(cluster: Cluster, count: int) -> list[float]:
+    """Row 5's runs on a long-lived worker that takes every shard (the server's invoker
+    stays idle): how late the step after the sleep is there. The worker then leaves."""
+    worker = Child(worker_args(cluster.port))
+    try:
+        await worker.wait_for(r"worker ready", timeout=60)
+        await cluster.quiet()  # no invocation holds a shard the worker waits for
+        await asyncio.sleep(0.2)  # (standbys take freed shards first: let it take them all)
+
+        async def one(wid: str) -> float:
+            run = await cluster.client.start("nap", wid, SLEEP_MS)
+            due, woke = await run.result()
+            return float(woke) - float(due)
+
+        return list(await asyncio.gather(*(one(f"nap-long-{i}") for i in range(count))))
+    finally:
+        worker.stop()
 
 
 # -- row 6: a shard holding parked runs -----------------------------------------------------
@@ -448,12 +468,22 @@ async def run_all(args: argparse.Namespace, scratch: Path) -> None:
             raise RuntimeError(
                 f"{len(asleep)} parked runs found, on shards {sorted({r.shard for r in asleep})}"
             )
+        long_lived = await long_lived_sleeps(cluster, args.sleeps)
+        progress(f"{args.sleeps} runs sleeping 1 s on a long-lived worker")
     finally:
         await cluster.client.close()
     rows = cold_rows(cold)
     rows.append(fan_row(f"{args.fan} workflows of {FAN_STEPS} steps on 4 shards, started at once", *at_once))
     rows.append(fan_row("The same started one after another", *serial))
     rows.append(sleep_row(slept))
+    late = pct(long_lived, 50)
+    rows.append(
+        (
+            "The same on a long-lived worker (no invoking)",
+            f"late by {ms(late)} p50 (p90 {ms(pct(long_lived, 90))}): invoked is "
+            f"{ms(pct(slept.late_ms, 50) - late)} later at p50",
+        )
+    )
     rows.append(parked_row(args.parked, parked))
     print()
     print(table(rows))

@@ -1,7 +1,7 @@
 """Ready-made entry points to deploy as they are, configured by the environment:
 
 - `uvicorn handlers.asgi:app` (Cloud Run, a container, any host that runs uvicorn);
-- `handlers.aws_lambda.handler` (AWS Lambda: function URL, API Gateway, ALB).
+- `handlers.aws_lambda.handler` (AWS Lambda: invoked directly, function URL, API Gateway, ALB).
 
 | variable | meaning |
 | --- | --- |

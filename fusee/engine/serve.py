@@ -70,6 +70,11 @@ class CallServer:
             attaching = self.attaching.get(call.shard)
             if attaching is not None:
                 await asyncio.wait([attaching])  # the server routed it here: the lease is ours
+            if call.shard >= 0 and call.shard not in self.engine.by_index:
+                # Let go (or being let go) before the server heard: it routes the call
+                # again, to the next holder, instead of the caller getting a refusal.
+                self.storage.send(m.Answer(call.rid, code=m.MOVED, message=f"shard {call.shard} let go"))
+                return
             method = METHODS.get(call.method)
             if method is None:
                 raise RejectedError(f"no call {call.method!r} (expected one of {', '.join(sorted(METHODS))})")

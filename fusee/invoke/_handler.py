@@ -2,8 +2,9 @@
 
 - `await handler.invoke(headers, body)` -> `(status, headers, body)`, for any framework;
 - the handler itself is an ASGI app (uvicorn, Cloud Run, anything ASGI);
-- `handler.lambda_handler(event, context)`: AWS Lambda through mangum (function URLs,
-  API Gateway v1 and v2, ALB), lifespan off.
+- `handler.lambda_handler(event, context)`: AWS Lambda, either invoked directly by the
+  server (`--invoke lambda:FUNCTION`: the event is `{"fusee": {"headers", "body"}}`) or
+  through mangum (function URLs, API Gateway v1 and v2, ALB), lifespan off.
 
 Every request goes the same way: the signature is checked over the exact body bytes
 before anything is connected to (401: nobody without the secret can make this process
@@ -53,6 +54,9 @@ SECRET_BYTES_MIN = 16  # as the server requires of --invoke-secret-file
 # shards, park_after): the rest would contradict it.
 ENGINE_OPTIONS = ("retention", "profile", "record_stacks", "retry", "clock")
 _JSON = [("content-type", "application/json")]
+# The key of a direct Lambda invocation's event (fusee_server/lambda_invoke.py sends it).
+DIRECT = "fusee"
+DIRECT_SHAPE = 'a direct invocation is {"fusee": {"headers": {name: value}, "body": "<JSON text>"}}'
 
 _cold = True  # no invocation has run in this process yet
 
@@ -160,9 +164,8 @@ class InvocationHandler:
                 status, headers, body = _answer(413, {"error": "the body is too large for an invocation"})
             else:
                 context = scope.get("aws.context")  # set by mangum under Lambda
-                remaining = getattr(context, "get_remaining_time_in_millis", None)
                 status, headers, body = await self.invoke(
-                    scope["headers"], data, remaining_ms=int(remaining()) if remaining else None
+                    scope["headers"], data, remaining_ms=_remaining_ms(context)
                 )
         await send(
             {
@@ -178,14 +181,19 @@ class InvocationHandler:
     # -- AWS Lambda ------------------------------------------------------------------------
 
     def lambda_handler(self, event: dict[str, Any], context: Any) -> dict[str, Any]:
-        """An AWS Lambda handler: a function URL, API Gateway (v1, v2) or ALB event in,
-        its HTTP answer out (mangum, lifespan off). Needs `pip install 'fusee[lambda]'`."""
+        """An AWS Lambda handler. A direct invocation (`{"fusee": {"headers": {...},
+        "body": "..."}}`, the server's `--invoke lambda:FUNCTION`) goes to `invoke` as it
+        is; a function URL, API Gateway (v1, v2) or ALB event goes through mangum (lifespan
+        off; needs `pip install 'fusee[lambda]'`). Either way the answer is
+        `{"statusCode", "headers", "body"}`, the body JSON text."""
         loop: asyncio.AbstractEventLoop | None = getattr(self._loops, "loop", None)
         if loop is None or loop.is_closed():
             # Mangum runs each request on the thread's current loop: one of ours, set
             # before the adapter exists, so neither ever finds a closed or missing one.
             loop = self._loops.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
+        if isinstance(event, dict) and DIRECT in event:
+            return loop.run_until_complete(self._direct(event[DIRECT], context))
         if self._lambda is None:
             try:
                 from mangum import Mangum
@@ -194,6 +202,26 @@ class InvocationHandler:
             self._lambda = Mangum(self, lifespan="off")
         result: dict[str, Any] = self._lambda(event, context)
         return result
+
+    async def _direct(self, request: Any, context: Any) -> dict[str, Any]:
+        """A direct invocation: the same checks as over HTTP (`invoke`), the signature
+        over the body's exact bytes first. A malformed event connects to nothing either."""
+        headers = request.get("headers") if isinstance(request, dict) else None
+        body = request.get("body") if isinstance(request, dict) else None
+        data: bytes | None = None
+        if isinstance(body, str) and body.isascii():  # what the server sends: JSON, ASCII
+            data = body.encode()
+        if (
+            data is None
+            or not isinstance(headers, dict)
+            or not all(isinstance(v, str) for v in headers.values())
+        ):
+            status, answer_headers, answer = _answer(400, {"error": DIRECT_SHAPE})
+        else:
+            status, answer_headers, answer = await self.invoke(
+                headers, data, remaining_ms=_remaining_ms(context)
+            )
+        return {"statusCode": status, "headers": dict(answer_headers), "body": answer.decode()}
 
 
 def invocation_handler(
@@ -292,6 +320,12 @@ def _signature_header(headers: Headers) -> str | None:
             # latin-1 keeps every byte as one character: verify refuses what is not ASCII.
             found = value.decode("latin-1") if isinstance(value, bytes) else value
     return found
+
+
+def _remaining_ms(context: Any) -> int | None:
+    """What Lambda still allows this call (its context says), None elsewhere."""
+    remaining = getattr(context, "get_remaining_time_in_millis", None)
+    return int(remaining()) if remaining else None
 
 
 def _answer(status: int, payload: dict[str, Any]) -> Response:

@@ -142,8 +142,12 @@ class Call(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     args: bytes
 
 
+MOVED = "Moved"  # ANSWER's code for a call whose shard the worker no longer holds
+
+
 class Answer(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
-    """The answer to CALL: a MessagePack value, or an error's code and message."""
+    """The answer to CALL: a MessagePack value, or an error's code and message (MOVED:
+    the server routes the call again; a client never sees it)."""
 
     rid: int
     value: bytes = b""

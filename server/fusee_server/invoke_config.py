@@ -1,4 +1,5 @@
-"""Invocation endpoints as `fusee server` is told of them: `--invoke URL` starts one and
+"""Invocation endpoints as `fusee server` is told of them: `--invoke URL` (or
+`--invoke lambda:FUNCTION[:QUALIFIER]`, see lambda_invoke.py) starts one and
 the `--invoke-*` options after it apply to it, or `--invoke-config FILE` holds them as
 JSON (spec: Invoked workers, *Configuration*). A wrong setting stops the start, naming
 it; unknown keys in the file are refused, so a misspelt one never goes unnoticed."""
@@ -12,6 +13,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import msgspec
+
+from fusee_server import lambda_invoke
 
 logger = logging.getLogger("fusee.invoker")
 
@@ -32,6 +35,7 @@ class Endpoint(msgspec.Struct, kw_only=True, rename="camel", forbid_unknown_fiel
     ca: str | None = None
     cert: str | None = None
     key: str | None = None
+    region: str | None = None  # a lambda: endpoint's (resolved at start when not given)
     secret: bytes = b""  # read from secret_file at start
 
     def takes(self, type: str) -> bool:
@@ -71,7 +75,11 @@ class InvokeAction(argparse.Action):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("invoked workers")
     group.add_argument(
-        "--invoke", dest="url", metavar="URL", action=InvokeAction, help="an endpoint to POST invocations to"
+        "--invoke",
+        dest="url",
+        metavar="URL",
+        action=InvokeAction,
+        help="an endpoint to POST invocations to, or lambda:FUNCTION[:QUALIFIER] to call the Lambda Invoke API",
     )
     options = {
         "secret_file": ("PATH", "its HMAC secret (sign every request)"),
@@ -82,6 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "ca": ("PEM", "the CA that signs the endpoint's certificate (https)"),
         "cert": ("PEM", "a client certificate to present (mutual TLS)"),
         "key": ("PEM", "its key"),
+        "region": ("REGION", "a lambda: endpoint's AWS region (default: its ARN's, else AWS_REGION)"),
     }
     for name, (metavar, text) in options.items():
         flag = "--invoke-" + name.replace("_", "-")
@@ -133,8 +142,12 @@ def endpoints(args: argparse.Namespace) -> list[Endpoint]:
 def check(endpoint: Endpoint) -> None:
     where = f"--invoke {endpoint.url}"
     parts = urlsplit(endpoint.url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"{where}: expected an http:// or https:// URL")
+    if lambda_invoke.is_lambda(endpoint.url):
+        _check_lambda(endpoint, where)
+    elif parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{where}: expected an http:// or https:// URL, or lambda:FUNCTION[:QUALIFIER]")
+    elif endpoint.region is not None:
+        raise ConfigError(f"{where}: --invoke-region is for lambda: endpoints")
     for name, low, high in (
         ("concurrency", 1, 10_000),
         ("budget_ms", 1000, BUDGET_MS_MAX),
@@ -157,9 +170,25 @@ def check(endpoint: Endpoint) -> None:
             raise ConfigError(
                 f"{where}: --invoke-secret-file {endpoint.secret_file}: at least 16 bytes (use 32 random bytes)"
             )
+    elif lambda_invoke.is_lambda(endpoint.url):
+        logger.warning(
+            "%s has no --invoke-secret-file: its invocations are unsigned, so whoever IAM lets "
+            "invoke the function can make it run one",
+            where,
+        )
     else:
         logger.warning(
             "%s has no --invoke-secret-file: its requests are unsigned, so the endpoint must check "
             "this server's client certificate instead",
             where,
         )
+
+
+def _check_lambda(endpoint: Endpoint, where: str) -> None:
+    """The function parses and a region is known, now: a wrong one fails the start, not
+    every invocation. boto3 is imported here, only when such an endpoint is configured."""
+    try:
+        target = lambda_invoke.parse(endpoint.url)
+        endpoint.region = lambda_invoke.region(endpoint.region, target)
+    except ValueError as error:
+        raise ConfigError(f"{where}: {error}") from None

@@ -1,5 +1,6 @@
 """The invoker: when a shard has work and no worker, POST a signed request to an
-endpoint whose handler opens an engine for it (spec: Invoked workers).
+endpoint whose handler opens an engine for it (spec: Invoked workers), or hand the same
+request to the Lambda Invoke API for a `lambda:` endpoint (lambda_invoke.py).
 
 A shard is due when no worker holds it and a call or a message waits for it, its last
 holder's reported next due time comes, its holder left without reporting, or the server
@@ -21,14 +22,16 @@ import secrets
 import ssl
 import sys
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 import msgspec
 
 from fusee.protocol import messages as m
 from fusee.protocol.signature import HEADER, sign
+from fusee_server import lambda_invoke
 from fusee_server.invoke_config import Endpoint
+from fusee_server.lambda_invoke import LambdaTransport
 
 if TYPE_CHECKING:
     from fusee_server.listener import ServerConnection
@@ -67,6 +70,9 @@ class Due:
         self.types: set[str] = set()  # workflow types it has work of (start calls, no code)
         self.backoff_until = 0.0
         self.backoff_s = 0.0  # its holder left without reporting (doubles)
+        # The invocation whose failure last stepped `backoff_s`: a crashed invocation is
+        # seen twice (its connection closes, then its request fails) and is one failure.
+        self.failed: str | None = None
         self.stalled_s = 0.0  # invocations without progress (doubles)
         self.invocation: Invocation | None = None
         self.last_endpoint: EndpointState | None = None
@@ -105,6 +111,9 @@ class EndpointState:
         self.answer_ms: list[float] = []  # the last 256 times from sending to the answer
         self.ready_s: list[float] = []  # the last 64 times from sending to an engine being open
         self.session: aiohttp.ClientSession | None = None
+        # A lambda: endpoint calls the Invoke API instead of POSTing (boto3 loads here, at
+        # the start, so the first invocations do not wait for it).
+        self.transport = LambdaTransport(config) if lambda_invoke.is_lambda(config.url) else None
 
     def lead_s(self) -> float:
         """How much before a timer to invoke for it: the time this endpoint usually takes
@@ -137,6 +146,15 @@ class EndpointState:
         }
 
 
+class Observer(Protocol):
+    """Told of every answer time and engine open as it happens (`/metrics`' histograms):
+    the invoker itself keeps only the last few."""
+
+    def answered(self, endpoint: str, seconds: float) -> None: ...
+
+    def opened(self, endpoint: str, seconds: float) -> None: ...
+
+
 class Invoker:
     def __init__(self, server: Server, endpoints: list[Endpoint]) -> None:
         self.server = server
@@ -148,6 +166,7 @@ class Invoker:
         self.kicked = False
         self.tasks: set[asyncio.Task[None]] = set()
         self.loop = asyncio.get_running_loop()
+        self.observer: Observer | None = None
 
     def start(self) -> None:
         """A starting server invokes every shard once: their due times lived in the
@@ -182,8 +201,7 @@ class Invoker:
         elif not due.reported:
             # Left without reporting (a crash, a revoked lease): due again, backing off.
             self.counts["left_without_report"] += 1
-            due.backoff_s = min(BACKOFF_MAX_S, due.backoff_s * 2 or BACKOFF_FIRST_S)
-            due.backoff_until = self.loop.time() + jittered(due.backoff_s)
+            self._step_back(due, holder.invocation, self.loop.time())
             self.make_due(index, "left")
         else:
             self.kick()
@@ -202,6 +220,8 @@ class Invoker:
                 ready = invocation.connected - invocation.sent + report.open_ms / 1000
                 invocation.endpoint.ready_s.append(ready)
                 del invocation.endpoint.ready_s[:-64]
+                if self.observer is not None:
+                    self.observer.opened(invocation.endpoint.config.url, report.open_ms / 1000)
         now = self.loop.time()
         if report.budget_ended and report.steps == 0:
             # A budget spent without finishing a step: a step that cannot fit in one
@@ -319,6 +339,18 @@ class Invoker:
             endpoint.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context))
         return endpoint.session
 
+    async def _post_http(
+        self, endpoint: EndpointState, headers: dict[str, str], body: bytes
+    ) -> tuple[int, str | None]:
+        """The status and Retry-After of a POST to the endpoint's URL."""
+        config = endpoint.config
+        timeout = aiohttp.ClientTimeout(total=(config.budget_ms + config.grace_ms) / 1000)
+        async with self._session(endpoint).post(
+            config.url, data=body, headers=headers, timeout=timeout
+        ) as response:
+            await response.read()
+            return response.status, response.headers.get("retry-after")
+
     async def _post(self, invocation: Invocation) -> None:
         endpoint = invocation.endpoint
         config = endpoint.config
@@ -338,23 +370,31 @@ class Invoker:
         retry_after: float | None = None
         status = 0
         try:
-            timeout = aiohttp.ClientTimeout(total=(config.budget_ms + config.grace_ms) / 1000)
-            async with self._session(endpoint).post(
-                config.url, data=body, headers=headers, timeout=timeout
-            ) as response:
-                status = response.status
-                await response.read()
-                if 200 <= status < 300:
-                    outcome = "succeeded" if invocation.leased else "without_lease"
-                elif status in (429, 503):
-                    outcome = "throttled"
-                    retry_after = _retry_after(response.headers.get("retry-after"))
+            if endpoint.transport is not None:
+                status, retry_header = await endpoint.transport.send(headers, body)
+            else:
+                status, retry_header = await self._post_http(endpoint, headers, body)
+            if 200 <= status < 300:
+                outcome = "succeeded" if invocation.leased else "without_lease"
+            elif status in (429, 503):
+                outcome = "throttled"
+                retry_after = _retry_after(retry_header)
         except TimeoutError:
             outcome = "timed_out"
         except (aiohttp.ClientError, OSError) as error:
             logger.info("invocation %s to %s: %s", invocation.id, config.url, error)
-        endpoint.answer_ms.append((self.loop.time() - invocation.sent) * 1000)
+        except Exception as error:  # noqa: BLE001  any other: a failure, never a lost _finish
+            # Whatever a client library raises, the invocation must end here: without
+            # _finish its shards would stay marked as being invoked, and nothing would
+            # invoke them again.
+            logger.warning(
+                "invocation %s to %s: %s: %s", invocation.id, config.url, type(error).__name__, error
+            )
+        answer_s = self.loop.time() - invocation.sent
+        endpoint.answer_ms.append(answer_s * 1000)
         del endpoint.answer_ms[:-256]
+        if self.observer is not None:
+            self.observer.answered(config.url, answer_s)
         if outcome == "succeeded" and invocation.conn is not None and not invocation.closed.is_set():
             # Its IDLE reports travel on the other connection: give it a moment to close.
             try:
@@ -398,7 +438,8 @@ class Invoker:
             # requests, an endpoint down at the server's start) are one failure, not N.
             endpoint.backoff_s = min(BACKOFF_MAX_S, endpoint.backoff_s * 2 or BACKOFF_FIRST_S)
             endpoint.backoff_set_at = now
-            endpoint.backoff_until = now + jittered(endpoint.backoff_s)
+            # (Never shorter than a throttle's Retry-After still running.)
+            endpoint.backoff_until = max(endpoint.backoff_until, now + jittered(endpoint.backoff_s))
             logger.warning(
                 "invocation %s to %s %s (status %s); backing off %.1f s",
                 invocation.id,
@@ -418,10 +459,17 @@ class Invoker:
                     if outcome in ("succeeded", "throttled"):
                         self.make_due(index, "retry")
                     else:
-                        due.backoff_s = min(BACKOFF_MAX_S, due.backoff_s * 2 or BACKOFF_FIRST_S)
-                        due.backoff_until = max(due.backoff_until, now + jittered(due.backoff_s))
+                        self._step_back(due, invocation.id, now)
                         self.make_due(index, "retry")
         self.kick()
+
+    @staticmethod
+    def _step_back(due: Due, invocation: str, now: float) -> None:
+        """One backoff step for the shard per failed invocation."""
+        if due.failed != invocation:
+            due.failed = invocation
+            due.backoff_s = min(BACKOFF_MAX_S, due.backoff_s * 2 or BACKOFF_FIRST_S)
+            due.backoff_until = max(due.backoff_until, now + jittered(due.backoff_s))
 
     # -- metrics --------------------------------------------------------------------------
 
@@ -460,6 +508,8 @@ class Invoker:
         for endpoint in self.endpoints:
             if endpoint.session is not None:
                 await endpoint.session.close()
+            if endpoint.transport is not None:
+                endpoint.transport.close()
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import ipaddress
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 from fusee._errors import FuseeError
 from fusee.protocol import handshake
 from fusee_server import invoke_config
+from fusee_server.http_api import HttpApi
 from fusee_server.invoker import Invoker
 from fusee_server.listener import ServerConnection, server_tls
 from fusee_server.server import Server
@@ -37,6 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tls-ca", metavar="PEM", help="require client certificates signed by this CA (mutual TLS)"
     )
+    parser.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="serve /metrics (Prometheus) and /healthz over HTTP here (port 0: any free port, printed)",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     invoke_config.add_arguments(parser)
 
@@ -45,11 +52,11 @@ class SettingError(Exception):
     """A wrong setting: the message names it."""
 
 
-def _host_port(text: str) -> tuple[str, int]:
+def _host_port(text: str, option: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise SettingError(f"--listen {text!r}: expected HOST:PORT, a port from 0 to 65535")
+        raise SettingError(f"{option} {text!r}: expected HOST:PORT, a port from 0 to 65535")
     return host, int(port)
 
 
@@ -71,7 +78,8 @@ async def serve(args: argparse.Namespace) -> int:
         raise SettingError("--tls-cert and --tls-key go together")
     if args.tls_ca is not None and args.tls_cert is None:
         raise SettingError("--tls-ca needs --tls-cert and --tls-key (mutual TLS is TLS)")
-    listen = _host_port(args.listen) if args.listen is not None else None
+    listen = _host_port(args.listen, "--listen") if args.listen is not None else None
+    http = _host_port(args.http, "--http") if args.http is not None else None
     try:
         endpoints = invoke_config.endpoints(args)
     except invoke_config.ConfigError as error:
@@ -97,6 +105,19 @@ async def serve(args: argparse.Namespace) -> int:
             "(add --token-file, --tls-cert/--tls-key)",
             listen[0],
         )
+    if http is not None and not _loopback(http[0]):
+        if token is None:
+            logger.warning(
+                "--http %s without a token: anyone who reaches it can read the metrics (add --token-file)",
+                http[0],
+            )
+        elif tls is None:
+            # The bearer token is the one workers prove: sent in clear, it lets whoever
+            # reads it off the network take leases.
+            logger.warning(
+                "--http %s without TLS: the token crosses the network in clear (add --tls-cert/--tls-key)",
+                http[0],
+            )
     server = await Server.open(str(args.dir), args.shards)
     loop = asyncio.get_running_loop()
 
@@ -125,10 +146,26 @@ async def serve(args: argparse.Namespace) -> int:
     except OSError as error:
         await server.stop()
         raise SettingError(f"--listen/--unix: {error.strerror or error}") from None
+    api = None
+    if http is not None:
+        api = HttpApi(server, token)
+        try:
+            port = await api.start(http[0], http[1], tls)
+        except OSError as error:
+            await api.close()
+            await server.stop()
+            # asyncio wraps the bind's error in a long message; its errno says it shortly.
+            reason = os.strerror(error.errno) if error.errno else str(error)
+            raise SettingError(f"--http {args.http}: {reason}") from None
+        host = f"[{http[0]}]" if ":" in http[0] else http[0]
+        scheme = "https" if tls is not None else "http"
+        print(f"fusee server: metrics on {scheme}://{host}:{port}/metrics", file=sys.stderr, flush=True)
     print(f"fusee server: {server.shards} shards in {args.dir}, ready", file=sys.stderr, flush=True)
     server.start()
     if endpoints:
         server.invoker = Invoker(server, endpoints)
+        if api is not None:
+            api.metrics.watch(server.invoker)
         server.invoker.start()
         for endpoint in endpoints:
             print(f"fusee server: invoking {endpoint.url}", file=sys.stderr, flush=True)
@@ -136,7 +173,11 @@ async def serve(args: argparse.Namespace) -> int:
         loop.add_signal_handler(signum, server.stopped.set)
     await server.stopped.wait()
     logger.info("stopping: releasing every lease, closing the log")
-    await server.stop()
+    try:
+        await server.stop()
+    finally:
+        if api is not None:
+            await api.close()  # after the stop: /healthz answers 503 while it runs
     return 0
 
 

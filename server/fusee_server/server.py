@@ -542,6 +542,22 @@ class Server:
             return
         self._route(client, call, holder)
 
+    def _reroute(self, mover: ServerConnection, client: ServerConnection, call: m.Call) -> None:
+        """A call `mover` answered MOVED (it let the shard go before hearing of the call):
+        to the shard's next holder, as if it arrived now. While `mover` still holds the
+        shard here (its release is on its way) it waits, as for a shard without holder."""
+        if client.closed:
+            return
+        slot = self.slots[call.shard]
+        if slot.holder is not mover:
+            self._call(client, call)
+        elif self.invoker is None:
+            client.send(m.Answer(call.rid, code="NoHolder", message=no_holder(call.shard)))
+        else:
+            deadline = asyncio.get_running_loop().time() + CALL_WAIT_S
+            slot.calls_waiting.append((client, call, deadline))
+            self.invoker.make_due(call.shard, "call", type=_type_of(call))
+
     def _route(self, client: ServerConnection, call: m.Call, holder: ServerConnection) -> None:
         rid = next(self.rids)
         self.calls[rid] = (client, call.rid, holder, call)
@@ -577,6 +593,10 @@ class Server:
             return
         del self.calls[answer.rid]
         holder.calls.discard(answer.rid)
+        call = entry[3]
+        if answer.code == m.MOVED and isinstance(origin, ServerConnection) and call.shard >= 0:
+            self._reroute(conn, origin, m.Call(rid, call.method, call.shard, call.args))
+            return
         if isinstance(origin, Listing):
             try:
                 rows = m.decode_value(answer.value) if answer.code is None else []

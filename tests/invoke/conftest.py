@@ -1,7 +1,8 @@
 """One scenario, every way into the handler (STYLE: one fixture over implementations):
-`handler.invoke` itself, the Lambda adapter with each event shape AWS sends, uvicorn
-serving `handlers.asgi:app` in its own process, and the real Lambda runtime interface
-client running `handlers.aws_lambda.handler`.
+`handler.invoke` itself, the Lambda adapter with each event shape AWS sends (and the
+server's direct invocation), uvicorn serving `handlers.asgi:app` in its own process, and
+the real Lambda runtime interface client running `handlers.aws_lambda.handler`, behind a
+function URL and invoked directly.
 
 Every handler here is configured with the address of a counting `Listener`: a request it
 refuses must leave that count unchanged."""
@@ -107,7 +108,13 @@ def lambda_runtime(runtime_api: RuntimeApi, settings: dict[str, str]) -> Iterato
 
 
 LAMBDA_SHAPES = sorted(events.SHAPES)
-ENTRIES = ["invoke", *(f"lambda:{shape}" for shape in LAMBDA_SHAPES), "uvicorn", "awslambdaric"]
+ENTRIES = [
+    "invoke",
+    *(f"lambda:{shape}" for shape in LAMBDA_SHAPES),
+    "uvicorn",
+    "awslambdaric",
+    "awslambdaric:direct",
+]
 
 
 @pytest.fixture(params=ENTRIES)
@@ -137,9 +144,10 @@ def entry(request: pytest.FixtureRequest, handler: InvocationHandler) -> Entry:
     else:
         api: RuntimeApi = request.getfixturevalue("runtime_api")
         request.getfixturevalue("lambda_runtime")
+        event = events.direct if name.endswith(":direct") else events.function_url
 
         def post(headers: dict[str, str], body: bytes) -> tuple[int, Any]:
-            kind, answer = api.invoke(events.function_url(headers, body))
+            kind, answer = api.invoke(event(headers, body))
             assert kind == "response", answer
             status, data = events.response(answer)
             return status, _json(data)

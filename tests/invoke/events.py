@@ -5,7 +5,9 @@
   payload format version 2.0;
 - API Gateway REST API: "Input format of a Lambda function for proxy integration" (1.0);
 - Application Load Balancer: "Lambda functions as targets", with and without
-  multi-value headers.
+  multi-value headers;
+- a direct invocation, as `fusee server --invoke lambda:FUNCTION` sends it through the
+  Invoke API (docs/invoke.md, *Direct Lambda invoke*).
 
 Function URLs lowercase header names; REST APIs pass them as the client sent them. A body
 arrives as text, or base64 with `isBase64Encoded` (what Lambda does for a body it does
@@ -15,8 +17,11 @@ not take for text).
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Callable
 from typing import Any
+
+from fusee_server import lambda_invoke
 
 ACCOUNT = "123456789012"
 SOURCE_IP = "198.51.100.7"
@@ -185,6 +190,12 @@ def alb(headers: dict[str, str], body: bytes, b64: bool = False, multi_value: bo
     return event
 
 
+def direct(headers: dict[str, str], body: bytes) -> dict[str, Any]:
+    """The server's own encoding, as the Lambda runtime hands it to the handler: parsed."""
+    event: dict[str, Any] = json.loads(lambda_invoke.event(headers, body))
+    return event
+
+
 SHAPES: dict[str, Callable[[dict[str, str], bytes], dict[str, Any]]] = {
     "function-url": lambda h, b: function_url(h, b),
     "function-url-base64": lambda h, b: function_url(h, b, b64=True),
@@ -194,6 +205,7 @@ SHAPES: dict[str, Callable[[dict[str, str], bytes], dict[str, Any]]] = {
     "rest-api-v1-base64": lambda h, b: rest_api_v1(h, b, b64=True),
     "alb": lambda h, b: alb(h, b),
     "alb-multi-value-base64": lambda h, b: alb(h, b, b64=True, multi_value=True),
+    "direct": direct,
 }
 
 

@@ -14,7 +14,8 @@ Around it, for the test to see what a platform would:
   inherit from the request's), as a long-lived worker's carry `PID.EPOCH`. The ledger gets
   `ended PID.N` once the request is answered, and `gatedone KEY ATTEMPT PID.N` when a gated
   step function returns: one that returns after its invocation ended must never be the
-  recorded value (the invocation's lease is gone).
+  recorded value (the invocation's lease is gone). A gated step waits for the valve's
+  first opening after the attempt first began, in any invocation (`_generation`).
 - `request N begin` and `request N end STATUS` on standard output bracket every request,
   so the test knows when none is in flight.
 - `GET /model/tasks` answers (outside any invocation) the asyncio tasks and threads left in
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import hashlib
 import itertools
 import json
 import logging
@@ -40,13 +42,14 @@ from tests.model import workflows as W
 
 EPOCH: contextvars.ContextVar[int] = contextvars.ContextVar("model_invocation", default=0)
 REQUESTS = itertools.count(1)
+DRAFTS = itertools.count(1)
 
 
 class InvocationLedger(W.Ledger):
     """`LEDGER.epoch` is the current invocation's number (0 outside any): step functions
     capture it when the workflow code builds them."""
 
-    @property  # type: ignore[override]
+    @property
     def epoch(self) -> int:
         return EPOCH.get()
 
@@ -55,12 +58,39 @@ class InvocationLedger(W.Ledger):
         pass  # (the dataclass's __init__ sets it)
 
 
+def _generation(key: str, attempt: int) -> int:
+    """The valve opening a gated step attempt waits for: the first after the attempt first
+    began, in whichever invocation (written down then, in `valve/`). An attempt handed
+    back at a budget's end runs again in the next invocation and passes at once if the
+    valve opened meanwhile, as slow work that finished while the shard moved would."""
+    valve = SW.DIR / "valve"
+    marker = valve / f"gate-{hashlib.sha1(f'{key} {attempt}'.encode()).hexdigest()[:20]}"
+    if not marker.exists():
+        generation = 0
+        while (valve / f"open-{generation}").exists():
+            generation += 1
+        draft = valve / f"{marker.name}.{os.getpid()}.{next(DRAFTS)}"
+        draft.write_text(str(generation))
+        try:
+            os.link(draft, marker)  # (the first one wins, whole)
+        except FileExistsError:
+            pass
+        finally:
+            draft.unlink()
+    return int(marker.read_text())
+
+
+async def _valve(generation: int) -> None:
+    while not (SW.DIR / "valve" / f"open-{generation}").exists():
+        await asyncio.sleep(0.02)
+
+
 def _gated() -> Any:
     epoch = W.LEDGER.epoch
 
     async def _gated_fn(s: fusee.StepContext) -> int:
         value = SW._call(s.key, s.attempt, epoch, "gate")
-        await SW.FileValve().wait()
+        await _valve(_generation(s.key, s.attempt))
         SW._append(f"gatedone {s.key} {s.attempt} {os.getpid()}.{epoch}")
         return value
 

@@ -15,15 +15,15 @@ What is judged differently from the server mode:
 - A call may wait for an invocation: a shard nobody holds is invoked for it, after any
   backoff the shard is in (1 s and more after a budget that ended with no step done). So
   its time limit is longer (CALL_TIMEOUT_S).
-- A gated step whose invocation ended stays blocked in no process (its engine was closed).
-  Its re-runs in the next invocations wait for the next opening of the valve; the harness
-  opens it once two budgets ended since the last opening, so a shard's no-progress backoff
-  stays at a few seconds (it doubles with each such budget, up to 5 min)."""
+- A gated step outlives its invocation's budget until the valve opens: the invocation
+  ends with the budget, hands the shard back, and the next invocation runs the step again
+  (it passes at once if the valve opened meanwhile: invoke_handler_app.py). A budget that
+  ends with no step done backs the shard off (1 s, doubling up to 5 min), so the harness
+  opens the valve itself once two budgets ended since the last opening."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -41,18 +41,6 @@ LOG_LAG_S = 0.5  # how long a process's line may take to reach the test once wri
 HANDBACKS_PER_OPENING = 2  # budgets ended before the harness opens the valve itself
 Journal = tuple[int, str, list[Any]]
 
-# Known defects the invoked mode steps around (each with its xfail regression test in
-# test_invoke_found.py); FUSEE_MODEL_STRICT=1 steps around nothing.
-INVOKE_KNOWN = {
-    "endpoint-backoff-per-failure": (
-        "test_invoke_found.py::test_invocations_failing_together_back_the_endpoint_off_one_step: "
-        "a kill with N invocations in flight backs the endpoint off 0.1 s * 2^(N-1), and kills "
-        "in a row compound it to 30 s; after a kill the harness waits for an invocation to "
-        "succeed (which resets it) before the next rule"
-    ),
-}
-INVOKE_AVOID: dict[str, str] = {} if os.environ.get("FUSEE_MODEL_STRICT") else dict(INVOKE_KNOWN)
-
 
 class InvokeCalls(ServerCalls):
     def __init__(self) -> None:
@@ -60,7 +48,8 @@ class InvokeCalls(ServerCalls):
         self.cluster: InvokeCluster | None = None  # type: ignore[assignment]
         self.shard: int | None = None  # the shard of the run the next call is about
         self.counts: dict[int, dict[str, Any]] = {}  # per server process: its endpoint's counts
-        self.moves_checked = 0  # `moves` when the metrics were last checked
+        self.kills_checked = 0  # `kills()` when the metrics were last checked
+        self.overruns = 0  # budget expiry moves (the other moves kill a process)
         self.budget_ends_opened = 0  # budget ends seen when the harness last opened the valve
         self.excused = 0  # calls not acknowledged because their invocation's budget ended
         self.quiet_checks = 0
@@ -97,32 +86,32 @@ class InvokeCalls(ServerCalls):
                 )
             await asyncio.sleep(0.05)
 
-    async def recovered(self, succeeded: int) -> None:
-        """Known defect (endpoint-backoff-per-failure): after a kill, until an invocation
-        was answered with success again (the endpoint had `succeeded` before the kill) and
-        the endpoint is out of its backoff; a listing makes every shard due meanwhile."""
-        if "endpoint-backoff-per-failure" not in INVOKE_AVOID:
-            return
+    async def recovered(self) -> None:
+        """After a kill: until every shard's invocation succeeded again (a listing invokes
+        each) and the endpoint is out of its backoff. Each invocation a kill ends backs
+        its shard off (100 ms doubling to 30 s, reset by the shard's next report) and the
+        endpoint (reset by a success), and a kill right after a check catches every shard
+        in flight: kills in a row would otherwise compound to the 30 s ceiling (the
+        faster for each crash doubling a shard's backoff twice: test_invoke_found.py)."""
         deadline = time.monotonic() + HEALTHY_TIMEOUT_S
-        await self.retried(self.client.list)
         while True:
-            endpoint = (await self.retried(self.metrics))["endpoints"][0]
-            if endpoint["succeeded"] > succeeded and endpoint["backoffMs"] == 0:
+            failed = (await self.retried(self.metrics))["endpoints"][0]["failed"]
+            await self.retried(self.client.list)  # (every shard held at once: each invoked)
+            now = await self.retried(self.metrics)
+            while now["invoking"] or now["endpoints"][0]["inFlight"]:
+                if time.monotonic() > deadline:
+                    raise Violation("progress", f"still invoking {HEALTHY_TIMEOUT_S} s after a kill: {now}")
+                await asyncio.sleep(0.02)
+                now = await self.retried(self.metrics)
+            if now["endpoints"][0]["failed"] == failed and not now["endpoints"][0]["backoffMs"]:
                 break
             if time.monotonic() > deadline:
-                raise Violation(
-                    "progress", f"no invocation succeeded within {HEALTHY_TIMEOUT_S} s: {endpoint}"
-                )
-            await asyncio.sleep(0.05)
-        self.log("# (an invocation succeeded again: the endpoint's backoff is reset)")
+                raise Violation("progress", f"still backing off {HEALTHY_TIMEOUT_S} s after a kill: {now}")
+        self.log("# (every shard invoked again with success: the backoffs are reset)")
 
-    async def succeeded(self) -> int:
-        """The invocations that succeeded so far (0 with a server that just restarted)."""
-        try:
-            got: int = (await asyncio.wait_for(self.metrics(), CALL_TIMEOUT_S))["endpoints"][0]["succeeded"]
-            return got
-        except (*UNACKED, TimeoutError):
-            return 0
+    def kills(self) -> int:
+        """The moves so far that killed a process (the handler or the server)."""
+        return self.moves - self.overruns
 
     async def metrics(self) -> dict[str, Any]:
         got: dict[str, Any] = await self.client.call("invocations", -1)
@@ -232,7 +221,6 @@ class InvokeCalls(ServerCalls):
         handler = self.cluster.handler
         self.moves += 1
         self.moving = True
-        succeeded = await self.succeeded()
         try:
             self.log(
                 f"# SIGKILL the handler (pid {handler.pid}, requests in flight {handler.in_flight()}); "
@@ -240,7 +228,7 @@ class InvokeCalls(ServerCalls):
             )
             self.cluster.kill_handler()
             await self.healthy()
-            await self.recovered(succeeded)
+            await self.recovered()
         finally:
             self.moving = False
 
@@ -253,12 +241,10 @@ class InvokeCalls(ServerCalls):
         assert self.cluster is not None
         self.moves += 1
         self.moving = True
-        succeeded = await self.succeeded()
         task = await self._calling(op)
         try:
             await asyncio.sleep(delay_ms / 1000)
             if target == "server":
-                succeeded = -1  # (the new server counts from 0)
                 self.log(f"# after {delay_ms} ms: SIGKILL the server; restarted on its directory")
                 self.cluster.restart_server()
             else:
@@ -270,7 +256,7 @@ class InvokeCalls(ServerCalls):
                 self.cluster.kill_handler()
             await task
             await self.healthy()
-            await self.recovered(succeeded)
+            await self.recovered()
         finally:
             self.moving = False
             task.cancel()
@@ -286,26 +272,29 @@ class InvokeCalls(ServerCalls):
         shard = self.client.shard_of(wid)
         since = time.monotonic()
         self.moves += 1
+        self.overruns += 1
         self.log(f"# budget expiry on shard {shard}: a gated step outlives its invocation's budget")
         await self.start(
             wid, ["gate", *plan], {"running": "terminate-existing", "finished": "allow"}, False, None
         )
-        run = self.peek(wid)
-        if run is None:
+        started = await self.read_after(wid)  # (the start may have gone unanswered)
+        if started is None or started[1] != "running":
             return
-        prefix = f"{wid}/{run[0]}/"
+        run = started[0]
         deadline = time.monotonic() + CALL_TIMEOUT_S
-        while not any(
-            key.startswith(prefix) and calls[0].kind == "gate" for (key, _), calls in self._calls()
-        ):
+        while not self._gate_began(f"{wid}/{run}/"):
+            now = await self.state(wid)
+            if now is None or now != (run, "running"):
+                self.log(f"# run {run} of '{wid}' is {now} before its gated step began")
+                return
             if time.monotonic() > deadline:
-                raise Violation("progress", f"the gated step of run {run[0]} of '{wid}' never began")
+                raise Violation("progress", f"the gated step of run {run} of '{wid}' never began")
             await asyncio.sleep(0.02)
         await asyncio.sleep(delay_ms / 1000)
         task = await self._calling(op)
         try:
             await task
-            await self._budget_ended(wid, run[0], shard, since)
+            await self._budget_ended(wid, run, shard, since)
             if reopen:
                 await self.open_valve()
         finally:
@@ -333,6 +322,9 @@ class InvokeCalls(ServerCalls):
                 )
             await asyncio.sleep(0.05)
 
-    def _calls(self) -> list[tuple[tuple[str, int], list[Any]]]:
+    def _gate_began(self, prefix: str) -> bool:
         self.ledger.read()
-        return list(self.ledger.calls.items())
+        return any(
+            key.startswith(prefix) and any(call.kind == "gate" for call in calls)
+            for (key, _), calls in self.ledger.calls.items()
+        )

@@ -13,7 +13,8 @@ from aiohttp import web
 import fusee
 from tests.server_mode.procs import Server
 
-from .invoke_cluster import SECRET, free_port
+from .invoke_cluster import SECRET, InvokeCluster, free_port
+from .workflows import Plan
 
 SHARDS = 4
 
@@ -88,3 +89,81 @@ async def test_invocations_failing_together_back_the_endpoint_off_one_step(tmp_p
         server.kill()
         server.close()
         await endpoint.stop()
+
+
+async def test_a_call_racing_a_budget_handback_is_not_refused(tmp_path: Path) -> None:
+    """Found by test_invoke_model (seed 4, `overrun`): `describe` of a run whose gated step
+    outlived its invocation's budget raised RejectedError. Calls made while the budget
+    ends are answered, or fail with an error that says to retry; never refused."""
+    cluster = InvokeCluster(tmp_path)
+    try:
+        client = await fusee.Client.connect(cluster.address())
+        await client.start("model.plan", "a", Plan(["gate"]))
+        shard = client.shard_of("a")
+        since = time.monotonic()
+        refused: list[str] = []
+        ended = asyncio.Event()
+
+        async def describe() -> None:
+            while not ended.is_set():
+                try:
+                    await client.run("a").describe()
+                except fusee.RejectedError as error:
+                    refused.append(str(error))
+                except (fusee.LeaseLostError, fusee.ConnectionError, fusee.ClosedError):
+                    pass  # retriable: not acknowledged, as documented
+
+        callers = [asyncio.ensure_future(describe()) for _ in range(8)]
+        deadline = time.monotonic() + 10
+        while not [line for line in cluster.left(shard, since) if "exit=budget" in line]:
+            assert time.monotonic() < deadline, cluster.outputs()
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)
+        ended.set()
+        await asyncio.gather(*callers)
+        cluster.open_valve()
+        await client.close()
+        assert not refused, f"{len(refused)} calls refused, the first: {refused[0]}"
+    finally:
+        cluster.close()
+
+
+async def test_a_crashed_invocation_backs_its_shard_off_one_step(tmp_path: Path) -> None:
+    """Found by test_invoke_model: handler SIGKILLs in a row, each catching the shards'
+    invocations in flight, backed the shards off 25 s and more. One crash is one failure
+    of the shard: its next invocation goes out 100 ms later (a fifth of jitter), as for
+    the endpoint after one failure."""
+    cluster = InvokeCluster(tmp_path)
+    try:
+        client = await fusee.Client.connect(cluster.address())
+        deadline = time.monotonic() + 10
+        while (now := await _metrics(client))["invoking"] or now["shardsDue"]:
+            assert time.monotonic() < deadline, now
+            await asyncio.sleep(0.01)
+        await client.start("model.plan", "a", Plan(["gate"]))
+        shard = client.shard_of("a")
+        while "gate a/1/" not in (
+            (tmp_path / "ledger").read_text() if (tmp_path / "ledger").exists() else ""
+        ):
+            assert time.monotonic() < deadline, cluster.outputs()
+            await asyncio.sleep(0.01)
+        killed = time.monotonic()
+        cluster.kill_handler()  # mid-invocation; a new process serves the port
+        lines = cluster.server.stamped
+        while True:
+            failed = [at for at, line in list(lines) if at >= killed and "outcome=failed" in line]
+            again = [
+                at
+                for at, line in list(lines)
+                if failed and at > failed[0] and "fusee invoke: send" in line and f"shards=[{shard}]" in line
+            ]
+            if again:
+                break
+            assert time.monotonic() < deadline + 10, cluster.outputs()
+            await asyncio.sleep(0.01)
+        cluster.open_valve()
+        await client.close()
+        waited_s = again[0] - failed[0]
+        assert waited_s <= 0.15, f"shard {shard} invoked again {waited_s:.3f} s after its invocation failed"
+    finally:
+        cluster.close()

@@ -1,0 +1,271 @@
+"""`fusee server --http HOST:PORT`: `/metrics` in the Prometheus text format and
+`/healthz`, served by aiohttp on the server's own event loop.
+
+Most numbers are read from the server's and the invoker's state when Prometheus scrapes
+(`StateCollector`), so nothing is counted twice and an idle server does no metrics work.
+The two histograms cannot be read that way: the invoker keeps only its last few answer
+times (enough for its p50 and its timer lead), and a histogram needs every observation,
+so the invoker feeds them as each invocation is answered and each IDLE report arrives
+(`Metrics` is its `observer`).
+
+With the server's token (`--token-file`) both paths want `Authorization: Bearer
+<token>`; with its TLS settings they are served over the same TLS.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ssl
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from fusee_server.invoker import EndpointState, Invoker
+    from fusee_server.server import Server
+
+# From a warm endpoint's tens of milliseconds to the longest budget a platform allows
+# (15 min) plus its grace.
+ANSWER_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0)
+# A shard's open is its recovery: a fraction of a millisecond for a small shard, seconds
+# for one holding hundreds of thousands of runs.
+OPEN_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# How an invocation ended, as `EndpointState.counts` names it (spec: Invoked workers,
+# *Metrics*); a throttle (429, 503) is counted apart from a failure, as the invoker treats it.
+OUTCOMES = ("succeeded", "failed", "timed_out", "without_lease", "throttled")
+NOT_OUTCOMES = {"sent", "shards", "steps"}  # the other keys of `EndpointState.counts`
+SHUTDOWN_S = 1.0  # a scrape is answered at once: no need to wait long for one in flight
+
+
+class Metrics:
+    """The server's own registry (not prometheus_client's global one, so two servers in
+    one process, as in tests, never share series): the state collector and the two
+    histograms."""
+
+    def __init__(self, server: Server) -> None:
+        self.registry = CollectorRegistry()
+        self.answer = Histogram(
+            "fusee_invocation_answer_seconds",
+            "Time from sending an invocation to its endpoint's answer (or the request failing).",
+            ["endpoint"],
+            buckets=ANSWER_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.open = Histogram(
+            "fusee_invoked_shard_open_seconds",
+            "Time an invoked worker's engine took to open a shard (its recovery), per IDLE report.",
+            ["endpoint"],
+            buckets=OPEN_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.registry.register(StateCollector(server))
+
+    def watch(self, invoker: Invoker) -> None:
+        """Become `invoker`'s observer. Each endpoint's series exist from the start, at
+        zero: a rate over a series that appears with its first observation misses it."""
+        invoker.observer = self
+        for endpoint in invoker.endpoints:
+            self.answer.labels(endpoint.config.url)
+            self.open.labels(endpoint.config.url)
+
+    def answered(self, endpoint: str, seconds: float) -> None:
+        self.answer.labels(endpoint).observe(seconds)
+
+    def opened(self, endpoint: str, seconds: float) -> None:
+        self.open.labels(endpoint).observe(seconds)
+
+    def exposition(self, accept: str) -> tuple[bytes, str]:
+        """The text format, or OpenMetrics when the scraper asks for it."""
+        encode, content_type = choose_encoder(accept)
+        return encode(self.registry), content_type
+
+
+class StateCollector(Collector):
+    """Reads the server and its invoker at each scrape. Runs on the event loop, as every
+    change to what it reads does, so a scrape sees one consistent moment."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._server()
+        if self.server.invoker is not None:
+            yield from self._invoker(self.server.invoker)
+
+    def _server(self) -> Iterator[Metric]:
+        server = self.server
+        yield GaugeMetricFamily("fusee_shards", "Shards of the data directory.", value=server.shards)
+        yield GaugeMetricFamily(
+            "fusee_shards_held",
+            "Shards a worker (long-lived or invoked) holds a lease on.",
+            value=sum(1 for slot in server.slots if slot.holder is not None),
+        )
+        workers = GaugeMetricFamily(
+            "fusee_workers_connected",
+            "Workers connected: long-lived ones (standbys included) and invoked ones.",
+            labels=["kind"],
+        )
+        invoked = sum(1 for conn in server.connections if conn.invocation is not None)
+        workers.add_metric(["long_lived"], len(server.workers))
+        workers.add_metric(["invoked"], invoked)
+        yield workers
+        yield GaugeMetricFamily(
+            "fusee_connections_open",
+            "Connections open: workers, their pingers and clients.",
+            value=len(server.connections),
+        )
+        yield GaugeMetricFamily(
+            "fusee_calls_in_flight",
+            "Client calls relayed to a worker and not answered yet.",
+            value=len(server.calls),
+        )
+        yield GaugeMetricFamily(
+            "fusee_calls_waiting",
+            "Client calls waiting at the server for their shard to get a holder.",
+            value=server.calls_waiting(),
+        )
+
+    def _invoker(self, invoker: Invoker) -> Iterator[Metric]:
+        now = invoker.loop.time()
+        yield from self._endpoints(invoker.endpoints, now)
+        # The shard counts (overdue above all) are the ones the `invocations` call gives:
+        # computed once, in the invoker, so the two never disagree.
+        overall = invoker.metrics()
+        for name, key, doc in (
+            ("fusee_shards_due", "shardsDue", "Shards due now with no invocation sent for them yet."),
+            ("fusee_shards_scheduled", "shardsScheduled", "Shards with a due time still to come."),
+            ("fusee_shards_invoking", "invoking", "Shards an invocation in flight carries."),
+            ("fusee_shards_in_backoff", "inBackoff", "Due shards held back by their own backoff."),
+            (
+                "fusee_shards_overdue",
+                "overdue",
+                "Shards due for over a second and not invoked though their endpoint could take them.",
+            ),
+        ):
+            yield GaugeMetricFamily(name, doc, value=overall[key])
+        for name, key, doc in (
+            ("fusee_handbacks", "handbacks", "Shards an invoked worker handed back when its budget ended."),
+            (
+                "fusee_invoked_left_without_report",
+                "leftWithoutReport",
+                "Leases of invoked workers that ended without an IDLE report (a crash, a revoke).",
+            ),
+            (
+                "fusee_invocations_without_progress",
+                "withoutProgress",
+                "Budgets that ended before any step finished on a shard (the shard backs off).",
+            ),
+        ):
+            yield CounterMetricFamily(name, doc, value=overall[key])
+
+    @staticmethod
+    def _endpoints(endpoints: list[EndpointState], now: float) -> Iterator[Metric]:
+        label = ["endpoint"]
+        sent = CounterMetricFamily("fusee_invocations_sent", "Invocations sent.", labels=label)
+        ended = CounterMetricFamily(
+            "fusee_invocations",
+            "Invocations answered or failed, by how they ended.",
+            labels=[*label, "outcome"],
+        )
+        in_flight = GaugeMetricFamily(
+            "fusee_invocations_in_flight", "Invocations sent and not answered yet.", labels=label
+        )
+        backoff = GaugeMetricFamily(
+            "fusee_endpoint_backoff_seconds", "Time left before the endpoint is invoked again.", labels=label
+        )
+        concurrency = GaugeMetricFamily(
+            "fusee_endpoint_concurrency",
+            "Invocations the endpoint may have at once now (lowered by throttles).",
+            labels=label,
+        )
+        configured = GaugeMetricFamily(
+            "fusee_endpoint_concurrency_configured", "The endpoint's configured concurrency.", labels=label
+        )
+        shards = CounterMetricFamily(
+            "fusee_invoked_shards", "Shards carried by the invocations sent.", labels=label
+        )
+        steps = CounterMetricFamily(
+            "fusee_invoked_steps",
+            "Steps invoked workers ran, counted as their invocation ends.",
+            labels=label,
+        )
+        for endpoint in endpoints:
+            url = endpoint.config.url
+            sent.add_metric([url], endpoint.counts["sent"])
+            # Every known outcome from the start (at zero), and any other the invoker counts.
+            others = sorted(set(endpoint.counts) - set(OUTCOMES) - NOT_OUTCOMES)
+            for outcome in (*OUTCOMES, *others):
+                ended.add_metric([url, outcome], endpoint.counts[outcome])
+            in_flight.add_metric([url], len(endpoint.in_flight))
+            backoff.add_metric([url], max(0.0, endpoint.backoff_until - now))
+            concurrency.add_metric([url], endpoint.concurrency)
+            configured.add_metric([url], endpoint.config.concurrency)
+            shards.add_metric([url], endpoint.counts["shards"])
+            steps.add_metric([url], endpoint.counts["steps"])
+        yield from (sent, ended, in_flight, backoff, concurrency, configured, shards, steps)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class HttpApi:
+    """The HTTP site. It is closed after the server stops, so `/healthz` answers 503
+    while the stop flushes and closes the log rather than refusing connections."""
+
+    def __init__(self, server: Server, token: bytes | None) -> None:
+        self.server = server
+        self.token = token
+        self.metrics = Metrics(server)
+        app = web.Application(middlewares=[self._authorize])
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", self._healthz)
+        # No access log: a line per scrape every few seconds would bury the lease events.
+        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_S)
+
+    async def start(self, host: str, port: int, tls: ssl.SSLContext | None) -> int:
+        """Listen; the port bound (`port` 0 picks a free one). Raises OSError."""
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, host, port, ssl_context=tls)
+        await site.start()
+        return int(self.runner.addresses[0][1])
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
+
+    @web.middleware
+    async def _authorize(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if self.token is not None and not self._bearer_ok(request.headers.get("Authorization", "")):
+            return web.json_response(
+                {"error": "a bearer token is required (the server's --token-file)"},
+                status=401,
+                headers={"WWW-Authenticate": 'Bearer realm="fusee"'},
+            )
+        return await handler(request)
+
+    def _bearer_ok(self, header: str) -> bool:
+        assert self.token is not None
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        try:
+            offered = given.strip().encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            return False
+        # Constant time: how long a refusal takes says nothing about how much matched.
+        return hmac.compare_digest(offered, self.token)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body, content_type = self.metrics.exposition(request.headers.get("Accept", ""))
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        # `stopped` is set by SIGTERM and by a failed log write: from then on the log
+        # takes nothing more.
+        if self.server.stopped.is_set():
+            return web.json_response({"status": "stopping"}, status=503)
+        return web.json_response({"status": "serving", "shards": self.server.shards})
