@@ -331,7 +331,8 @@ class Engine:
 
     async def wait_idle(self, grace: float = 0.1, timeout: float | None = None) -> bool:
         """Wait until every shard has been idle for `grace` seconds on end (an invoked
-        worker's 100 ms: a trickle of calls shares one invocation); False if `timeout`
+        worker's 100 ms: a trickle of calls shares one invocation; a shard's checkpoint
+        meanwhile delays the end, but does not restart the grace); False if `timeout`
         seconds pass first. Woken by the shards' own changes, and by the clock when a
         shard's next due time comes within 250 ms: nothing is polled."""
         _seconds(grace, "grace")
@@ -353,7 +354,11 @@ class Engine:
                     if due is not None:
                         wait = min(wait, due)
                 else:
-                    idle_since = None
+                    if not all(shard.idle(housekeeping=True) for shard in self.shards):
+                        # Progress, not a checkpoint of parked runs: the grace restarts.
+                        # (A checkpoint taken because every run parked would otherwise add
+                        # a whole grace to every invocation.)
+                        idle_since = None
                     wait = self._next_busy_in() or 3600.0
                 if give_up is not None:
                     if now >= give_up:

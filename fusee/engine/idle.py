@@ -41,19 +41,23 @@ class IdleReport(msgspec.Struct, frozen=True):
     under the next holder (a step's result that arrives after this is dropped)."""
 
 
-def is_idle(shard: Shard) -> bool:
+def is_idle(shard: Shard, *, housekeeping: bool = False) -> bool:
     """Nothing can make progress on the shard: every loaded run waits on a timer, a
     signal, a child or a completion (no step runs, no code replays); no load, call being
     answered, flush or checkpoint is under way; every message sent in the last 3 s is
     answered (an older one no longer holds the shard: its resend goes out from the
-    shard's next holder); and its next due time is at least 250 ms away."""
+    shard's next holder); and its next due time is at least 250 ms away.
+
+    `housekeeping`: idle but for a checkpoint under way (the shard's own upkeep once its
+    runs parked, which makes no progress: `Engine.wait_idle` does not restart its grace
+    for it)."""
     if (
         shard.appended > shard.durable
         or shard.calls
         or shard.update_waiters
         or shard.ready
         or shard.loading
-        or shard.checkpointing
+        or (shard.checkpointing and not housekeeping)
     ):
         return False
     for run in shard.runs.values():

@@ -373,8 +373,8 @@ class Shard:
                 "shard %d: %d finished runs past their retention left the index", self.index, len(expired)
             )
 
-    def idle(self) -> bool:
-        return idle.is_idle(self)
+    def idle(self, *, housekeeping: bool = False) -> bool:
+        return idle.is_idle(self, housekeeping=housekeeping)
 
     def next_change_ms(self) -> int:
         return idle.next_change_ms(self)

@@ -45,6 +45,18 @@ class Open(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     session: bytes = b""  # a pinger: the worker session (from its WELCOME) it keeps alive
 
 
+class Opened(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """What REPLY to a REQUEST `open` of this shard would say (with a first page of up to
+    64 KiB), sent ahead in WELCOME: an invoked worker opens its shards at once."""
+
+    shard: int
+    epoch: int
+    position: int
+    runs_len: int
+    checkpoint: tuple[int, bytes] | None
+    items: list[bytes]
+
+
 class Welcome(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     shards: int
     granted: list[tuple[int, int]]  # (shard, epoch): what the worker holds from the start
@@ -52,6 +64,7 @@ class Welcome(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     timeout_ms: int  # 0: the server never revokes a silent lease
     session: bytes = b""  # a worker's: what its pinger connection names
     budget_ms: int = 0  # an invoked worker's: the budget left of its invocation
+    opened: list[Opened] = []  # an invoked worker's: granted shards already settled and read
 
 
 class Lease(msgspec.Struct, array_like=True, forbid_unknown_fields=True):

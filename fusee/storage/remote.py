@@ -58,6 +58,7 @@ class RemoteStorage:
         self.conn: ClientConnection | None = None
         self.shards = 0
         self.granted: dict[int, int] = {}  # shard -> epoch of the lease the server granted
+        self.preopened: dict[int, m.Opened] = {}  # opens the server answered in WELCOME
         self.stores: dict[int, RemoteShardStore] = {}
         self.pending: dict[int, asyncio.Future[Any]] = {}
         self.rids = 0
@@ -89,6 +90,7 @@ class RemoteStorage:
         storage.conn, welcome = await connect(address, opening, storage)
         storage.shards = welcome.shards
         storage.granted = dict(welcome.granted)
+        storage.preopened = {opened.shard: opened for opened in welcome.opened}
         storage.budget_ms = welcome.budget_ms
         if welcome.timeout_ms:
             storage.ping_s = welcome.ping_ms / 1000
@@ -224,8 +226,21 @@ class RemoteStorage:
         if self.lost is not None:
             raise LeaseLostError(str(self.lost))
         store = RemoteShardStore(self, index, epoch, report, receive)
-        reply = await self.request("open", store)
-        store.opened(reply)
+        ahead = self.preopened.pop(index, None)
+        if ahead is not None and ahead.epoch == epoch:
+            # The server answered this open in its WELCOME (spent once: a second open of
+            # the shard in this process asks, as any other).
+            store.opened(
+                m.Reply(
+                    0,
+                    position=ahead.position,
+                    runs_len=ahead.runs_len,
+                    checkpoint=ahead.checkpoint,
+                    items=ahead.items,
+                )
+            )
+        else:
+            store.opened(await self.request("open", store, max_bytes=PAGE_BYTES))
         previous = self.stores.get(index)
         if previous is not None:
             previous.lose(LeaseLostError(f"shard {index} was opened again in this process"))
@@ -297,6 +312,8 @@ class RemoteShardStore:
         self.runs_len = 0
         self.run_offsets: collections.deque[int] = collections.deque()  # appends awaiting an answer
         self.checkpoint_found: tuple[int, bytes] | None = None
+        self.log_end = 0  # the shard's durable position when it was opened
+        self.first_page: tuple[int, list[bytes]] | None = None  # (after, records) from the open
         self.stopped: BaseException | None = None
         self.dropped = False
 
@@ -304,6 +321,11 @@ class RemoteShardStore:
         self.next_position = self.durable_position = self.sent_position = reply.position
         self.runs_len = reply.runs_len
         self.checkpoint_found = reply.checkpoint
+        # The open's answer carries the first page of the records after the checkpoint,
+        # and the log ends at `reply.position` (we hold the lease: nobody else appends),
+        # so recovering a small shard asks nothing more.
+        self.log_end = reply.position
+        self.first_page = (reply.checkpoint[0] if reply.checkpoint else 0, reply.items)
 
     def report(self, result: int | BaseException) -> None:
         if not self.dropped:
@@ -384,6 +406,11 @@ class RemoteShardStore:
         return self.checkpoint_found
 
     async def records(self, after: int, max_bytes: int = PAGE_BYTES) -> list[bytes]:
+        first, self.first_page = self.first_page, None
+        if first is not None and first[0] == after and max_bytes >= PAGE_BYTES:
+            return first[1]
+        if after >= self.log_end and self.sent_position == self.log_end:
+            return []  # nothing after the log's end, and nothing of ours sent since the open
         reply = await self.storage.request("records", self, after=after, max_bytes=max_bytes)
         return reply.items
 

@@ -307,6 +307,45 @@ async def test_a_checkpoint_being_written_keeps_the_shard_busy_and_its_end_wakes
     await engine.close()
 
 
+async def test_a_checkpoint_during_the_grace_delays_wait_idle_but_does_not_restart_the_grace():
+    """An invoked worker's runs park 50 ms after suspending and the shard then takes a
+    checkpoint: upkeep, not progress. The grace counts on through it (else every
+    invocation would last a whole grace longer), and wait_idle returns when it ends."""
+    storage = MemoryStorage(1)
+    storage.stores = [GatedCheckpoints()]
+    engine = await open_engine(storage)
+    await engine.start(waiter, "w-1")
+    await turns()
+    shard = engine.shards[0]
+    assert shard.idle()
+    waiting = asyncio.ensure_future(engine.wait_idle(grace=0.6, timeout=10))
+    await asyncio.sleep(0.1)
+    storage.stores[0].written = gate = new_gate()
+    checkpoint = asyncio.ensure_future(shard.checkpoint(wait=True))
+    await turns()
+    assert not shard.idle() and shard.idle(housekeeping=True)
+    await asyncio.sleep(0.1)
+    gate.set()  # about 0.2 s into the grace
+    released = time.monotonic()
+    await asyncio.wait_for(checkpoint, 5)
+    assert await asyncio.wait_for(waiting, 5)
+    # The grace ran on: it ends about 0.4 s after the checkpoint (restarted, 0.6 s).
+    assert time.monotonic() - released < 0.5
+    # Held past the grace, a checkpoint delays the end until it is written.
+    storage.stores[0].written = gate = new_gate()
+    await engine.start(waiter, "w-2")
+    await turns()
+    checkpoint = asyncio.ensure_future(shard.checkpoint(wait=True))
+    await turns()
+    waiting = asyncio.ensure_future(engine.wait_idle(grace=0.05, timeout=10))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    gate.set()
+    await asyncio.wait_for(checkpoint, 5)
+    assert await asyncio.wait_for(waiting, 5)
+    await engine.close()
+
+
 async def test_a_message_to_a_shard_nobody_holds_keeps_the_sender_busy_for_3_s_only():
     """A child start for shard 1, which no engine holds, waits at the relay. The sender is
     busy for 3 s after its first send (an answer may still come), then idle although the

@@ -74,7 +74,7 @@ class Cluster:
         self.procs.append(self.handler)
         return self.handler
 
-    def start_server(self, *extra: str) -> Server:
+    def start_server(self, *extra: str, shards: int = 4) -> Server:
         url = f"http://127.0.0.1:{self.handler_port}/"
         self.server = Server(
             self.tmp / "data",
@@ -83,6 +83,7 @@ class Cluster:
             "--invoke-secret-file",
             str(self.secret),
             *extra,
+            shards=shards,
             listen=f"127.0.0.1:{self.port}",
         )
         self.procs.append(self.server)
@@ -147,6 +148,31 @@ async def test_a_start_on_a_shard_nobody_holds_runs_to_its_result(cluster):
     after = await quiet(client)
     assert after["endpoints"][0]["succeeded"] >= 1 and after["endpoints"][0]["failed"] == 0
     await until(lambda: held_by_nobody(server))
+    await client.close()
+
+
+async def test_a_shard_too_large_to_open_ahead_is_opened_on_request(cluster):
+    """An invoked worker's WELCOME carries the open of each small shard it is granted (its
+    checkpoint and first records); a shard whose checkpoint is over 64 KiB (2,000 runs
+    waiting for a signal) is opened by the worker's own request instead. Both recover
+    every run."""
+    cluster.start_handler()
+    server = cluster.start_server(shards=1)
+    client = await cluster.client()
+    gate = asyncio.Semaphore(64)
+
+    async def start(i: int) -> None:
+        async with gate:
+            await client.start("waiter", f"w-{i}", 1)
+
+    await asyncio.gather(*(start(i) for i in range(2000)))
+    await quiet(client)
+    await until(lambda: held_by_nobody(server))
+    sizes = [path.stat().st_size for path in server.dir.rglob("checkpoint-*")]
+    assert max(sizes) > 64 << 10, sizes
+    await client.run("w-7").signal("go", 7)
+    assert await client.run("w-7").result() == [7]
+    assert len(await client.list(type="waiter", status="running")) == 1999
     await client.close()
 
 

@@ -97,6 +97,7 @@ class Proc:
 
 class Server(Proc):
     def __init__(self, dir: Path, *extra: str, shards: int = 4, listen: str = "127.0.0.1:0") -> None:
+        self.dir = dir
         args = [sys.executable, "-m", "fusee", "server", "--dir", str(dir), "--shards", str(shards)]
         if listen:
             args += ["--listen", listen]

@@ -83,3 +83,30 @@ async def test_records_larger_than_one_frame_holds_together_reach_the_log_and_re
         standby = start_worker(server.address())  # recovers the shard: 15 MiB of records, in pages
         assert standby.initial == [0]
         assert await retry(lambda: client.run("big-1").result()) == [5 << 20] * 3
+
+
+async def test_a_shard_whose_checkpoint_is_large_is_read_off_the_loop_and_recovers(start_server, start_worker):
+    """A checkpoint over 64 KiB (2,000 runs waiting for a signal) is read by the server's
+    reader thread for the next holder's open, a small one on its loop: both recover every
+    run, and the runs go on."""
+    server = start_server(shards=1)
+    worker = start_worker(server.address())
+    async with await fusee.Client.connect(server.address()) as client:
+        gate = asyncio.Semaphore(64)
+
+        async def start(i: int) -> None:
+            async with gate:
+                await client.start("waiter", f"w-{i}", 1)
+
+        await asyncio.gather(*(start(i) for i in range(2000)))
+        assert worker.stop() == 0  # parks the runs, then a checkpoint of the whole index
+        sizes = [path.stat().st_size for path in server.dir.rglob("checkpoint-*")]
+        assert max(sizes) > 64 << 10, sizes  # over INLINE_READ_BYTES: read off the loop
+        for _ in range(2):  # the large checkpoint, then (after the next close) the same again
+            worker = start_worker(server.address())
+            assert len(await retry(lambda: client.list(type="waiter", status="running"))) == 2000
+            assert worker.stop() == 0
+        worker = start_worker(server.address())
+        await retry(lambda: client.run("w-7").signal("go", 7))
+        assert await retry(lambda: client.run("w-7").result()) == [7]
+        assert len(await retry(lambda: client.list(type="waiter", status="running"))) == 1999
