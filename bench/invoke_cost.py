@@ -113,6 +113,7 @@ class Cluster:
     handler: Child
     client: fusee.Client
     port: int
+    handler_port: int
 
     async def metrics(self) -> dict[str, Any]:
         answer: dict[str, Any] = await self.client.call("invocations", -1)
@@ -169,7 +170,7 @@ async def start_cluster(scratch: Path, profile: Path | None) -> Cluster:
     )
     await server.wait_for(r"ready$", timeout=60)
     client = await fusee.Client.connect(f"127.0.0.1:{port}")
-    return Cluster(server, handler, client, port)
+    return Cluster(server, handler, client, port, handler_port)
 
 
 # -- row 1, 2, 6: cold starts -------------------------------------------------------------
@@ -301,6 +302,28 @@ async def sleeps(cluster: Cluster, count: int) -> Sleeps:
     after = (await cluster.quiet())["endpoints"][0]
     found = await cluster.handled(mark, after["sent"] - before["sent"])
     return Sleeps(list(runs), found, began)
+
+
+async def wakeup_floor(cluster: Cluster, count: int = 100) -> tuple[float, float]:
+    """p50 ms of an HTTP round trip to the handler (a GET, answered 405 at once) sent back
+    to back, and sent after 20 ms of quiet, like a cold start's: what waking an idle
+    process costs on this machine, paid at nearly every hop of a cold start."""
+    import aiohttp
+
+    url = f"http://127.0.0.1:{cluster.handler_port}/"
+    found: list[float] = []
+    async with aiohttp.ClientSession() as session:
+        for gap in (0.0, SETTLE_S):
+            times = []
+            for _ in range(count):
+                if gap:
+                    await asyncio.sleep(gap)
+                began = time.perf_counter()
+                async with session.get(url) as response:
+                    await response.read()
+                times.append((time.perf_counter() - began) * 1000)
+            found.append(pct(times, 50))
+    return found[0], found[1]
 
 
 async def long_lived_sleeps(cluster: Cluster, count: int) -> list[float]:
@@ -468,6 +491,7 @@ async def run_all(args: argparse.Namespace, scratch: Path) -> None:
             raise RuntimeError(
                 f"{len(asleep)} parked runs found, on shards {sorted({r.shard for r in asleep})}"
             )
+        floor = await wakeup_floor(cluster)
         long_lived = await long_lived_sleeps(cluster, args.sleeps)
         progress(f"{args.sleeps} runs sleeping 1 s on a long-lived worker")
     finally:
@@ -491,6 +515,11 @@ async def run_all(args: argparse.Namespace, scratch: Path) -> None:
     print(breakdown("Cold start, where the time goes", cold))
     print(breakdown(f"On the shard holding {args.parked:,} runs", parked))
     print(timers(slept))
+    print(
+        f"This machine's floor: an HTTP round trip to the handler (a GET answered at once) takes "
+        f"p50 {floor[0]:.2f} ms back to back and {floor[1]:.2f} ms after {SETTLE_S * 1000:.0f} ms of "
+        f"quiet, as a cold start's hops do (each wakes a process that was idle)."
+    )
     print(
         f"\nServer, handler (uvicorn, FUSEE_INVOKE_TRACE=1) and client in three processes on "
         f"loopback, {os.cpu_count()} cores (load average {os.getloadavg()[0]:.2f} at the end); "
