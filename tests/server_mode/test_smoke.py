@@ -85,7 +85,9 @@ async def test_records_larger_than_one_frame_holds_together_reach_the_log_and_re
         assert await retry(lambda: client.run("big-1").result()) == [5 << 20] * 3
 
 
-async def test_a_shard_whose_checkpoint_is_large_is_read_off_the_loop_and_recovers(start_server, start_worker):
+async def test_a_shard_whose_checkpoint_is_large_is_read_off_the_loop_and_recovers(
+    start_server, start_worker
+):
     """A checkpoint over 64 KiB (2,000 runs waiting for a signal) is read by the server's
     reader thread for the next holder's open, a small one on its loop: both recover every
     run, and the runs go on."""
