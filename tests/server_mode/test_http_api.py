@@ -18,6 +18,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -297,3 +299,34 @@ async def test_invocations_move_the_invoker_metrics(invoked):
         value(families, "fusee_invoked_steps_total", endpoint=endpoint),
     )
     await client.close()
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(offered=st.binary(max_size=80) | st.text(max_size=60).map(lambda t: t.encode("utf-8")))
+def test_any_authorization_but_the_token_is_refused(http_with_token, offered):
+    """Raw header bytes, whatever they are: 401 (or 400 for a header HTTP cannot carry),
+    never the metrics, and the server goes on serving."""
+    host, port, token = http_with_token
+    if offered.strip() in (f"Bearer {token}".encode(), f"bearer {token}".encode()):
+        return
+    request = (
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: " + offered + b"\r\nConnection: close\r\n\r\n"
+    )
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    status = answer.split(b" ", 2)[1] if answer.startswith((b"HTTP/1.1 ", b"HTTP/1.0 ")) else answer[:40]
+    assert status in (b"400", b"401"), answer[:200]
+    assert b"fusee_shards" not in answer
+
+
+@pytest.fixture
+def http_with_token(start_server, tmp_path):
+    token = Path(token_file(tmp_path)).read_text().strip()
+    server = start_server("--token-file", str(tmp_path / "token"), "--http", "127.0.0.1:0")
+    host, port = base_url(server).removeprefix("http://").rsplit(":", 1)
+    yield host, int(port), token
+    status, _, _ = asyncio.run(get(f"{base_url(server)}/healthz", token))
+    assert status == 200  # still serving after all of it
