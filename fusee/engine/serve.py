@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from fusee._errors import FuseeError, RejectedError, _FailureError
+from fusee._errors import ConnectionError, FuseeError, RejectedError, _FailureError
 from fusee.protocol import messages as m
 from fusee.protocol.frames import FrameError
 from fusee.storage.remote import RemoteStorage
@@ -70,11 +70,14 @@ class CallServer:
             attaching = self.attaching.get(call.shard)
             if attaching is not None:
                 await asyncio.wait([attaching])  # the server routed it here: the lease is ours
-            if call.shard >= 0 and call.shard not in self.engine.by_index:
-                # Let go (or being let go) before the server heard: it routes the call
-                # again, to the next holder, instead of the caller getting a refusal.
+            if call.shard >= 0 and (self.engine.closed or call.shard not in self.engine.by_index):
+                # Let go (or being let go: the engine closing) before the server heard: it
+                # routes the call again, to the next holder, instead of the caller getting
+                # a refusal.
                 self.storage.send(m.Answer(call.rid, code=m.MOVED, message=f"shard {call.shard} let go"))
                 return
+            if self.engine.closed:  # a listing: asked again, it goes to the shards' next holders
+                raise ConnectionError("the worker is closing; retry")
             method = METHODS.get(call.method)
             if method is None:
                 raise RejectedError(f"no call {call.method!r} (expected one of {', '.join(sorted(METHODS))})")

@@ -166,3 +166,45 @@ async def test_a_holder_whose_event_loop_blocks_keeps_its_leases_through_its_pin
     assert standby.held() == set()
     assert not any("revoking" in line for line in server.lines), server.output()
     await client.close()
+
+
+async def test_calls_racing_a_holders_clean_exit_are_answered_or_retriable(start_server, start_worker):
+    """Calls and listings keep coming while the holder exits cleanly (SIGTERM: its shards
+    let go, the standby takes them). Each is answered, or fails with an error that says to retry; a
+    call that reached the holder after it let the shard go is routed on to the standby
+    (ANSWER `Moved`), never refused."""
+    server = start_server(shards=1)
+    holder = start_worker(server.address())
+    standby = start_worker(server.address())
+    async with await fusee.Client.connect(server.address()) as client:
+        await client.start("waiter", "w-1", 1)
+        refused: list[str] = []
+        answered = 0
+        stop = asyncio.Event()
+
+        async def describe(listing: bool) -> None:
+            nonlocal answered
+            while not stop.is_set():
+                try:
+                    if listing:
+                        assert [row.id for row in await client.list()] == ["w-1"]
+                    else:
+                        await client.run("w-1").describe()
+                    answered += 1
+                except fusee.RejectedError as error:
+                    refused.append(str(error))
+                except (fusee.NoHolderError, fusee.ConnectionError, fusee.LeaseLostError):
+                    await asyncio.sleep(0.001)  # retriable, as documented
+
+        callers = [asyncio.ensure_future(describe(listing=i % 4 == 0)) for i in range(8)]
+        await asyncio.sleep(0.3)
+        before = answered
+        assert holder.stop() == 0
+        await asyncio.to_thread(standby.wait_for, r"^took 0$")
+        await asyncio.sleep(0.3)
+        stop.set()
+        await asyncio.gather(*callers)
+        assert not refused, f"{len(refused)} calls refused, the first: {refused[0]}"
+        assert answered > before  # answered by the standby after the hand-over
+        await retry(lambda: client.run("w-1").signal("go", 1))
+        assert await retry(lambda: client.run("w-1").result()) == [1]
