@@ -8,11 +8,12 @@ import contextvars
 import inspect
 import logging
 import random
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fusee import _codec as codec
 from fusee import journal as R
-from fusee._errors import CodecError, Failure, failure_from
+from fusee._errors import CodecError, Failure, LeaseLostError, failure_from
 from fusee.engine.run import RunState
 from fusee.workflow.ctx import Completion, StepContext, step_key, takes_context
 from fusee.workflow.ops import (
@@ -32,6 +33,7 @@ _IDLE, _RUNNING = StepState.IDLE, StepState.RUNNING  # module globals: read on e
 
 if TYPE_CHECKING:
     from fusee.engine.shard import Shard
+    from fusee.storage.contract import ShardStore
 
 
 class Steps:
@@ -119,6 +121,12 @@ class Steps:
         else:
             args = ()
         here = (run, op)
+        store = self.shard.store
+        if store.fenced():
+            # This process was stopped longer than the server waits: its lease is gone, and
+            # another holder may have run this step and recorded it. Stop, run nothing.
+            self.shard.stop(LeaseLostError(FENCED))
+            return
         try:
             if op.thread or (op.timeout_ms is not None and not inspect.iscoroutinefunction(fn)):
                 token = current_step.set(here)
@@ -126,7 +134,7 @@ class Steps:
                 current_step.reset(token)
                 loop = asyncio.get_running_loop()
                 pending: Any = loop.run_in_executor(
-                    self.shard.engine.step_threads(), lambda: context.run(fn, *args)
+                    self.shard.engine.step_threads(), lambda: context.run(_unless_fenced, store, fn, *args)
                 )
             else:
                 # A synchronous function runs here and now: a plain slot tells ctx.key()
@@ -166,6 +174,9 @@ class Steps:
         if op.done or run.final or self.shard.closed:
             # Cancelled or terminated meanwhile, or the shard let go of the run (a thread
             # that outlived a close): the result is discarded, never recorded late.
+            return
+        if isinstance(exc, _Fenced):
+            self.shard.stop(LeaseLostError(FENCED))
             return
         self.shard.steps_run += 1
         rec: R.Rec
@@ -256,3 +267,18 @@ async def _attempt(awaitable: Any, op: StepOp) -> Any:
         if op.context is not None:
             op.context.cancelled = True
         raise FuseeTimeout(f"the attempt took longer than its timeout ({timeout_ms} ms)") from None
+
+
+FENCED = "this worker was stopped longer than the server waits: its leases are gone"
+
+
+class _Fenced(Exception):
+    """A step thread found its process fenced before calling the step function."""
+
+
+def _unless_fenced(store: ShardStore, fn: Callable[..., Any], *args: Any) -> Any:
+    # Checked again on the thread, just before the call: a thread step queued before the
+    # process was stopped starts only after it woke, maybe before the loop read a byte.
+    if store.fenced():
+        raise _Fenced
+    return fn(*args)

@@ -92,6 +92,11 @@ class ShardStore(Protocol):
         """Drop the shard as a crash would: nothing staged is written, nothing more is
         reported, and the lease is let go."""
 
+    def fenced(self) -> bool:
+        """Whether the lease may be gone without this store having heard it yet (the
+        process was stopped longer than the server waits): a step function must not
+        start. Cheap, and safe to call from a step thread."""
+
 
 class Storage(Protocol):
     durability: Durability

@@ -182,6 +182,9 @@ class MemoryLease:
         if self.flushing is not None:
             self.flushing.cancel()
 
+    def fenced(self) -> bool:
+        return False  # one process: no lease to lose unheard
+
 
 class MemoryStorage:
     """Every shard in memory; nothing survives the process."""

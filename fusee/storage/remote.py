@@ -121,7 +121,13 @@ class RemoteStorage:
         conn = self.conn
         if conn is None or conn.closed:
             return
-        self.last_tick = time.monotonic()
+        now = time.monotonic()
+        if self.silence_limit_s and self.stores and self.last_tick and self._was_silent(now):
+            # This tick came late by more than the server waits: the process was stopped
+            # (or starved) meanwhile, and its leases are gone. Ticking on would make the
+            # frames waiting in the socket look fresh (_was_silent reads last_tick).
+            return
+        self.last_tick = now
         if self.last_tick - conn.last_sent >= self.ping_s * 0.9:
             conn.send(m.Ping())
         self.ticker = asyncio.get_running_loop().call_later(self.ping_s, self._ping)
@@ -165,7 +171,19 @@ class RemoteStorage:
         else:
             logger.warning("ignoring a %s frame from the server", kind.__name__)
 
-    def _was_silent(self) -> bool:
+    def silent(self) -> bool:
+        """Whether this process said nothing for longer than the server waits before it
+        revokes a lease, as far as can be told without acting on it (a step thread may
+        ask, while the loop has not yet read what waited in its socket)."""
+        if not self.silence_limit_s or self.lost is not None:
+            return self.lost is not None
+        pinger = self.pinger
+        if pinger is not None and pinger.stalled:
+            return True
+        last = max(self.last_tick, pinger.last_beat if pinger is not None else 0.0)
+        return bool(last) and time.monotonic() - last > self.silence_limit_s
+
+    def _was_silent(self, now: float | None = None) -> bool:
         """Whether this process said nothing for longer than the server waits before it
         revokes a lease (it was stopped, or starved of CPU): then the server has given its
         shards to another holder, and what it reads now (a durable position waiting in
@@ -174,7 +192,7 @@ class RemoteStorage:
         assert self.conn is not None
         pinger = self.pinger
         last = max(self.last_tick, pinger.last_beat if pinger is not None else 0.0)
-        silent = time.monotonic() - last
+        silent = (time.monotonic() if now is None else now) - last
         if silent <= self.silence_limit_s and not (pinger is not None and pinger.stalled):
             return False
         self.conn.close()
@@ -434,3 +452,6 @@ class RemoteShardStore:
             self.pending.clear()
             self.storage.send(m.Request(0, "release", self.index, self.epoch))
         self.storage.let_go(self)
+
+    def fenced(self) -> bool:
+        return self.storage.silent()

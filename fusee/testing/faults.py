@@ -290,6 +290,9 @@ class FaultyLease:
         self._drop()
         self.inner.abandon()
 
+    def fenced(self) -> bool:
+        return self.inner.fenced()
+
     def _drop(self) -> None:
         self.dead = self.dropped = True
         self.held = []

@@ -378,6 +378,9 @@ class LocalShardStore:
         self.pending.clear()
         self.release()
 
+    def fenced(self) -> bool:
+        return False  # the data directory's lock is this process's for its life
+
     async def checkpoint(self, position: int, data: bytes) -> None:
         await self._write_checkpoint(position, data)
         await self.storage.retire()

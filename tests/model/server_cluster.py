@@ -115,6 +115,14 @@ class Cluster:
         self.workers.remove(worker)
         self.gone.append(worker)
 
+    def exit_worker(self, worker: ModelWorker) -> None:
+        """SIGTERM: a clean exit (its shards flushed, checkpointed and let go; steps still
+        running are not waited for). A worker that does not exit is a failure."""
+        worker.stop()
+        worker.close()
+        self.workers.remove(worker)
+        self.gone.append(worker)
+
     def restart_server(self) -> None:
         """SIGKILL, and a new server on the same directory and port."""
         self.server.kill()

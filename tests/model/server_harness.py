@@ -547,8 +547,9 @@ class ServerCalls(Calls):
 
     async def during(self, op: Callable[[], Awaitable[None]], shard: int, delay_ms: int, target: str) -> None:
         """Run a call and, `delay_ms` after it was sent, SIGKILL the holder of its shard (a
-        new standby joins) or the server (restarted on its directory): an answer it gave
-        holds, one it did not promises nothing."""
+        new standby joins), SIGTERM it (`exit`: a clean exit, then a new standby), or
+        SIGKILL the server (restarted on its directory): an answer it gave holds, one it did
+        not promises nothing."""
         assert self.cluster is not None
         self.moves += 1
         self.moving = True
@@ -558,6 +559,15 @@ class ServerCalls(Calls):
             if target == "server":
                 self.log(f"# after {delay_ms} ms: SIGKILL the server; restarted on its directory")
                 self.cluster.restart_server()
+            elif target == "exit":
+                worker = self.cluster.holder_of(shard)
+                if worker is not None:
+                    self.log(
+                        f"# after {delay_ms} ms: SIGTERM worker {worker.pid} (shards "
+                        f"{sorted(worker.held())}): a clean exit; a new standby starts"
+                    )
+                    await asyncio.to_thread(self.cluster.exit_worker, worker)
+                    self.cluster.start_workers(1)
             else:
                 worker = self.cluster.holder_of(shard)
                 if worker is not None:

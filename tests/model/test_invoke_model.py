@@ -80,6 +80,7 @@ class InvokeModel(S.ServerModel):
 
     kill_worker = None  # type: ignore[assignment]
     stop_holder = None  # type: ignore[assignment]
+    exit_during = None  # type: ignore[assignment]  (an invocation's budget end is its clean exit)
 
     # -- time and the moves ----------------------------------------------------------------
 

@@ -1,8 +1,9 @@
 """The model-based test in server mode: seeded random sequences of the same calls as
 test_model.py, made through a `fusee.Client` against a real `fusee server` with two
 worker processes holding two shards each and a standby (server_cluster.py), with worker
-SIGKILLs (between calls and mid-call), a holder SIGSTOPped until its leases move, and the
-server SIGKILLed and restarted on its directory as further moves; the guarantees checked
+SIGKILLs (between calls and mid-call), a holder's clean exit (SIGTERM) mid-call, a holder
+SIGSTOPped until its leases move, and the server SIGKILLed and restarted on its directory
+as further moves; the guarantees checked
 after every step (server_checks.py says which are kept, changed and dropped). The
 in-process model's clock moves (`advance`) become real pauses and a `settle` that lets
 every timer pass; its crashes and reopenings become the moves above (its deploys of
@@ -216,6 +217,12 @@ class ServerModel(RuleBasedStateMachine):
     def kill_during(self, op: str, wid: str, plan: list[str], delay_ms: int, server: bool) -> None:
         shard = zlib.crc32(wid.encode()) % SHARDS
         self.h.run(self.h.during(self.op(op, wid, plan), shard, delay_ms, "server" if server else "worker"))
+
+    @rule(op=OPS, wid=WIDS, plan=PLANS, delay_ms=DELAYS_MS)
+    def exit_during(self, op: str, wid: str, plan: list[str], delay_ms: int) -> None:
+        """The holder of the call's shard exits cleanly (SIGTERM) while the call is under way."""
+        shard = zlib.crc32(wid.encode()) % SHARDS
+        self.h.run(self.h.during(self.op(op, wid, plan), shard, delay_ms, "exit"))
 
     @precondition(lambda self: self.stops < self.max_stops)
     @rule(op=OPS, wid=WIDS, plan=PLANS, delay_ms=DELAYS_MS)

@@ -156,3 +156,52 @@ async def test_a_holder_that_reads_nothing_for_five_seconds_loses_its_leases(sta
     finally:
         pinger.stop()
         stuck.close()
+
+
+@pytest.mark.parametrize("thread", [False, True])
+async def test_a_worker_that_was_silent_past_the_limit_runs_no_step_function(start_server, thread):
+    """As after a SIGSTOP longer than the server waits: a step's retry comes due (a timer
+    of this process: no frame from the server wakes it) when the worker's loop and pinger
+    last showed life 10 s ago. The retry must not start, on the loop or on a step thread:
+    another holder may own the shard and have run it. The shard stops with
+    LeaseLostError instead."""
+    import fusee
+
+    ran: list[int] = []
+
+    def effect(s: fusee.StepContext) -> str:
+        ran.append(s.attempt)
+        if s.attempt == 1:
+            raise RuntimeError("the first attempt fails")
+        return "done"
+
+    @fusee.workflow("fenced")
+    async def fenced(ctx: fusee.Ctx, _: None) -> str:
+        return await ctx.step(
+            "effect", effect, thread=thread, retry=fusee.Retry(initial="300ms", jitter=False)
+        )
+
+    server = start_server(shards=1)
+    engine = await fusee.Engine.open(durability="server", address=server.address(), workflows=[fenced])
+    storage = engine.storage
+    try:
+        run = await engine.start(fenced, "f-1", None)
+        deadline = time.monotonic() + 5
+        while ran != [1]:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # its failure durable, the retry 0.2 s away: no frame is due
+        # Silence the pings (as a stop would) and date the last sign of life 10 s back.
+        if storage.ticker is not None:
+            storage.ticker.cancel()
+        if storage.pinger is not None:
+            storage.pinger.stop()
+            storage.pinger.last_beat = time.monotonic() - 10
+        storage.last_tick = time.monotonic() - 10
+        with pytest.raises(fusee.LeaseLostError):
+            await asyncio.wait_for(run.result(), 5)
+        await asyncio.sleep(0.1)
+        assert ran == [1]  # the retry never started
+    finally:
+        engine.abandon()
+        await storage.abandon()
