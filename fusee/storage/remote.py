@@ -122,7 +122,7 @@ class RemoteStorage:
         if conn is None or conn.closed:
             return
         now = time.monotonic()
-        if self.silence_limit_s and self.stores and self.last_tick and self._was_silent(now):
+        if self.silence_limit_s and self.stores and self.last_tick and self._was_silent():
             # This tick came late by more than the server waits: the process was stopped
             # (or starved) meanwhile, and its leases are gone. Ticking on would make the
             # frames waiting in the socket look fresh (_was_silent reads last_tick).
@@ -183,18 +183,17 @@ class RemoteStorage:
         last = max(self.last_tick, pinger.last_beat if pinger is not None else 0.0)
         return bool(last) and time.monotonic() - last > self.silence_limit_s
 
-    def _was_silent(self, now: float | None = None) -> bool:
+    def _was_silent(self) -> bool:
         """Whether this process said nothing for longer than the server waits before it
         revokes a lease (it was stopped, or starved of CPU): then the server has given its
         shards to another holder, and what it reads now (a durable position waiting in
         the socket) must not start a step that holder may have run and recorded. It lets
         its leases go instead, as if the connection had closed."""
+        if not self.silent():
+            return False
         assert self.conn is not None
         pinger = self.pinger
-        last = max(self.last_tick, pinger.last_beat if pinger is not None else 0.0)
-        silent = (time.monotonic() if now is None else now) - last
-        if silent <= self.silence_limit_s and not (pinger is not None and pinger.stalled):
-            return False
+        silent = time.monotonic() - max(self.last_tick, pinger.last_beat if pinger is not None else 0.0)
         self.conn.close()
         self.on_lost(ConnectionError(f"this worker sent nothing for {silent:.1f} s (was it stopped?)"))
         return True

@@ -206,19 +206,15 @@ class Server:
             position = self.log.durable(index)
             if slot.writing or position < self.log.appended(index):
                 continue  # not settled: its REQUEST open waits for it
-            if slot.checkpoint_bytes > min(room, INLINE_READ_BYTES):
+            page_bytes = min(INLINE_READ_BYTES, room - slot.checkpoint_bytes)
+            if slot.checkpoint_bytes > INLINE_READ_BYTES or page_bytes <= 0:
                 continue
             try:
-                checkpoint = slot.files.latest_checkpoint()
-                size = len(checkpoint[1]) if checkpoint else 0
-                page_bytes = min(INLINE_READ_BYTES, room - size)
-                after = checkpoint[0] if checkpoint else 0
-                page = self.log.read_records(index, after, page_bytes) if page_bytes > 0 else None
+                checkpoint, page = self._read_now(slot, page_bytes)
             except (ValueError, OSError, _native.CorruptionError) as error:
                 logger.info("shard %d: not opened ahead (its REQUEST open will say why): %s", index, error)
                 continue
-            if page is None:
-                continue
+            size = len(checkpoint[1]) if checkpoint else 0
             room -= size + sum(map(len, page))
             opened.append(m.Opened(index, epoch, position, slot.files.runs_len, checkpoint, page))
         return opened
@@ -497,20 +493,20 @@ class Server:
         """The shard's newest checkpoint (read from its file: a checkpoint holds a shard's
         whole index, too much to keep in memory) and, for a `page_bytes`, the first page
         of the records after it: a recovery's first round trip does both."""
-        files, log, index = slot.files, self.log, slot.index
-
-        def read(page_bytes: int) -> tuple[tuple[int, bytes] | None, list[bytes]]:
-            checkpoint = files.latest_checkpoint()
-            if page_bytes <= 0:
-                return checkpoint, []
-            return checkpoint, log.read_records(index, checkpoint[0] if checkpoint else 0, page_bytes)
-
         if slot.checkpoint_bytes <= INLINE_READ_BYTES:
             # A small shard is read here, on the loop: a thread hop costs more (~0.3 ms)
             # than a small checkpoint and a short first page (the worker asks for the
             # rest, if any, as for any page).
-            return read(min(page_bytes, INLINE_READ_BYTES))
-        return await asyncio.get_running_loop().run_in_executor(self.readers, read, page_bytes)
+            return self._read_now(slot, min(page_bytes, INLINE_READ_BYTES))
+        return await asyncio.get_running_loop().run_in_executor(
+            self.readers, self._read_now, slot, page_bytes
+        )
+
+    def _read_now(self, slot: Slot, page_bytes: int) -> tuple[tuple[int, bytes] | None, list[bytes]]:
+        checkpoint = slot.files.latest_checkpoint()
+        if page_bytes <= 0:
+            return checkpoint, []
+        return checkpoint, self.log.read_records(slot.index, checkpoint[0] if checkpoint else 0, page_bytes)
 
     async def _settle(self, slot: Slot) -> None:
         """Before a new holder recovers: the previous holder's checkpoints and log writes

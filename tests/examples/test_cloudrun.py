@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import re
 import shlex
-import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,19 +24,14 @@ from fusee_server.invoke_config import BUDGET_MS, CONCURRENCY, GRACE_MS
 import fusee
 from fusee.protocol.address import parse as parse_address
 from tests.examples.dockerfile import Container, Image, build, ignore_rules, included, parse
+from tests.invoke.test_end_to_end import held_by_nobody
 from tests.server_mode import certs
 from tests.server_mode.conftest import procs  # noqa: F401 (the server's process, stopped after)
-from tests.server_mode.procs import Proc, Server, retry
+from tests.server_mode.procs import Proc, Server, free_port, retry
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = ROOT / "examples" / "cloudrun"
 DOCKERFILE = HERE / "Dockerfile"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def server_line() -> list[str]:
@@ -212,16 +206,6 @@ def timer_invocations(server: Server, shard: int) -> int:
     """Invocations the server sent for `shard` because a reported due time came."""
     sends = [line for line in list(server.lines) if "fusee invoke: send" in line and "timer" in line]
     return sum(1 for line in sends if str(shard) in line.split("shards=[")[1].split("]")[0].split(", "))
-
-
-def held_by_nobody(server: Server) -> bool:
-    held: set[int] = set()
-    for line in list(server.lines):
-        if "leased to" in line:
-            held.add(int(line.split("shard ")[1].split(":")[0]))
-        elif "shard " in line and ("released by" in line or "let go" in line):
-            held.discard(int(line.split("shard ")[1].split(":")[0]))
-    return not held
 
 
 async def test_orders_run_to_their_results_in_the_container(

@@ -20,7 +20,6 @@ import json
 import marshal
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -38,7 +37,7 @@ from botocore.exceptions import ClientError
 
 import fusee
 from fusee.protocol import signature
-from tests.server_mode.procs import Proc, Server
+from tests.server_mode.procs import Proc, Server, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "examples" / "lambda" / "deploy.py"
@@ -52,12 +51,6 @@ OTHER = "python3.13" if PYTHON == "python3.12" else "python3.12"  # a runtime th
 # The first session downloads the wheels (a few MB from PyPI); the test that waits for
 # them gets longer than the suite's default.
 pytestmark = pytest.mark.timeout(240)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

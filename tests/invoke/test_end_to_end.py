@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,15 +19,9 @@ import pytest
 from aiohttp import web
 
 import fusee
-from tests.server_mode.procs import Proc, Server, retry, steps_seen
+from tests.server_mode.procs import Proc, Server, free_port, retry, steps_seen
 
 SECRET = "end-to-end-secret-0123456789abcdef"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Handler(Proc):

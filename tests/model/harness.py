@@ -18,6 +18,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from hypothesis import HealthCheck, Phase, settings
+
 import fusee
 from fusee import journal as R
 from fusee.storage import MemoryStorage
@@ -372,3 +374,20 @@ def _gated(op: StepOp) -> bool:
 
 def _kw(options: dict[str, Any]) -> str:
     return ", ".join(f"{k}={str(v)!r}" if isinstance(v, Path) else f"{k}={v!r}" for k, v in options.items())
+
+
+def model_settings(examples: int, steps: int, explain: bool = False) -> Any:
+    """The hypothesis settings of every model-based test: no database (a seed repeats a
+    run), no deadline (moves take real process time), one bug reported, shrinking on."""
+    phases = [Phase.generate, Phase.shrink, *([Phase.explain] if explain else [])]
+    return settings(
+        max_examples=examples,
+        stateful_step_count=steps,
+        deadline=None,
+        database=None,
+        derandomize=False,
+        print_blob=True,
+        report_multiple_bugs=False,
+        suppress_health_check=list(HealthCheck),
+        phases=phases,
+    )

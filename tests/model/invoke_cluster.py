@@ -14,13 +14,12 @@ from __future__ import annotations
 import http.client
 import json
 import re
-import socket
 import sys
 import time
 from pathlib import Path
 from typing import IO, Any
 
-from tests.server_mode.procs import Proc
+from tests.server_mode.procs import Proc, free_port
 
 from .server_cluster import PROBLEMS
 
@@ -32,12 +31,6 @@ LEASED = re.compile(r"shard (\d+): leased to (.+) \(epoch (\d+)\)")
 FREED = re.compile(r"shard (\d+): (released by|let go: )(.*)\(epoch (\d+)\)")
 LEFT = re.compile(r"fusee invoke (\S+) \+[\d.]+ms left shard=(\d+) exit=(\S+)")
 REQUEST = re.compile(r"^request (\d+) (begin|end)")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Stamped(Proc):

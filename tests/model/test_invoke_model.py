@@ -25,12 +25,13 @@ import time
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, note, settings
+from hypothesis import note
 from hypothesis import seed as use_seed
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test, invariant, rule
 
 from . import test_server_model as S
+from .harness import model_settings
 from .invoke_checks import check, check_settle
 from .invoke_harness import InvokeCalls
 from .test_model import WIDS
@@ -115,17 +116,7 @@ class InvokeModel(S.ServerModel):
 def run_invoke_model(examples: int, steps: int, seed: int) -> None:
     test = get_state_machine_test(
         InvokeModel,
-        settings=settings(
-            max_examples=examples,
-            stateful_step_count=steps,
-            deadline=None,
-            database=None,
-            derandomize=False,
-            print_blob=True,
-            report_multiple_bugs=False,
-            suppress_health_check=list(HealthCheck),
-            phases=[Phase.generate, Phase.shrink],
-        ),
+        settings=model_settings(examples, steps),
     )
     print(f"model[invoke]: seed {seed} (repeat: FUSEE_MODEL_SEED={seed})", flush=True)
     started = time.monotonic()

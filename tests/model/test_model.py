@@ -20,14 +20,14 @@ import warnings
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, note, settings
+from hypothesis import note
 from hypothesis import seed as use_seed
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test, initialize, invariant, rule
 
 from .calls import Calls
 from .checks import check, check_progress
-from .harness import FAULT_TOTALS, IDS
+from .harness import FAULT_TOTALS, IDS, model_settings
 from .known import AVOID
 
 # "faulty": memory storage whose durability comes a loop turn later, wrapped by
@@ -228,19 +228,7 @@ def machine_for(mode: str) -> type[EngineModel]:
 def run_model(mode: str, examples: int, seed: int) -> None:
     test = get_state_machine_test(
         machine_for(mode),
-        settings=settings(
-            max_examples=examples,
-            stateful_step_count=STEPS,
-            deadline=None,
-            database=None,
-            derandomize=False,
-            print_blob=True,
-            report_multiple_bugs=False,
-            suppress_health_check=list(HealthCheck),
-            phases=[Phase.generate, Phase.shrink, Phase.explain]
-            if os.environ.get("FUSEE_MODEL_EXPLAIN")
-            else [Phase.generate, Phase.shrink],
-        ),
+        settings=model_settings(examples, STEPS, explain=bool(os.environ.get("FUSEE_MODEL_EXPLAIN"))),
     )
     started = time.monotonic()
     FAULT_TOTALS.clear()

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, note, settings
+from hypothesis import note
 from hypothesis import seed as use_seed
 from hypothesis import strategies as st
 from hypothesis.control import current_build_context
@@ -39,7 +39,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from .harness import IDS, SHARDS
+from .harness import IDS, SHARDS, model_settings
 from .server_checks import check, check_progress
 from .server_harness import ServerCalls
 from .test_model import POLICIES, UPDATES, WIDS
@@ -240,17 +240,7 @@ def run_server_model(examples: int, steps: int, seed: int, max_stops: int) -> No
     machine = type("ServerModel_run", (ServerModel,), {"max_stops": max_stops})
     test = get_state_machine_test(
         machine,
-        settings=settings(
-            max_examples=examples,
-            stateful_step_count=steps,
-            deadline=None,
-            database=None,
-            derandomize=False,
-            print_blob=True,
-            report_multiple_bugs=False,
-            suppress_health_check=list(HealthCheck),
-            phases=[Phase.generate, Phase.shrink],
-        ),
+        settings=model_settings(examples, steps),
     )
     print(f"model[server]: seed {seed} (repeat: FUSEE_MODEL_SEED={seed})", flush=True)
     started = time.monotonic()

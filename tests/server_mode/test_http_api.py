@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import fusee
 from tests.invoke.procs import SECRET, Uvicorn, environment
 from tests.server_mode import certs
-from tests.server_mode.procs import ROOT, Proc, Server, retry
+from tests.server_mode.procs import ROOT, Proc, Server, free_port, retry
 from tests.server_mode.test_security import token_file
 
 ENDPOINT_FAMILIES = {
@@ -75,12 +75,6 @@ def start_fails(tmp_path: Path, *args: str) -> str:
     assert done.returncode == 2, output
     assert ", ready" not in output and "metrics on" not in output and "Traceback" not in output, output
     return output
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def base_url(server: Server) -> str:
