@@ -183,7 +183,7 @@ def _profiled(args: list[str], profile: Path | None) -> list[str]:
     return [args[0], "-m", "cProfile", "-o", str(profile), *args[1:]]
 
 
-def _profiled_uvicorn(profile: str, host: str, port: int) -> None:
+def _profiled_uvicorn(profile: str, host: str, port: int, loop: str) -> None:
     """uvicorn serving `app` under cProfile, the stats written to `profile` as it stops.
     (`python -m cProfile -m uvicorn` writes nothing: after its graceful shutdown uvicorn
     raises the SIGTERM it caught again, under the handler that was there before it, the
@@ -198,7 +198,7 @@ def _profiled_uvicorn(profile: str, host: str, port: int) -> None:
     profiler = cProfile.Profile()
     profiler.enable()
     try:
-        uvicorn.run("_invoke_procs:app", host=host, port=port)
+        uvicorn.run("_invoke_procs:app", host=host, port=port, loop=loop)
     finally:
         profiler.disable()
         profiler.dump_stats(profile)
@@ -213,7 +213,7 @@ def server_args(
     return _with_env({"FUSEE_INVOKE_TRACE": "1" if trace else "0"}, _profiled(args, profile))
 
 
-def handler_args(port: int, server_port: int, secret: str, profile: Path | None) -> list[str]:
+def handler_args(port: int, server_port: int, secret: str, profile: Path | None, loop: str) -> list[str]:
     env = {
         "FUSEE_URL": f"127.0.0.1:{server_port}",
         "FUSEE_INVOKE_SECRET": secret,
@@ -221,9 +221,9 @@ def handler_args(port: int, server_port: int, secret: str, profile: Path | None)
         "FUSEE_INVOKE_TRACE": "1",
     }
     if profile is not None:
-        return _with_env(env, [sys.executable, __file__, "--profile", str(profile), str(port)])
+        return _with_env(env, [sys.executable, __file__, "--profile", str(profile), str(port), loop])
     args = [sys.executable, "-m", "uvicorn", "_invoke_procs:app", "--app-dir", "bench"]
-    args += ["--host", "127.0.0.1", "--port", str(port)]
+    args += ["--host", "127.0.0.1", "--port", str(port), "--loop", loop]
     return _with_env(env, args)
 
 
@@ -253,5 +253,5 @@ if __name__ == "__main__" and sys.argv[1] == "--worker":  # until SIGTERM
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_long_lived(sys.argv[2]))
-elif __name__ == "__main__":  # the handler under cProfile: --profile PATH PORT
-    _profiled_uvicorn(sys.argv[2], "127.0.0.1", int(sys.argv[3]))
+elif __name__ == "__main__":  # the handler under cProfile: --profile PATH PORT LOOP
+    _profiled_uvicorn(sys.argv[2], "127.0.0.1", int(sys.argv[3]), sys.argv[4])

@@ -1,7 +1,7 @@
 """Invoked workers' cost: the spec's *Measured* table (server mode, *Invoked workers*),
 row by row, against its goals. Run on demand:
 `python bench/invoke_cost.py [COLD [FAN [SLEEPS [PARKED]]]] [--quick] [--dir PARENT]
-[--profile DIR]` (defaults `100 200 100 10000`, as the spec's run; a few minutes on two
+[--profile DIR] [--loop asyncio|uvloop]` (defaults `100 200 100 10000`, as the spec's run; a few minutes on two
 cores; `--quick` is a smoke run of well under a minute). Not a timed test.
 
 The setup, all on loopback on this machine, each part a process of its own as deployed:
@@ -36,7 +36,8 @@ Rows (COLD, FAN, SLEEPS, PARKED are the four arguments):
    open (Engine.open: from leased to opened in the trace) per invocation. The server
    invokes at the start of the 100 ms bucket of the shard's earliest timer (the run
    index's granularity), so how long before the timer the engine is open varies from
-   run to run; the line under the table says how long it was;
+   run to run; the line under the table says how long it was. Then the same runs on a
+   long-lived worker, and in local mode in this process (no server: the floor here);
 6. PARKED runs asleep for an hour on one shard (IDs chosen by zlib.crc32(id) % 4), their
    invocation over: then starts on that shard as in row 1 (COLD / 5 of them, at least 5),
    p50, and of which the shard's recovery. The parked runs are counted afterwards (a
@@ -150,13 +151,15 @@ class Cluster:
             return len(self.handler.lines)
 
 
-async def start_cluster(scratch: Path, profile: Path | None) -> Cluster:
+async def start_cluster(scratch: Path, profile: Path | None, loop: str) -> Cluster:
     secret = secrets.token_hex(16)
     secret_file = scratch / "invoke-secret"
     secret_file.write_text(secret)
     port, handler_port = free_port(), free_port()
     # The handler first: the server invokes every shard as it starts.
-    handler = Child(handler_args(handler_port, port, secret, profile / "handler.prof" if profile else None))
+    handler = Child(
+        handler_args(handler_port, port, secret, profile / "handler.prof" if profile else None, loop)
+    )
     await handler.wait_for(r"Uvicorn running on", timeout=60)
     server = Child(
         server_args(
@@ -345,6 +348,27 @@ async def long_lived_sleeps(cluster: Cluster, count: int) -> list[float]:
         worker.stop()
 
 
+async def local_sleeps(scratch: Path, count: int) -> list[float]:
+    """Row 5's runs in local mode (an engine on a data directory, in this process, the
+    same 4 shards, no server): the floor under both figures above on this machine. There
+    too the step after the sleep waits until the timer's firing is on disk (a step's
+    function sees only what a crash cannot take back) and the timer itself wakes an idle
+    process."""
+    from _invoke_procs import nap
+
+    engine = await fusee.Engine.open(str(scratch / "local"), workflows=[nap], shards=SHARDS)
+    try:
+
+        async def one(wid: str) -> float:
+            run = await engine.start(nap, wid, SLEEP_MS)
+            due, woke = await run.result()
+            return float(woke) - float(due)
+
+        return list(await asyncio.gather(*(one(f"nap-local-{i}") for i in range(count))))
+    finally:
+        await engine.close()
+
+
 # -- row 6: a shard holding parked runs -----------------------------------------------------
 
 
@@ -467,7 +491,7 @@ def timers(result: Sleeps) -> str:
 
 async def run_all(args: argparse.Namespace, scratch: Path) -> None:
     began = time.monotonic()
-    cluster = await start_cluster(scratch, args.profile)
+    cluster = await start_cluster(scratch, args.profile, args.loop)
     try:
         await cluster.quiet()  # the invocations of every shard a starting server sends
         progress = Progress(began)
@@ -494,6 +518,8 @@ async def run_all(args: argparse.Namespace, scratch: Path) -> None:
         floor = await wakeup_floor(cluster)
         long_lived = await long_lived_sleeps(cluster, args.sleeps)
         progress(f"{args.sleeps} runs sleeping 1 s on a long-lived worker")
+        local = await local_sleeps(scratch, args.sleeps)
+        progress(f"{args.sleeps} runs sleeping 1 s in local mode")
     finally:
         await cluster.client.close()
     rows = cold_rows(cold)
@@ -506,6 +532,13 @@ async def run_all(args: argparse.Namespace, scratch: Path) -> None:
             "The same on a long-lived worker (no invoking)",
             f"late by {ms(late)} p50 (p90 {ms(pct(long_lived, 90))}): invoked is "
             f"{ms(pct(slept.late_ms, 50) - late)} later at p50",
+        )
+    )
+    rows.append(
+        (
+            "The same in local mode (one process, no server)",
+            f"late by {ms(pct(local, 50))} p50 (p90 {ms(pct(local, 90))}): the floor here; invoked is "
+            f"{ms(pct(slept.late_ms, 50) - pct(local, 50))} later at p50",
         )
     )
     rows.append(parked_row(args.parked, parked))
@@ -521,7 +554,7 @@ async def run_all(args: argparse.Namespace, scratch: Path) -> None:
         f"quiet, as a cold start's hops do (each wakes a process that was idle)."
     )
     print(
-        f"\nServer, handler (uvicorn, FUSEE_INVOKE_TRACE=1) and client in three processes on "
+        f"\nServer, handler (uvicorn --loop {args.loop}, FUSEE_INVOKE_TRACE=1) and client in three processes on "
         f"loopback, {os.cpu_count()} cores (load average {os.getloadavg()[0]:.2f} at the end); "
         f"{time.monotonic() - began:.0f} s in all"
         + (f"; under cProfile (stats in {args.profile})" if args.profile else "")
@@ -548,6 +581,12 @@ def arguments() -> argparse.Namespace:
         "parked", type=int, nargs="?", default=10_000, help="runs parked on one shard (default 10000)"
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run: 10 20 10 500")
+    parser.add_argument(
+        "--loop",
+        choices=("asyncio", "uvloop"),
+        default="asyncio",
+        help="the handler's event loop under uvicorn (default asyncio, as the examples deploy it)",
+    )
     parser.add_argument(
         "--dir", type=Path, default=Path(tempfile.gettempdir()), help="parent of the scratch directory"
     )

@@ -7,6 +7,7 @@ import base64
 import gc
 import inspect
 import os
+import time
 import uuid
 import zlib
 from _blake2 import blake2b  # hashlib's own BLAKE2, without loading OpenSSL's (cold path)
@@ -190,7 +191,9 @@ class Engine:
         await self._attach(index)
 
     async def _attach(self, index: int) -> None:
-        began = asyncio.get_running_loop().time()
+        # A duration, so perf_counter: uvloop's loop.time() moves in whole milliseconds,
+        # once per loop turn, and would report most opens as 0.
+        began = time.perf_counter()
         shard = Shard(self, index)
         shard.store = await self.storage.open_shard(index, shard.durability.on_durable, shard.on_relayed)
         try:
@@ -203,7 +206,7 @@ class Engine:
             shard.abandon()
             shard.store.abandon()
             raise ClosedError("the engine is closed; open a new one")
-        shard.open_ms = (asyncio.get_running_loop().time() - began) * 1000
+        shard.open_ms = (time.perf_counter() - began) * 1000
         self.by_index[index] = shard
         self.shards.append(shard)
         self.shards.sort(key=lambda s: s.index)

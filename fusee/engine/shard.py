@@ -32,6 +32,7 @@ from fusee.engine.durability import Durability
 from fusee.engine.idle import IdleReport
 from fusee.engine.index import RunIndex, key_of
 from fusee.engine.outbox import RESEND_MS, Outbox
+from fusee.engine.reads import RunReads
 from fusee.engine.run import RunState, stop_step
 from fusee.engine.steps import Steps
 from fusee.engine.timers import TICK, Timers
@@ -83,6 +84,7 @@ class Shard:
         self.timers = Timers(self)
         self.ticking = False  # the sweep is scheduled
         self.loading: dict[str, asyncio.Future[RunState | None]] = {}
+        self.reads = RunReads(lambda: self.store)  # a loop turn's loads read together
         self.result_waiters: dict[str, list[asyncio.Future[RunState]]] = {}
         self.update_waiters: dict[tuple[str, str], list[asyncio.Future[R.UpdateDone]]] = {}
         self.ready: set[RunState] = set()
@@ -507,7 +509,7 @@ class Shard:
         try:
             if mine:
                 try:
-                    data = await self.store.get_runs([entry.ref for _, entry, _, _, _ in mine])
+                    data = await self.reads.read([entry.ref for _, entry, _, _, _ in mine])
                     frames = [R.decode_frame(frame) for frame in data]
                 except Exception as error:  # noqa: BLE001 - an unreadable frame stops the shard
                     log.error(
@@ -678,7 +680,7 @@ class Shard:
         entry = self.index_entries.get(wid)
         if entry is None:
             return None
-        frame = R.decode_frame((await self.store.get_runs([entry.ref]))[0])
+        frame = R.decode_frame((await self.reads.read([entry.ref]))[0])
         if frame.wid != wid:
             return None
         last = frame.records[-1]

@@ -106,7 +106,8 @@ class InvocationHandler:
         """Answer one request: `headers` as a mapping or (name, value) pairs, `body` the
         exact bytes received. `remaining_ms`: what the platform still allows this call,
         when it says (the handler stops before the budget or this, whichever is first)."""
-        received_at = asyncio.get_running_loop().time()
+        received_at = asyncio.get_running_loop().time()  # the budget's origin, on the loop's clock
+        began = time.perf_counter()  # the summary's elapsed time: uvloop's loop clock moves in ms
         trace = Trace(self.trace)
         if self.secrets:
             try:
@@ -142,7 +143,7 @@ class InvocationHandler:
             logger.exception("invocation %s failed", request.invocation)
             trace("answered", status=500, why=repr(str(error)))
             return _answer(500, {"error": f"{type(error).__name__}: {error}"})
-        summary.elapsed_ms = round((asyncio.get_running_loop().time() - received_at) * 1000, 3)
+        summary.elapsed_ms = round((time.perf_counter() - began) * 1000, 3)
         trace("answered", status=200, elapsed_ms=summary.elapsed_ms)
         return 200, list(_JSON), request_.encode(summary)
 

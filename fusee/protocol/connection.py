@@ -19,7 +19,7 @@ import asyncio
 import logging
 import ssl
 import time
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from fusee._errors import ConnectionError
 from fusee.protocol import handshake
@@ -54,7 +54,7 @@ class FramedConnection(asyncio.BufferedProtocol):
         self.peer = "?"
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # uvloop: not a subclass
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "unix")

@@ -149,10 +149,12 @@ class Process:
 
 
 class Uvicorn(Process):
-    """`uvicorn handlers.asgi:app` on a port of its choosing."""
+    """`uvicorn handlers.asgi:app` on a port of its choosing, on `loop` (pinned: with
+    uvloop installed, uvicorn's default would pick it; test_uvloop.py asks for it)."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], loop: str = "asyncio") -> None:
         args = [sys.executable, "-m", "uvicorn", "handlers.asgi:app", "--host", "127.0.0.1", "--port", "0"]
+        args += ["--loop", loop]
         super().__init__(args, env)
         self.port = int(self.wait_for(r"Uvicorn running on http://127\.0\.0\.1:(\d+)").group(1))
 

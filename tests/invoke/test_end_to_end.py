@@ -25,9 +25,10 @@ SECRET = "end-to-end-secret-0123456789abcdef"
 
 
 class Handler(Proc):
-    """`uvicorn handlers.asgi:app` on a fixed port (the server's endpoint URL names it)."""
+    """`uvicorn handlers.asgi:app` on a fixed port (the server's endpoint URL names it),
+    on `loop` (pinned: with uvloop installed, uvicorn's default would pick it)."""
 
-    def __init__(self, port: int, server_port: int, steps: Path | None = None) -> None:
+    def __init__(self, port: int, server_port: int, steps: Path | None = None, loop: str = "asyncio") -> None:
         env = {
             "FUSEE_URL": f"127.0.0.1:{server_port}",
             "FUSEE_INVOKE_SECRET": SECRET,
@@ -45,14 +46,17 @@ class Handler(Proc):
             "127.0.0.1",
             "--port",
             str(port),
+            "--loop",
+            loop,
         ]
         super().__init__(args, env)
         self.wait_for(r"Uvicorn running on")
 
 
 class Cluster:
-    def __init__(self, procs: list[Proc], tmp: Path) -> None:
+    def __init__(self, procs: list[Proc], tmp: Path, loop: str = "asyncio") -> None:
         self.procs = procs
+        self.loop = loop
         self.tmp = tmp
         self.port = free_port()
         self.handler_port = free_port()
@@ -63,7 +67,7 @@ class Cluster:
         self.handler: Handler | None = None
 
     def start_handler(self) -> Handler:
-        self.handler = Handler(self.handler_port, self.port, self.steps)
+        self.handler = Handler(self.handler_port, self.port, self.steps, self.loop)
         self.procs.append(self.handler)
         return self.handler
 

@@ -52,7 +52,7 @@ class Stamped(Proc):
 class Handler(Stamped):
     def __init__(self, port: int, server: str, root: Path, secret: Path) -> None:
         args = [sys.executable, "-m", "uvicorn", "tests.model.invoke_handler_app:app"]
-        args += ["--host", "127.0.0.1", "--port", str(port), "--no-access-log"]
+        args += ["--host", "127.0.0.1", "--port", str(port), "--no-access-log", "--loop", "asyncio"]
         env = {
             "FUSEE_URL": server,
             "FUSEE_INVOKE_SECRET_FILE": str(secret),

@@ -1,0 +1,59 @@
+"""A burst of calls for parked runs reads their frames in one run-store request per loop
+turn (fusee/engine/reads.py): a client waiting on many results, or an invocation opening
+while calls wait at the server, would otherwise make one round trip per run. Each caller
+still gets its own run, and a caller that gives up leaves the others their answers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import fusee
+from fusee.storage import MemoryStorage
+from tests.engine.test_lifecycle import advance, waiter
+
+
+async def parked_engine(count: int) -> tuple[fusee.Engine, fusee.VirtualClock, list[list[int]]]:
+    """`count` waiters, all parked; the run-store reads of the shard are recorded from here
+    on (the offsets of each `get_runs`)."""
+    clock = fusee.VirtualClock()
+    engine = await fusee.Engine.open(
+        workflows=[waiter], storage=MemoryStorage(1), clock=clock, park_after="100ms"
+    )
+    for n in range(count):
+        await engine.start(waiter, f"w-{n}")
+    await advance(clock, 1_000)
+    shard = engine.shards[0]
+    assert shard.runs == {}  # every run parked
+    reads: list[list[int]] = []
+    get_runs = shard.store.get_runs
+
+    async def recorded(offsets: Sequence[int]) -> list[bytes]:
+        reads.append(list(offsets))
+        return await get_runs(offsets)
+
+    shard.store.get_runs = recorded  # type: ignore[method-assign]
+    return engine, clock, reads
+
+
+async def test_signals_to_many_parked_runs_read_their_frames_in_one_request():
+    engine, clock, reads = await parked_engine(25)
+    await asyncio.gather(*(engine.run(f"w-{n}").signal("go", n) for n in range(25)))
+    assert len(reads) == 1 and len(reads[0]) == 25, reads
+    await advance(clock, 10)
+    assert [await engine.run(f"w-{n}").result() for n in range(25)] == list(range(25))
+    await engine.close()
+
+
+async def test_a_caller_cancelled_while_its_read_waits_leaves_the_others_their_runs():
+    engine, clock, reads = await parked_engine(3)
+    gone = asyncio.ensure_future(engine.run("w-0").signal("go", 0))
+    others = [asyncio.ensure_future(engine.run(f"w-{n}").signal("go", n)) for n in (1, 2)]
+    await asyncio.sleep(0)  # each call has asked for its run's frame
+    gone.cancel()
+    await asyncio.gather(*others)
+    assert [len(offsets) for offsets in reads] == [2]  # the cancelled caller's read never left
+    await advance(clock, 10)
+    assert [await engine.run(f"w-{n}").result() for n in (1, 2)] == [1, 2]
+    assert (await engine.run("w-0").status()).status == "running"  # and it was never signalled
+    await engine.close()
