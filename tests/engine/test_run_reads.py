@@ -57,3 +57,23 @@ async def test_a_caller_cancelled_while_its_read_waits_leaves_the_others_their_r
     assert [await engine.run(f"w-{n}").result() for n in (1, 2)] == [1, 2]
     assert (await engine.run("w-0").status()).status == "running"  # and it was never signalled
     await engine.close()
+
+
+async def test_a_failed_batch_stops_the_shard_and_every_caller_in_it_hears_so():
+    """A read that fails fails every load in its batch, as one failed read did alone: the
+    shard stops (its state can no longer be trusted) and each caller gets the error."""
+    engine, _, reads = await parked_engine(3)
+    shard = engine.shards[0]
+
+    async def broken(offsets: Sequence[int]) -> list[bytes]:
+        reads.append(list(offsets))
+        raise OSError(5, "injected: the run store cannot be read")
+
+    shard.store.get_runs = broken  # type: ignore[method-assign]
+    outcomes = await asyncio.gather(
+        *(engine.run(f"w-{n}").signal("go", n) for n in range(3)), return_exceptions=True
+    )
+    assert [len(offsets) for offsets in reads] == [3]
+    assert all(isinstance(o, fusee.FuseeError) for o in outcomes), outcomes
+    assert shard.failed is not None
+    await engine.close()
