@@ -512,6 +512,10 @@ class Shard:
                     data = await self.reads.read([entry.ref for _, entry, _, _, _ in mine])
                     frames = [R.decode_frame(frame) for frame in data]
                 except Exception as error:  # noqa: BLE001 - an unreadable frame stops the shard
+                    if self.closed or self.stop_error is not None:
+                        # Closed or stopped while the read waited for its batch to leave:
+                        # the store is gone, which is no damage worth a log line.
+                        raise self.stopped_error() from None
                     log.error(
                         "shard %d: a run-store frame cannot be read, the shard stops: %s", self.index, error
                     )
