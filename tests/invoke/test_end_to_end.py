@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -174,12 +174,20 @@ async def test_a_shard_too_large_to_open_ahead_is_opened_on_request(cluster):
 
 
 async def test_a_one_second_sleep_is_invoked_again_on_time(cluster):
+    await sleeps_one_second(cluster, "nap-1", quiet)
+
+
+async def sleeps_one_second(
+    cluster: Cluster, wid: str, settle: Callable[[fusee.Client], Awaitable[Any]]
+) -> None:
+    """A run asleep for 1 s wakes through an invocation on time, and nothing holds a shard
+    while it sleeps (`settle`: waits until the server's first invocations are over)."""
     cluster.start_handler()
     server = cluster.start_server()
     client = await cluster.client()
-    await quiet(client)
+    await settle(client)
     began = time.time()
-    run = await client.start("sleeper", "nap-1", 1.0)
+    run = await client.start("sleeper", wid, 1.0)
     await until(lambda: held_by_nobody(server), timeout=5)  # nothing runs while it sleeps
     woke = await run.result()
     assert 1.0 <= woke - began < 1.6, woke - began

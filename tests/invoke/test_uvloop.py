@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import pytest
 import uvloop
 
 import fusee
-from tests.invoke.test_end_to_end import Cluster, held_by_nobody, metrics, quiet, until
+from tests.invoke.test_end_to_end import Cluster, held_by_nobody, metrics, quiet, sleeps_one_second, until
 from tests.server_mode.flows import WORKFLOWS
 from tests.server_mode.procs import Proc, Server, retry
 
@@ -67,16 +66,7 @@ async def test_the_handler_under_uvicorn_on_uvloop_runs_a_start_and_measures_its
 
 
 async def test_a_one_second_sleep_is_invoked_again_on_time_on_uvloop(cluster):
-    cluster.start_handler()
-    server = cluster.start_server()
-    client = await cluster.client()
-    await settled(client)
-    began = time.time()
-    run = await client.start("sleeper", "uv-nap", 1.0)
-    await until(lambda: held_by_nobody(server), timeout=5)  # nothing runs while it sleeps
-    woke = await run.result()
-    assert 1.0 <= woke - began < 1.6, woke - began
-    await client.close()
+    await sleeps_one_second(cluster, "uv-nap", settled)
 
 
 async def on_uvloop(address: str) -> dict[str, Any]:
