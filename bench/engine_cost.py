@@ -119,7 +119,7 @@ async def parked_bytes(runs: int) -> tuple[float, float]:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--runs", type=int, default=10_000)
     parser.add_argument("--parked", type=int, default=10_000)

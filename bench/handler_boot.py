@@ -55,7 +55,7 @@ def costliest(module: str, env: dict[str, str], count: int = 12) -> list[tuple[i
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--module", default="handlers.asgi")

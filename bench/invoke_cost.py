@@ -117,7 +117,7 @@ class Cluster:
     handler_port: int
 
     async def metrics(self) -> dict[str, Any]:
-        answer: dict[str, Any] = await self.client.call("invocations", -1)
+        answer: dict[str, Any] = await self.client.call("invocations", {})
         return answer
 
     async def quiet(self, due_allowed: int = 0) -> dict[str, Any]:
@@ -126,7 +126,7 @@ class Cluster:
         deadline = time.monotonic() + QUIET_TIMEOUT_S
         while True:
             now = await self.metrics()
-            if now["invoking"] == 0 and now["shardsDue"] <= due_allowed and now["overdue"] == 0:
+            if now["invokingShards"] == 0 and now["dueShards"] <= due_allowed and now["overdue"] == 0:
                 return now
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the server never settled: {now}")
@@ -257,7 +257,7 @@ async def fan_out(cluster: Cluster, count: int, together: bool) -> tuple[int, in
     expected = sum(range(FAN_STEPS))
     if any(result != expected for result in results):
         raise RuntimeError(f"fan-out results: {sorted(set(results))}, expected {expected}")
-    return after["sent"] - before["sent"], after["steps"] - before["steps"]
+    return after["invocations"] - before["invocations"], after["steps"] - before["steps"]
 
 
 # -- row 5: a step after a sleep -----------------------------------------------------------
@@ -303,7 +303,7 @@ async def sleeps(cluster: Cluster, count: int) -> Sleeps:
 
     runs = await asyncio.gather(*(one(f"nap-{i}") for i in range(count)))
     after = (await cluster.quiet())["endpoints"][0]
-    found = await cluster.handled(mark, after["sent"] - before["sent"])
+    found = await cluster.handled(mark, after["invocations"] - before["invocations"])
     return Sleeps(list(runs), found, began)
 
 
@@ -510,7 +510,7 @@ async def run_all(args: argparse.Namespace, scratch: Path) -> None:
         samples = max(5, args.cold // 5)
         parked = [await cold_start(cluster, next(probes), due_allowed=1) for _ in range(samples)]
         progress(f"{samples} starts on the parked shard")
-        asleep = await cluster.client.list(type="parked", status="running")
+        asleep = [row async for row in cluster.client.list(type="parked", status="running")]
         if len(asleep) != args.parked or {r.shard for r in asleep} != {shard}:
             raise RuntimeError(
                 f"{len(asleep)} parked runs found, on shards {sorted({r.shard for r in asleep})}"
@@ -573,7 +573,9 @@ class Progress:
 
 
 def arguments() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0] if __doc__ else None, allow_abbrev=False
+    )
     parser.add_argument("cold", type=int, nargs="?", default=100, help="cold starts (default 100)")
     parser.add_argument("fan", type=int, nargs="?", default=200, help="fan-out workflows (default 200)")
     parser.add_argument("sleeps", type=int, nargs="?", default=100, help="runs sleeping 1 s (default 100)")

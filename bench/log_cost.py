@@ -202,7 +202,7 @@ def per_run(seconds: float, runs: int) -> str:
 
 async def main() -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
     parser.add_argument("--dir", type=Path, default=Path.cwd(), help="parent of the scratch directory")
     parser.add_argument("--steps", type=int, default=300, help="steps of the lone workflow")

@@ -186,7 +186,7 @@ async def after_crash(parent: Path | None, runs: int) -> None:
 
 async def main() -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
     parser.add_argument("--runs", type=int, default=2500, help="parked runs in the shard")
     parser.add_argument("--rounds", type=int, default=7, help="open+close cycles timed")

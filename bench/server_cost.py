@@ -471,7 +471,7 @@ async def run_all(args: argparse.Namespace, scratch: Path) -> None:
 
 def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
     parser.add_argument("steps", type=int, nargs="?", default=500, help="steps of the timed workflow (500)")
     parser.add_argument("rounds", type=int, nargs="?", default=7, help="rounds alternating the paths (7)")

@@ -192,7 +192,7 @@ def leases_held(server: Child, at: float) -> set[int]:
 
 async def metrics(client: fusee.Client) -> dict[str, Any]:
     """The server's invocation metrics (what `fusee invocations ADDRESS` prints)."""
-    answer: dict[str, Any] = await client.call("invocations", -1)
+    answer: dict[str, Any] = await client.call("invocations", {})
     return answer
 
 
@@ -207,7 +207,7 @@ async def quiet(client: fusee.Client, server: Child, timeout_s: float = 15.0) ->
             raise DemoError(f"the server never went quiet; its output:\n{server.tail()}")
         now = await metrics(client)
         seen = time.time()
-        calm = now["invoking"] == 0 and now["endpoints"][0]["inFlight"] == 0
+        calm = now["invokingShards"] == 0 and now["endpoints"][0]["inFlight"] == 0
         if calm and not leases_held(server, seen):
             calm_since, streak = calm_since or seen, streak + 1
         else:
@@ -264,14 +264,14 @@ async def run_workflows(address: str, server: Child, hold_s: float, story: Story
 async def watch_the_sleep(client: fusee.Client, hold_s: float, story: Story) -> None:
     """Polls the server's invocation metrics every 100 ms until it invokes the handler
     again (for the timers), noting the most invocations in flight a poll saw before."""
-    sent = (await metrics(client))["endpoints"][0]["sent"]
+    sent = (await metrics(client))["endpoints"][0]["invocations"]
     deadline = time.monotonic() + hold_s + 10
     while time.monotonic() < deadline:
         now = await metrics(client)
-        if now["endpoints"][0]["sent"] > sent:
+        if now["endpoints"][0]["invocations"] > sent:
             return
         story.polls += 1
-        story.invoking_max = max(story.invoking_max, now["invoking"], now["endpoints"][0]["inFlight"])
+        story.invoking_max = max(story.invoking_max, now["invokingShards"], now["endpoints"][0]["inFlight"])
         await asyncio.sleep(0.1)
     raise DemoError(f"nothing was invoked for {hold_s + 10:g} s: the held orders never woke")
 
@@ -379,7 +379,7 @@ def check_on_time(story: Story, woke: Invocation, due: float) -> list[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--hold-s", type=float, default=3.0, help="how long held orders sleep (default 3)")
     parser.add_argument(
         "--invoke-concurrency", type=int, help="the server's invocations at once (default 16)"

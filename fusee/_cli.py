@@ -55,15 +55,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    # No parser here takes abbreviations: `--invoke-secret` must not be read as
+    # `--invoke-secret-file`, nor a misspelt option as some other one.
     parser = argparse.ArgumentParser(
         prog="fusee",
         description="Tools for Fusee data directories (local mode).",
+        allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"fusee {fusee.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="<command>")
 
     inspect = commands.add_parser(
         "inspect",
+        allow_abbrev=False,
         help="report a data directory's log segments and checkpoints (reads only)",
         description="Report a data directory's shared log (segments, batch ranges, records per "
         "shard, what lies at the log's end, spares) and each shard's checkpoints, after the checks an "
@@ -76,6 +80,7 @@ def _parser() -> argparse.ArgumentParser:
 
     disk = commands.add_parser(
         "disk-check",
+        allow_abbrev=False,
         help="measure the flush latency of the disk under a directory",
         description="Time durable 4 KiB writes, as the log makes them, in a scratch file under DIR "
         "(removed afterwards), and report the latency distribution.",
@@ -93,6 +98,7 @@ def _parser() -> argparse.ArgumentParser:
 
     invocations = commands.add_parser(
         "invocations",
+        allow_abbrev=False,
         help="a server's invoker: invocations per endpoint and how they ended, shards due",
         description="Ask a fusee server for its invocation metrics (the `invocations` call) and print "
         "them as a table: per endpoint the invocations sent and how they ended, in flight, backoff, "
@@ -110,6 +116,7 @@ def _parser() -> argparse.ArgumentParser:
         "server",
         help="run the central log server (fusee server --help for its options)",
         add_help=False,
+        allow_abbrev=False,
         prefix_chars="\0",
     )
     server.add_argument("args", nargs=argparse.REMAINDER)
@@ -125,7 +132,7 @@ def _run_invocations(args: argparse.Namespace) -> int:
 
         client = await Client.connect(args.address)
         try:
-            return await client.call("invocations", -1)
+            return await client.call("invocations", {})
         finally:
             await client.close()
 
@@ -141,30 +148,32 @@ def _run_invocations(args: argparse.Namespace) -> int:
 
 
 ENDPOINT_COLUMNS = (
-    ("sent", "sent"),
+    ("invocations", "sent"),
     ("succeeded", "ok"),
     ("failed", "failed"),
     ("timedOut", "timed out"),
-    ("withoutLease", "no lease"),
+    ("unleased", "no lease"),
     ("throttled", "throttled"),
     ("inFlight", "in flight"),
+    ("failuresInARow", "failing"),
     ("backoffMs", "backoff ms"),
     ("answerMsP50", "answer ms p50"),
-    ("shardsInvoked", "shards"),
+    ("maxMs", "answer ms max"),
+    ("shards", "shards"),
     ("steps", "steps"),
     ("concurrency", "concurrency"),
     ("leadMs", "lead ms"),
 )
 OVERALL = (
-    ("shardsDue", "shards due"),
-    ("shardsScheduled", "shards due later (a timer, a backoff)"),
-    ("invoking", "invoking"),
-    ("inBackoff", "in backoff"),
+    ("dueShards", "shards due"),
+    ("scheduledShards", "shards due later (a timer)"),
+    ("invokingShards", "shards invoking"),
+    ("backoffShards", "shards in backoff"),
     ("overdue", "overdue (due over 1 s ago, not invoked)"),
     ("handbacks", "handbacks"),
-    ("leftWithoutReport", "left without reporting"),
-    ("withoutProgress", "invocations without progress"),
-    ("callsWaiting", "calls waiting at the server"),
+    ("crashes", "left without reporting"),
+    ("noProgress", "invocations without progress"),
+    ("parkedCalls", "calls waiting at the server"),
 )
 
 
@@ -182,6 +191,7 @@ def _invocation_lines(metrics: dict[str, Any]) -> list[str]:
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         for row in [header, *rows]
     ]
+    lines += [f"{e['url']}: last error: {e['lastError']}" for e in endpoints if e.get("lastError")]
     lines.append("")
     lines += [f"{title}: {metrics.get(key, 0)}" for key, title in OVERALL]
     return lines
@@ -191,7 +201,9 @@ def _run_server(args: argparse.Namespace) -> int:
     _native()  # says how to install fusee-server when it is missing
     from fusee_server import main as server
 
-    parser = argparse.ArgumentParser(prog="fusee server", description="The central log server.")
+    parser = argparse.ArgumentParser(
+        prog="fusee server", description="The central log server.", allow_abbrev=False
+    )
     server.add_arguments(parser)
     code: int = server.run(parser.parse_args(args.args))
     return code

@@ -146,6 +146,9 @@ class SignalReceived(Rec, tag=23):
     name: str
     value: bytes
     by: str | None = None
+    # The sender's ID for it (docs/engine.md, *Signal IDs*): a signal sent again under an
+    # ID the run has recorded is not recorded twice.
+    id: str | None = None
 
 
 class Drawn(Rec, tag=24):  # issued: now, random, uuid

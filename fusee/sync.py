@@ -1,19 +1,26 @@
 """`fusee.sync.Client`: the client without an event loop of the caller's, for scripts and
 threads. Its calls run on a loop of its own in a background thread and block until
-answered."""
+answered; it has the asyncio client's methods with the same arguments (a listing is an
+iterator, as the asyncio one is an async iterator), and it connects again by itself
+after a server restart, as that one does."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from collections.abc import Coroutine, Iterator
+from typing import Any, Generic, TypeVar
 
+from fusee._errors import Failure
 from fusee.client import Client as AsyncClient
 from fusee.client import ClientRun as AsyncRun
-from fusee.engine.handle import RunSummary
+from fusee.engine.handle import RunDescription, RunSummary
+from fusee.workflow.definitions import Query, Signal, Update, Workflow
+from fusee.workflow.durations import Duration
 
 T = TypeVar("T")
+Out = TypeVar("Out")
 
 
 class Client:
@@ -35,36 +42,78 @@ class Client:
     ) -> Client:
         return cls(address, token_file=token_file, tls=tls)
 
-    def _wait(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+    def _wait(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()  # the call is given up here; what it asked for goes on
+            raise TimeoutError(f"no answer within {timeout:g} s") from None
 
-    def start(self, workflow: Any, id: str, input: Any = None, **options: Any) -> Run:
-        self._wait(self.inner.start(workflow, id, input, **options))
-        return Run(self, id)
+    def start(
+        self,
+        wf: Workflow[Out] | str,
+        id: str,
+        input: Any = None,
+        *,
+        id_policy: dict[str, str] | None = None,
+        timeout: Duration | None = None,
+        version: int | None = None,
+    ) -> Run[Out]:
+        started = self.inner.start(wf, id, input, id_policy=id_policy, timeout=timeout, version=version)
+        return Run(self, self._wait(started))
 
-    def signal_with_start(self, workflow: Any, id: str, input: Any, signal: Any, value: Any = None) -> Run:
-        self._wait(self.inner.signal_with_start(workflow, id, input, signal, value))
-        return Run(self, id)
+    def run(self, id: str, wf: Workflow[Out] | None = None) -> Run[Out]:
+        return Run(self, self.inner.run(id, wf))
+
+    def signal_with_start(
+        self,
+        wf: Workflow[Out] | str,
+        id: str,
+        input: Any,
+        signal: Signal[Any] | str,
+        value: Any = None,
+        *,
+        id_policy: dict[str, str] | None = None,
+        timeout: Duration | None = None,
+    ) -> Run[Out]:
+        started = self.inner.signal_with_start(
+            wf, id, input, signal, value, id_policy=id_policy, timeout=timeout
+        )
+        return Run(self, self._wait(started))
 
     def update_with_start(
-        self, workflow: Any, id: str, input: Any, update: Any, arg: Any = None, **options: Any
-    ) -> tuple[Run, Any]:
-        _, value = self._wait(self.inner.update_with_start(workflow, id, input, update, arg, **options))
-        return Run(self, id), value
-
-    def run(self, id: str) -> Run:
-        return Run(self, id)
+        self,
+        wf: Workflow[Out] | str,
+        id: str,
+        input: Any,
+        update: Update[Any, Any] | str,
+        arg: Any = None,
+        *,
+        id_policy: dict[str, str] | None = None,
+        timeout: Duration | None = None,
+        update_id: str | None = None,
+    ) -> tuple[Run[Out], Any]:
+        run, value = self._wait(
+            self.inner.update_with_start(
+                wf, id, input, update, arg, id_policy=id_policy, timeout=timeout, update_id=update_id
+            )
+        )
+        return Run(self, run), value
 
     def complete(self, token: str, value: Any = None) -> None:
         self._wait(self.inner.complete(token, value))
 
-    def fail(self, token: str, message: str) -> None:
-        self._wait(self.inner.fail(token, message))
+    def fail(self, token: str, failure: BaseException | str | Failure) -> None:
+        self._wait(self.inner.fail(token, failure))
 
-    def list(self, type: str | None = None, status: str | None = None) -> list[RunSummary]:
-        return self._wait(self.inner.list(type, status))
+    def list(self, type: str | None = None, status: str | None = None) -> Iterator[RunSummary]:
+        async def rows() -> list[RunSummary]:
+            return [row async for row in self.inner.list(type, status)]
 
-    def call(self, method: str, shard: int, **args: Any) -> Any:
+        return iter(self._wait(rows()))
+
+    def call(self, method: str, shard: int | dict[str, Any] = -1, **args: Any) -> Any:
         return self._wait(self.inner.call(method, shard, **args))
 
     def close(self) -> None:
@@ -84,31 +133,38 @@ class Client:
         self.close()
 
 
-class Run:
+class Run(Generic[Out]):
     """A run's handle through a blocking client."""
 
-    def __init__(self, client: Client, id: str) -> None:
+    def __init__(self, client: Client, inner: AsyncRun[Out]) -> None:
         self.client = client
-        self.id = id
-        self.inner = AsyncRun(client.inner, id)
+        self.inner = inner
+        self.id = inner.id
 
-    def result(self) -> Any:
-        return self.client._wait(self.inner.result())
+    def __repr__(self) -> str:
+        return f"<fusee.sync.Run {self.id!r}>"
 
-    def signal(self, signal: Any, value: Any = None) -> None:
-        self.client._wait(self.inner.signal(signal, value))
+    def result(self, timeout: float | None = None) -> Out:
+        """The run's result; `timeout` seconds at most (TimeoutError after, the run goes on)."""
+        return self.client._wait(self.inner.result(), timeout)
 
-    def query(self, query: Any, arg: Any = None) -> Any:
+    def signal(self, signal: Signal[Any] | str, value: Any = None, *, id: str | None = None) -> None:
+        self.client._wait(self.inner.signal(signal, value, id=id))
+
+    def query(self, query: Query[Any, Any] | str, arg: Any = None) -> Any:
         return self.client._wait(self.inner.query(query, arg))
 
-    def update(self, update: Any, arg: Any = None, *, id: str | None = None) -> Any:
+    def update(self, update: Update[Any, Any] | str, arg: Any = None, *, id: str | None = None) -> Any:
         return self.client._wait(self.inner.update(update, arg, id=id))
+
+    def status(self) -> RunSummary:
+        return self.client._wait(self.inner.status())
+
+    def describe(self) -> RunDescription:
+        return self.client._wait(self.inner.describe())
 
     def cancel(self, reason: str | None = None) -> None:
         self.client._wait(self.inner.cancel(reason))
 
     def terminate(self, reason: str | None = None) -> None:
         self.client._wait(self.inner.terminate(reason))
-
-    def describe(self) -> RunSummary:
-        return self.client._wait(self.inner.describe())

@@ -10,20 +10,27 @@
 | `FUSEE_INVOKE_SECRET_FILE` | or a file holding it (surrounding whitespace is not part of it) |
 | `FUSEE_WORKFLOWS` | the module(s) to import, comma-separated: every workflow they define is run |
 | `FUSEE_INVOKE_TRACE` | `1`: one line per invocation event on standard error |
+| `FUSEE_INVOKE_BODY_TIMEOUT_S` | seconds a request's whole body may take to arrive (default 10; 408 after) |
+| `FUSEE_INVOKE_BODY_WAITS_MAX` | requests that may wait for their body at once (default 16; the oldest gets 503) |
 
 A missing or bad setting fails the import with a message naming it (SettingError), so a
-misconfigured deployment fails its first start instead of answering requests wrongly.
+misconfigured deployment fails its first start instead of answering requests wrongly:
+every setting, the files included (the secret file, and the token, CA, certificate and key
+files FUSEE_URL names are read then). The package is installed with `fusee`, so these
+entry points import from any directory.
 """
 
 from __future__ import annotations
 
 import importlib
+import math
 import os
-from pathlib import Path
 from typing import Any
 
-from fusee import FuseeError, Workflow
+from fusee import FuseeError, Workflow, _secrets
 from fusee.invoke import InvocationHandler
+from fusee.invoke._body import BODY_TIMEOUT_S, BODY_WAITS_MAX
+from fusee.invoke._handler import check_files
 from fusee.protocol.address import Address
 from fusee.protocol.address import parse as parse_address
 
@@ -36,8 +43,26 @@ def from_environment(environ: dict[str, str] | None = None) -> InvocationHandler
     env = dict(os.environ if environ is None else environ)
     address = _address(env.get("FUSEE_URL", ""))
     secret = _secret(env)
-    workflows = _workflows(env.get("FUSEE_WORKFLOWS", ""))
-    return InvocationHandler(address, workflows=workflows, secret=secret)
+    workflows = import_workflows(env.get("FUSEE_WORKFLOWS", ""))
+    timeout_s = _number(env, "FUSEE_INVOKE_BODY_TIMEOUT_S", float, BODY_TIMEOUT_S)
+    waits_max = _number(env, "FUSEE_INVOKE_BODY_WAITS_MAX", int, BODY_WAITS_MAX)
+    return InvocationHandler(
+        address, workflows=workflows, secret=secret, body_timeout_s=timeout_s, body_waits_max=waits_max
+    )
+
+
+def _number(env: dict[str, str], name: str, kind: type[float] | type[int], default: float) -> Any:
+    setting = env.get(name, "").strip()
+    if not setting:
+        return default
+    try:
+        value: float | None = kind(setting)
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value) or value <= 0:
+        what = "a whole number from 1" if kind is int else "a number of seconds above 0"
+        raise SettingError(f"{name}={setting}: expected {what}")
+    return value
 
 
 def _address(setting: str) -> Address:
@@ -51,6 +76,10 @@ def _address(setting: str) -> Address:
         raise SettingError(f"FUSEE_URL: {error}") from None
     if address.invocation is not None:
         raise SettingError("FUSEE_URL: leave invocation= out (each request sets it)")
+    try:
+        check_files(address)
+    except FuseeError as error:
+        raise SettingError(f"FUSEE_URL: {error}") from None
     return address
 
 
@@ -59,25 +88,23 @@ def _secret(env: dict[str, str]) -> bytes:
     path = env.get("FUSEE_INVOKE_SECRET_FILE", "")
     if inline and path:
         raise SettingError("FUSEE_INVOKE_SECRET and FUSEE_INVOKE_SECRET_FILE are both set: set one")
-    if path:
-        try:
-            secret = Path(path).read_bytes().strip()
-        except OSError as error:
-            raise SettingError(f"FUSEE_INVOKE_SECRET_FILE={path}: {error.strerror or error}") from None
-        name = "FUSEE_INVOKE_SECRET_FILE"
-    elif inline:
-        secret, name = inline.strip().encode(), "FUSEE_INVOKE_SECRET"
-    else:
+    if not path and not inline.strip():
         raise SettingError(
             "FUSEE_INVOKE_SECRET (or FUSEE_INVOKE_SECRET_FILE) is not set: the secret the server "
             "signs invocations with (its --invoke-secret-file)"
         )
-    if len(secret) < 16:
-        raise SettingError(f"{name}: {len(secret)} bytes, at least 16 (the server requires as much)")
-    return secret
+    try:
+        if path:
+            return _secrets.load(path, "FUSEE_INVOKE_SECRET_FILE")
+        return _secrets.given(inline, "FUSEE_INVOKE_SECRET")
+    except _secrets.SecretError as error:
+        raise SettingError(str(error)) from None
 
 
-def _workflows(setting: str) -> list[Workflow[Any]]:
+def import_workflows(setting: str) -> list[Workflow[Any]]:
+    """The workflows FUSEE_WORKFLOWS' modules define (`setting`: comma-separated module
+    names), SettingError naming the module that cannot be imported or defines none.
+    examples/lambda/deploy.py calls it before building a zip."""
     names = [name.strip() for name in setting.split(",") if name.strip()]
     if not names:
         raise SettingError(

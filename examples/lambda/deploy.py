@@ -6,9 +6,13 @@ scale-to-zero worker, update it, or tear it down. See README.md beside this file
     python examples/lambda/deploy.py --region eu-west-1 --teardown
 
 What it makes, each tagged `fusee-example=<app>` so that a later run updates only what it
-made and `--teardown` deletes only that: an IAM role the function runs as (basic
-execution: its logs, nothing else), the log group with a retention, the function
-(`handlers.aws_lambda.handler`) and its function URL.
+made and `--teardown` deletes only that: an IAM role the function runs as (one inline
+policy: writing to its own log group, nothing else), the log group with a retention, the
+function (`handlers.aws_lambda.handler`) and its function URL.
+
+Before anything is built, the `--workflows` modules are imported from `--app` as the
+function will import them (`handlers.import_workflows`), so a misspelt module or one that
+fails at import stops here rather than at the function's first start.
 
 The deployment zip holds the app's modules at its root, `handlers/` and `fusee/` from this
 checkout (never the server), fusee's dependencies and mangum installed from wheels built
@@ -44,6 +48,8 @@ from typing import Any
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
+from fusee import _secrets
+
 ROOT = Path(__file__).resolve().parents[2]
 APP_DIR = ROOT / "examples" / "orders"
 
@@ -55,7 +61,11 @@ CREDENTIALS_DIR = "fusee-deploy"  # not an identifier: nothing can import it by 
 # The bundle of public CAs in every Amazon Linux image the Python runtimes use (2 and 2023).
 SYSTEM_CA = "/etc/pki/tls/certs/ca-bundle.crt"
 LAMBDA_TIMEOUT_S_MAX = 900
+# What earlier versions attached (logs on every log group of the account); detached on
+# update. The role now holds one inline policy, scoped to the function's own log group:
+# narrower, and it needs no AWS managed policy to exist (a plain moto server has none).
 BASIC_EXECUTION = "arn:aws:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole"
+LOGS_POLICY = "fusee-logs"
 TRUST_POLICY = {
     "Version": "2012-10-17",
     "Statement": [
@@ -294,9 +304,31 @@ class Deployment:
             self.iam.update_assume_role_policy(
                 RoleName=self.role_name, PolicyDocument=json.dumps(TRUST_POLICY)
             )
-        self.iam.attach_role_policy(RoleName=self.role_name, PolicyArn=BASIC_EXECUTION)
         arn: str = role["Arn"]
+        self.iam.put_role_policy(
+            RoleName=self.role_name, PolicyName=LOGS_POLICY, PolicyDocument=json.dumps(self._logs_policy(arn))
+        )
+        attached = self.iam.list_attached_role_policies(RoleName=self.role_name)["AttachedPolicies"]
+        for policy in attached:
+            if policy["PolicyName"] == BASIC_EXECUTION.rpartition("/")[2]:  # others' stay
+                self.iam.detach_role_policy(RoleName=self.role_name, PolicyArn=policy["PolicyArn"])
         return arn
+
+    def _logs_policy(self, role_arn: str) -> dict[str, Any]:
+        """What the function may do: write its logs into its own log group (made here, or
+        again by Lambda if someone deletes it), nothing else."""
+        partition, account = role_arn.split(":")[1], role_arn.split(":")[4]
+        group = f"arn:{partition}:logs:{self.region}:{account}:log-group:{self.log_group}"
+        return {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Action": ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
+                    "Resource": [group, f"{group}:*"],
+                }
+            ],
+        }
 
     # -- log group
 
@@ -517,19 +549,75 @@ def credentials_of(args: argparse.Namespace) -> Credentials:
     for name, path in found.files().items():
         if not path.is_file():
             raise Stop(f"{path} ({name}): no such file")
-    if len(args.secret_file.read_bytes().strip()) < 16:
-        raise Stop(f"--secret-file {args.secret_file}: at least 16 bytes (the server requires as much)")
+    try:  # the rules the server and the handler read them by (fusee/_secrets.py)
+        _secrets.load(args.secret_file, "--secret-file")
+        if args.token_file is not None:
+            _secrets.load(args.token_file, "--token-file")
+    except _secrets.SecretError as error:
+        raise Stop(str(error)) from None
     return found
 
 
+def function_lines(fn_settings: dict[str, Any]) -> str:
+    """--build-only: what a function running the zip needs, for whoever deploys it (the
+    environment holds paths inside the zip, no credential)."""
+    env = fn_settings["Environment"]["Variables"]
+    return "\n".join(
+        [
+            f"The function: handler {fn_settings['Handler']}, runtime {fn_settings['Runtime']}, "
+            f"timeout {fn_settings['Timeout']} s, memory {fn_settings['MemorySize']} MB, environment:",
+            *(f"  {name}={value}" for name, value in env.items()),
+        ]
+    )
+
+
+def check_workflows(app: Path, workflows: str) -> None:
+    """FUSEE_WORKFLOWS' modules imported from `app` as the function imports them
+    (`handlers.import_workflows`, in a process of its own, `app` first on the path), before
+    anything is built: the zip holds the `.py` files at the top of `app`, so each module
+    must be one of them (a module found elsewhere on this machine is not in the zip)."""
+    if not app.is_dir():
+        raise Stop(f"--app {app}: no such directory")
+    names = [name.strip() for name in workflows.split(",") if name.strip()]
+    if not names:
+        raise Stop("--workflows: name the module(s) of --app that define the workflows")
+    for name in names:
+        if not (app / f"{name}.py").is_file():
+            raise Stop(
+                f"--workflows {name}: no {name}.py in --app {app} (the zip holds the modules at the "
+                "top of --app, and the function imports them from there)"
+            )
+    code = (
+        "import sys, handlers\n"
+        "try:\n    handlers.import_workflows(sys.argv[1])\n"
+        "except handlers.SettingError as error:\n    sys.exit(str(error))\n"
+    )
+    # The app first, then this checkout (fusee and handlers, when they are not installed).
+    path = os.pathsep.join([str(app.resolve()), str(ROOT), os.environ.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", code, ",".join(names)],
+        cwd=app,
+        env={**os.environ, "PYTHONPATH": path, "PYTHONDONTWRITEBYTECODE": "1"},
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines()
+        raise Stop(
+            f"--workflows {workflows} (from --app {app}): {lines[-1] if lines else 'the import failed'}"
+        )
+
+
 def server_lines(args: argparse.Namespace, url: str | None, arn: str) -> str:
-    """The `fusee server` command lines to run: with the function URL, and with direct invoke."""
+    """The `fusee server` command lines to run: with the function URL, and with direct
+    invoke; listening as the function connects (TLS only with --ca, a token only with
+    --token-file), or the function would be refused at every invocation."""
     port = args.server.rpartition(":")[2]
-    common = [
-        "fusee server --dir DATA_DIR",
-        f"--listen 0.0.0.0:{port} --tls-cert SERVER_CERT.pem --tls-key SERVER_KEY.pem",
-        f"--token-file {args.token_file or 'TOKEN'}",
-    ]
+    common = ["fusee server --dir DATA_DIR", f"--listen 0.0.0.0:{port}"]
+    if args.ca is not None:
+        common[-1] += " --tls-cert SERVER_CERT.pem --tls-key SERVER_KEY.pem"
+    if args.token_file is not None:
+        common.append(f"--token-file {args.token_file}")
     tail = f"--invoke-secret-file {args.secret_file} --invoke-budget-ms {args.budget_ms}"
     blocks = []
     if url is not None:
@@ -544,12 +632,19 @@ def server_lines(args: argparse.Namespace, url: str | None, arn: str) -> str:
     )
     if args.grace_ms != 30_000:
         blocks.append(f'(--grace-ms {args.grace_ms}: give the server the same "graceMs" in --invoke-config)')
+    if args.ca is None:
+        blocks.append(
+            "(The function connects without TLS, as built without --ca: its worker connection, "
+            "token included, crosses the internet in the clear. Give --ca to turn TLS on.)"
+        )
     return "\n\n".join(blocks)
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     p.add_argument("--name", default="fusee-orders", help="the function's name; the role is NAME-role")
     p.add_argument("--region", help="the AWS region (default: AWS_REGION or the profile's)")
@@ -597,6 +692,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         credentials = credentials_of(args)
         fn_settings = settings(args, credentials)
+        check_workflows(args.app, args.workflows)
         cache = (
             args.cache_dir or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fusee-lambda"
         )
@@ -614,6 +710,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.zip is not None:
             write_private(args.zip, zipped)
         if args.build_only:
+            print(function_lines(fn_settings))
             return 0
         aws = Deployment(args)
         args.region_used = aws.region

@@ -1,32 +1,67 @@
 """`fusee.Client`: start, signal, query, update, complete and read runs held by workers
 of a `fusee server`, from any process.
 
+The client has the engine's interface (`start`, `run`, `signal_with_start`,
+`update_with_start`, `list`, `complete`, `fail`, `close`; a run's `signal`, `query`,
+`update`, `result`, `status`, `describe`, `cancel`, `terminate`), with the same
+arguments, the same answers (`list()` an async iterator of `RunSummary`, a status a
+`Status`, results typed by the definitions given) and the same errors: a value JSON
+cannot hold is a `CodecError` naming its path here, before anything is sent, as the
+engine refuses it before anything is recorded. `tests/client/test_parity.py` runs one
+scenario against both.
+
 A call goes to the server, which relays it to the worker holding the workflow's shard
 and brings its answer back; a listing goes to every holder and comes back merged in
-shard order. A call for a shard no worker holds fails at once with `NoHolderError`
-(retry once a worker holds it). Errors come back as the engine raised them: the same
-class, code and message, and a failed run's recorded failure as its `cause`.
+shard order. A call for a shard no worker holds fails with `NoHolderError` (retry once a
+worker holds it). Errors come back as the engine raised them: the same class, code and
+message, and a failed run's recorded failure as its `cause`. The connection is kept up
+across server restarts (fusee/client/_link.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import uuid
 import zlib
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
 from fusee import _codec as codec
 from fusee import _errors as errors
-from fusee._errors import ConnectionError, Failure, FuseeError, NoHolderError
-from fusee.engine.handle import RunSummary
+from fusee import _names as names
+from fusee import journal as R
+from fusee._errors import ConnectionError, Failure, FuseeError, NoHolderError, failure_from
+from fusee.client._link import Link
+from fusee.engine.handle import RunDescription, RunSummary, listed_status
 from fusee.protocol import messages as m
-from fusee.protocol.address import Address, parse
-from fusee.protocol.connection import ClientConnection, connect
+from fusee.protocol.address import parse
+from fusee.protocol.connection import ClientConnection
 from fusee.protocol.frames import FrameError
-from fusee.workflow.definitions import Query, Signal, Update
+from fusee.workflow.definitions import Query, Signal, Update, Workflow, query_of, signal_of, update_of
+from fusee.workflow.durations import Duration, to_ms
+
+Out = TypeVar("Out")
 
 _failure = msgspec.msgpack.Decoder(Failure)
+
+
+class _Described(msgspec.Struct):
+    """A `describe` answer: RunDescription's fields, its records read as the union of
+    record kinds (the engine's own struct names only their base)."""
+
+    summary: RunSummary
+    journal: list[R.AnyRecord]
+
+
+@functools.cache
+def _described() -> msgspec.msgpack.Decoder[_Described]:
+    return msgspec.msgpack.Decoder(_Described)  # built on first use: it costs ms, off the import
+
+
+SIGNAL_RETRY_S = 60.0  # a signal is sent again under its ID this long (as a call waits at the server)
 
 _BY_CODE: dict[str, type[FuseeError]] = {
     cls.code: cls
@@ -79,29 +114,44 @@ def error_of(answer: m.Answer) -> FuseeError:
     return error
 
 
-def _name(thing: Any) -> str:
-    return thing if isinstance(thing, str) else str(thing.name)
+def _payload(value: Any, type_: Any, what: str) -> Any:
+    """`value` as the engine would record it: encoded as JSON (a `CodecError` naming the
+    path of what JSON cannot hold, with the engine's wording), checked against `type_`
+    when a definition gives one (the worker sees only the name, and would record a value
+    its code cannot read), and sent as the plain values that JSON reads back as, so the
+    worker records exactly what the engine would have recorded in process."""
+    data = codec.encode(value, what)
+    if type_ is not Any:
+        codec.decode(data, type_, what)
+    return codec.decode(data)
 
 
-def _checked(definition: Any, value: Any, type_field: str, what: str) -> Any:
-    """`value`, refused (CodecError) here when a typed definition (a Signal, an Update, a
-    Query) says it is not of its type, as the engine refuses it in process: the worker
-    only sees the name, and would record a value its code cannot read."""
-    if isinstance(definition, (Signal, Update, Query)):
-        codec.convert(value, getattr(definition, type_field), f"{what} '{definition.name}'")
-    return value
+def _typed(value: Any, type_: Any, what: str) -> Any:
+    """An answer as the engine hands it back: read into `type_` from its JSON form."""
+    if type_ is Any or type_ is None:
+        return value
+    return codec.decode(codec.encode(value, what), type_, what)
+
+
+def _type_name(workflow: Workflow[Any] | str) -> str:
+    return names.name(workflow if isinstance(workflow, str) else workflow.name, "workflow type name")
+
+
+def _input(workflow: Workflow[Any] | str, input: Any) -> Any:
+    type_ = Any if isinstance(workflow, str) else workflow.input_type
+    return _payload(input, type_, "the workflow's input")
+
+
+def _ms(timeout: Duration | None) -> int | None:
+    return to_ms(timeout, "timeout") if timeout is not None else None
 
 
 class Client:
     """A connection to a `fusee server` as a client. `await Client.connect(address)`."""
 
-    def __init__(self, address: Address) -> None:
-        self.address = address
-        self.conn: ClientConnection | None = None
-        self.shards = 0
-        self.rids = 0
-        self.pending: dict[int, asyncio.Future[m.Answer]] = {}
-        self.lost: ConnectionError | None = None
+    def __init__(self, link: Link) -> None:
+        self.link = link
+        self.address = link.address
 
     @classmethod
     async def connect(
@@ -118,120 +168,162 @@ class Client:
             extra["token_file"] = token_file
         if extra:
             parsed = msgspec.structs.replace(parsed, **extra)
-        client = cls(parsed)
-        client.conn, welcome = await connect(parsed, m.Open(m.VERSION, m.ROLE_CLIENT, liveness=False), client)
-        client.shards = welcome.shards
-        return client
+        link = Link(parsed)
+        await link.open()
+        return cls(link)
 
-    # -- the connection's handler --------------------------------------------------------
+    @property
+    def lost(self) -> ConnectionError | None:
+        """Why the connection is down, while it is (it is being made again)."""
+        return self.link.lost
 
-    def on_message(self, message: Any) -> None:
-        if type(message) is m.Answer:
-            future = self.pending.pop(message.rid, None)
-            if future is not None and not future.done():
-                future.set_result(message)
+    @property
+    def closed(self) -> bool:
+        return self.link.closed
 
-    def on_lost(self, error: ConnectionError) -> None:
-        self.lost = error
-        for future in self.pending.values():
-            if not future.done():
-                future.set_exception(error)
-        self.pending.clear()
+    @property
+    def conn(self) -> ClientConnection | None:
+        """The connection in use, or the last one while another is being made."""
+        return self.link.conn
+
+    @property
+    def shards(self) -> int:
+        return self.link.shards
 
     # -- calls ---------------------------------------------------------------------------
 
     def shard_of(self, id: str) -> int:
-        return zlib.crc32(id.encode()) % self.shards
+        return zlib.crc32(names.name(id, "workflow ID").encode()) % self.link.shards
 
-    async def call(self, method: str, shard: int, **args: Any) -> Any:
-        if self.lost is not None:
-            raise self.lost
-        assert self.conn is not None
-        self.rids += 1
-        future: asyncio.Future[m.Answer] = asyncio.get_running_loop().create_future()
+    async def _answer(self, method: str, shard: int, args: dict[str, Any]) -> bytes:
         try:
-            self.conn.send(m.Call(self.rids, method, shard, m.encode_value(args)))
-        except (FrameError, TypeError) as error:  # over the frame limit, or not encodable
+            data = m.encode_value(args)
+        except TypeError as error:  # an argument that is not a payload (those are JSON already)
             raise errors.RejectedError(f"call {method!r}: {error}") from None
-        self.pending[self.rids] = future
-        answer = await future
+        try:
+            answer = await self.link.request(method, shard, data)
+        except FrameError as error:  # over the frame limit
+            raise errors.RejectedError(f"call {method!r}: {error}") from None
         if answer.code is not None:
             raise error_of(answer)
-        return m.decode_value(answer.value) if answer.value else None
+        return answer.value
+
+    async def call(self, method: str, shard: int | dict[str, Any] = -1, **args: Any) -> Any:
+        """Any call the worker serves, by name, with its arguments; its answer as plain values.
+        `call(method, {args})` passes the arguments as one map and names no shard: the
+        server's own calls take that form (`client.call("invocations", {})`)."""
+        if isinstance(shard, dict):
+            args, shard = {**shard, **args}, -1
+        if type(shard) is not int:
+            raise errors.RejectedError(f"call {method!r}: the shard is a number, not {shard!r}")
+        value = await self._answer(method, shard, args)
+        return m.decode_value(value) if value else None
 
     async def start(
         self,
-        workflow: Any,
+        wf: Workflow[Out] | str,
         id: str,
         input: Any = None,
         *,
         id_policy: dict[str, str] | None = None,
-        timeout: str | int | None = None,
-    ) -> ClientRun:
+        timeout: Duration | None = None,
+        version: int | None = None,
+    ) -> ClientRun[Out]:
         await self.call(
             "start",
             self.shard_of(id),
-            type=_name(workflow),
+            type=_type_name(wf),
             id=id,
-            input=input,
+            input=_input(wf, input),
             id_policy=id_policy,
-            timeout=timeout,
+            timeout=_ms(timeout),
+            version=version,
         )
-        return ClientRun(self, id)
+        return ClientRun(self, id, wf)
+
+    def run(self, id: str, wf: Workflow[Out] | None = None) -> ClientRun[Out]:
+        """A handle; makes no call. `wf` types its result."""
+        return ClientRun(self, id, wf)
 
     async def signal_with_start(
-        self, workflow: Any, id: str, input: Any, signal: Any, value: Any = None
-    ) -> ClientRun:
+        self,
+        wf: Workflow[Out] | str,
+        id: str,
+        input: Any,
+        signal: Signal[Any] | str,
+        value: Any = None,
+        *,
+        id_policy: dict[str, str] | None = None,
+        timeout: Duration | None = None,
+    ) -> ClientRun[Out]:
+        sig = signal_of(signal)
         await self.call(
             "signal_with_start",
             self.shard_of(id),
-            type=_name(workflow),
+            type=_type_name(wf),
             id=id,
-            input=input,
-            signal=_name(signal),
-            value=_checked(signal, value, "type", "signal"),
+            input=_input(wf, input),
+            signal=names.name(sig.name, "signal name"),
+            value=_payload(value, sig.type, f"signal '{sig.name}'"),
+            id_policy=id_policy,
+            timeout=_ms(timeout),
         )
-        return ClientRun(self, id)
+        return ClientRun(self, id, wf)
 
     async def update_with_start(
         self,
-        workflow: Any,
+        wf: Workflow[Out] | str,
         id: str,
         input: Any,
-        update: Any,
+        update: Update[Any, Any] | str,
         arg: Any = None,
         *,
+        id_policy: dict[str, str] | None = None,
+        timeout: Duration | None = None,
         update_id: str | None = None,
-    ) -> tuple[ClientRun, Any]:
+    ) -> tuple[ClientRun[Out], Any]:
+        u = update_of(update)
         value = await self.call(
             "update_with_start",
             self.shard_of(id),
-            type=_name(workflow),
+            type=_type_name(wf),
             id=id,
-            input=input,
-            update=_name(update),
-            arg=_checked(update, arg, "arg", "update"),
-            update_id=update_id,
+            input=_input(wf, input),
+            update=names.name(u.name, "update name"),
+            arg=_payload(arg, u.arg, f"update '{u.name}' argument"),
+            id_policy=id_policy,
+            timeout=_ms(timeout),
+            # Drawn here, not by the worker: a call moved to the shard's next holder (a
+            # handback) or sent again is then the same update, applied once.
+            update_id=update_id if update_id is not None else uuid.uuid4().hex,
         )
-        return ClientRun(self, id), value
-
-    def run(self, id: str) -> ClientRun:
-        """A handle; makes no call."""
-        return ClientRun(self, id)
+        return ClientRun(self, id, wf), _typed(value, u.result, f"update '{u.name}' result")
 
     async def complete(self, token: str, value: Any = None) -> None:
+        value = _payload(value, Any, "completion value")
         await self.call("complete", self.shard_of(_token_id(token)), token=token, value=value)
 
-    async def fail(self, token: str, message: str) -> None:
-        await self.call("fail", self.shard_of(_token_id(token)), token=token, message=message)
+    async def fail(self, token: str, failure: BaseException | str | Failure) -> None:
+        if isinstance(failure, str):
+            envelope = Failure(failure)
+        elif isinstance(failure, Failure):
+            envelope = failure
+        else:
+            envelope = failure_from(failure)
+        await self.call(
+            "fail", self.shard_of(_token_id(token)), token=token, failure=msgspec.to_builtins(envelope)
+        )
 
-    async def list(self, type: str | None = None, status: str | None = None) -> list[RunSummary]:
+    async def list(self, type: str | None = None, status: str | None = None) -> AsyncIterator[RunSummary]:
+        """Every run the workers hold, in shard order: an async iterator, as the engine's."""
+        status = listed_status(status)  # refused here too, before the listing is sent
         rows = await self.call("list", -1, type=type, status=status)
-        return [msgspec.convert(row, RunSummary) for row in rows]
+        for row in rows:
+            yield msgspec.convert(row, RunSummary)
 
     async def close(self) -> None:
-        if self.conn is not None:
-            await self.conn.aclose()
+        """Close the connection; a closed client stops connecting again."""
+        await self.link.close()
 
     async def __aenter__(self) -> Client:
         return self
@@ -246,50 +338,97 @@ def _token_id(token: str) -> str:
     return parse_token(token)[0]
 
 
-class ClientRun:
+class ClientRun(Generic[Out]):
     """A run's handle through a client: the engine's `Run` calls, relayed."""
 
-    def __init__(self, client: Client, id: str) -> None:
+    def __init__(self, client: Client, id: str, wf: Workflow[Out] | str | None = None) -> None:
         self.client = client
-        self.id = id
-        self.shard = client.shard_of(id)
+        self.id = names.name(id, "workflow ID")
+        self.workflow = wf if isinstance(wf, Workflow) else None
 
     def __repr__(self) -> str:
-        return f"ClientRun({self.id!r})"
+        return f"<fusee.ClientRun {self.id!r}>"
 
-    async def result(self) -> Any:
+    @property
+    def shard(self) -> int:
+        return self.client.shard_of(self.id)  # of the server connected now (its count holds)
+
+    async def result(self) -> Out:
         """Waits for the run's result, however long: a wait the server gives up on (no
-        worker took the shard within its limit) or whose worker left is asked again."""
+        worker took the shard within its limit), whose worker left, or whose connection to
+        the server was lost (the client connects again) is asked again."""
         pause = 0.05
         while True:
             try:
-                return await self.client.call("result", self.shard, id=self.id)
+                value = await self.client.call("result", self.shard, id=self.id)
+                break
             except (NoHolderError, ConnectionError):
-                if self.client.lost is not None:
+                if self.client.closed:
+                    raise
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1.0)
+        type_ = self.workflow.output_type if self.workflow is not None else Any
+        result: Out = _typed(value, type_, "the workflow's result")
+        return result
+
+    async def signal(self, signal: Signal[Any] | str, value: Any = None, *, id: str | None = None) -> None:
+        """Record a signal, once: it goes under `id` (one is drawn when not given), so the
+        retries made here when the answer is lost or the shard moves (a worker's budget
+        ended, a server restarted) are recorded at most once (docs/engine.md, *Signal
+        IDs*). Gives up after SIGNAL_RETRY_S, raising the last retriable error."""
+        sig = signal_of(signal)
+        name = names.name(sig.name, "signal name")
+        value = _payload(value, sig.type, f"signal '{sig.name}'")
+        signal_id = id if id is not None else uuid.uuid4().hex
+        deadline = asyncio.get_running_loop().time() + SIGNAL_RETRY_S
+        pause = 0.05
+        while True:
+            try:
+                await self.client.call(
+                    "signal", self.shard, id=self.id, name=name, value=value, signal_id=signal_id
+                )
+                return
+            except (NoHolderError, ConnectionError):
+                # A closed client says so at once; a lost connection is being made again.
+                if self.client.closed or asyncio.get_running_loop().time() + pause > deadline:
                     raise
             await asyncio.sleep(pause)
             pause = min(pause * 2, 1.0)
 
-    async def signal(self, signal: Any, value: Any = None) -> None:
-        value = _checked(signal, value, "type", "signal")
-        await self.client.call("signal", self.shard, id=self.id, name=_name(signal), value=value)
+    async def query(self, query: Query[Any, Any] | str, arg: Any = None) -> Any:
+        q = query_of(query)
+        name = names.name(q.name, "query name")
+        arg = _payload(arg, q.arg, "query argument")
+        value = await self.client.call("query", self.shard, id=self.id, name=name, arg=arg)
+        return _typed(value, q.result, f"query '{q.name}' answer")
 
-    async def query(self, query: Any, arg: Any = None) -> Any:
-        arg = _checked(query, arg, "arg", "query")
-        return await self.client.call("query", self.shard, id=self.id, name=_name(query), arg=arg)
-
-    async def update(self, update: Any, arg: Any = None, *, id: str | None = None) -> Any:
-        arg = _checked(update, arg, "arg", "update")
-        return await self.client.call(
-            "update", self.shard, id=self.id, name=_name(update), arg=arg, update_id=id
+    async def update(self, update: Update[Any, Any] | str, arg: Any = None, *, id: str | None = None) -> Any:
+        u = update_of(update)
+        name = names.name(u.name, "update name")
+        arg = _payload(arg, u.arg, f"update '{u.name}' argument")
+        value = await self.client.call(
+            "update",
+            self.shard,
+            id=self.id,
+            name=name,
+            arg=arg,
+            update_id=id if id is not None else uuid.uuid4().hex,  # see update_with_start
         )
+        return _typed(value, u.result, f"update '{u.name}' result")
+
+    async def status(self) -> RunSummary:
+        row = await self.client.call("status", self.shard, id=self.id)
+        return msgspec.convert(row, RunSummary)
+
+    async def describe(self) -> RunDescription:
+        """The summary and the journal, as records (as the engine's)."""
+        described = _described().decode(await self.client._answer("describe", self.shard, {"id": self.id}))
+        return RunDescription(described.summary, list(described.journal))
 
     async def cancel(self, reason: str | None = None) -> None:
+        reason = names.text(reason, "cancel reason")
         await self.client.call("cancel", self.shard, id=self.id, reason=reason)
 
     async def terminate(self, reason: str | None = None) -> None:
+        reason = names.text(reason, "terminate reason")
         await self.client.call("terminate", self.shard, id=self.id, reason=reason)
-
-    async def describe(self) -> RunSummary:
-        row = await self.client.call("describe", self.shard, id=self.id)
-        return msgspec.convert(row, RunSummary)

@@ -11,7 +11,7 @@ import time
 import uuid
 import zlib
 from _blake2 import blake2b  # hashlib's own BLAKE2, without loading OpenSSL's (cold path)
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
@@ -29,12 +29,12 @@ from fusee._errors import (
     UnknownWorkflowError,
     failure_from,
 )
-from fusee.engine.handle import Run, RunSummary
+from fusee.engine.handle import Run, RunSummary, listed_status
 from fusee.engine.idle import IdleReport
 from fusee.engine.recovery import recover
 from fusee.engine.run import RunState
 from fusee.engine.shard import Shard
-from fusee.journal import Ack, Msg, Status
+from fusee.journal import STATUS_OF, Ack, Msg, Status
 from fusee.storage import Durability, MemoryStorage, Storage
 from fusee.workflow.definitions import (
     DEFAULT_RETRY,
@@ -89,6 +89,10 @@ class Engine:
         self.stopped: dict[int, Shard] = {}  # shards that stopped (a failed flush): their error
         self.shard_count = storage.shards
         self.closed = False
+        # Server mode's call server: answers what it accepted for a shard before the shard
+        # is let go of (a call failed back after its record was written is applied twice
+        # when retried). Given the shard and how long it may take.
+        self.before_leave: Callable[[int, float | None], Awaitable[None]] | None = None
         self._step_threads: ThreadPoolExecutor | None = None
         self.register(*workflows)
 
@@ -114,7 +118,9 @@ class Engine:
         needs the `fusee-server` distribution's disk path; `durability="server"` (or
         `FUSEE_URL` set, for an `open()` without arguments) connects to a `fusee server`
         at `address` as a worker: it holds the shards it is granted now, takes others as
-        they are let go of, and answers the calls clients send to its shards."""
+        they are let go of, and answers the calls clients send to its shards. If its
+        connection goes (a server restart), it connects again by itself until closed, and
+        takes its shards back (docs/server.md, *Reconnecting*)."""
         if shards is not None and shards < 1:
             raise RejectedError(f"shards={shards}: need at least 1")
         if storage is None:
@@ -206,6 +212,11 @@ class Engine:
             shard.abandon()
             shard.store.abandon()
             raise ClosedError("the engine is closed; open a new one")
+        if shard.stop_error is not None:
+            # Its lease went while it recovered (a lost connection): attached now, the shard
+            # would sit in the engine stopped, and its next grant could never attach.
+            shard.store.abandon()
+            raise shard.stop_error
         shard.open_ms = (time.perf_counter() - began) * 1000
         self.by_index[index] = shard
         self.shards.append(shard)
@@ -223,8 +234,22 @@ class Engine:
         shard = self.by_index.get(index)
         if shard is None:
             raise RejectedError(f"shard {index} is not attached to this engine")
+        deadline = await self._calls_answered([index], deadline)
+        if self.by_index.get(index) is not shard:  # it stopped meanwhile (a lost lease)
+            return await shard.close(deadline)
         self._leave(shard)
         return await shard.close(deadline)
+
+    async def _calls_answered(self, indexes: list[int], deadline: float | None) -> float | None:
+        """Let the call server answer what it accepted for these shards (up to half of
+        `deadline`); what is left of `deadline` for closing them."""
+        if self.before_leave is None or not indexes:
+            return deadline
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        share = None if deadline is None else deadline / 2
+        await asyncio.gather(*(self.before_leave(index, share) for index in indexes))
+        return None if deadline is None else max(0.0, deadline - (loop.time() - began))
 
     def register(self, *workflows: Workflow[Any]) -> None:
         """Add workflow code. Runs of these types that were waiting for their code (opened
@@ -261,6 +286,7 @@ class Engine:
             return []
         self.closed = True
         shards = list(self.shards)
+        deadline = await self._calls_answered([shard.index for shard in shards], deadline)
         closing = [shard.close(deadline, budget_ended=budget_ended) for shard in shards]
         results = await asyncio.gather(*closing, return_exceptions=True)
         reports: list[IdleReport] = []
@@ -601,6 +627,7 @@ class Engine:
     # -- listing ---------------------------------------------------------------------------
 
     async def list(self, type: str | None = None, status: str | None = None) -> AsyncIterator[RunSummary]:
+        status = listed_status(status)  # a misspelt status is refused, not an empty listing
         for shard in self.shards:
             rows = [RunSummary(r.wid, r.run_no, r.type, r.status, shard.index) for r in shard.runs.values()]
             seen = shard.appended
@@ -609,7 +636,7 @@ class Engine:
                     wid,
                     e.run_no,
                     e.type,
-                    Status.RUNNING if e.status == Status.PARKED else e.status,
+                    Status.RUNNING if e.status == Status.PARKED else STATUS_OF[e.status],
                     shard.index,
                 )
                 for wid, e in await shard.indexed()
@@ -660,8 +687,9 @@ def _where(fn: Callable[..., Any]) -> str:
 
 
 def make_token(wid: str, run: int, seq: int, attempt: int, seed: int) -> str:
-    """A completion token names the run, the step and the attempt; its MAC over the
-    run's recorded seed makes it unguessable and lets a stale one be refused."""
+    """A completion token names the run, the step and the attempt; its MAC, keyed by
+    the run's recorded seed (63 bits from `secrets`), makes it hard to forge and lets a
+    stale one be refused. docs/engine.md, *Completion tokens*, says what that rests on."""
     body = msgspec.json.encode([wid, run, seq, attempt])
     mac = blake2b(body, key=seed.to_bytes(8, "big"), digest_size=12).digest()
     return base64.urlsafe_b64encode(body).decode().rstrip("=") + "." + base64.urlsafe_b64encode(mac).decode()

@@ -24,7 +24,7 @@ from fusee._errors import (
 )
 from fusee.engine.run import RunState
 from fusee.engine.shard import Shard, StoredRun
-from fusee.journal import ENDED, Status
+from fusee.journal import ENDED, STATUS_OF, Status
 from fusee.workflow.definitions import Query, Signal, Update, Workflow, query_of, signal_of, update_of
 
 if TYPE_CHECKING:
@@ -35,12 +35,45 @@ FINISHED = ENDED
 _STUCK, _OK = Status.STUCK, Status.OK  # read on every result: module globals (enum lookups are slow on 3.11)
 
 
+# The statuses a listing shows (a parked run is listed as running: it waits, as a loaded
+# one does), in the order its refusal names them.
+LISTED = (
+    Status.RUNNING,
+    Status.WAITING_FOR_CODE,
+    Status.STUCK,
+    Status.OK,
+    Status.FAILED,
+    Status.CANCELLED,
+    Status.TIMED_OUT,
+    Status.TERMINATED,
+    Status.CONTINUED,
+)
+_LISTED = frozenset(LISTED)
+
+
 class RunSummary(msgspec.Struct):
+    """A run as a listing, `status()` and `describe()` show it, the same from an engine
+    and through a client: `status` is a `Status` either way (a `str` enum, so it also
+    equals its value, "ok")."""
+
     id: str
     run: int
     type: str
-    status: str  # running, waiting_for_code, stuck, ok, failed, cancelled, timed_out, terminated
+    status: Status  # read from the wire or the run store as a plain str: converted there
     shard: int
+
+
+def listed_status(status: Any) -> Status | None:
+    """A listing's `status=` filter, refused (RejectedError naming the valid values) when
+    no run could ever be listed with it: a misspelt filter would otherwise list nothing,
+    which reads as "no such runs"."""
+    if status is None:
+        return None
+    if isinstance(status, str) and status in _LISTED:
+        return STATUS_OF[status]
+    raise RejectedError(
+        f"list(status={status!r}): not a status a run is listed with; expected one of " + ", ".join(LISTED)
+    )
 
 
 class RunDescription(msgspec.Struct):
@@ -86,19 +119,28 @@ class Run(Generic[Out]):
         assert state is not None
         return state
 
-    async def signal(self, signal: Signal[Any] | str, value: Any = None) -> None:
+    async def signal(self, signal: Signal[Any] | str, value: Any = None, *, id: str | None = None) -> None:
         """Record a signal; returns once it is durable. A value that does not match the
         signal's type is refused before anything is recorded. A stuck run (its code does
-        not match its journal) records it too; the run takes it once its code is fixed."""
+        not match its journal) records it too; the run takes it once its code is fixed.
+        `id` makes sending it again harmless: a signal under an ID the run has recorded is
+        acknowledged and not recorded twice (a retry after an error that left it unclear
+        whether the first try was recorded)."""
         sig = signal_of(signal)
         names.name(sig.name, "signal name")
+        if id is not None:
+            names.name(id, "signal ID")
         payload = codec.convert(value, sig.type, f"signal '{sig.name}'")[0]
-        await self._signal_bytes(sig.name, payload)
+        await self._signal_bytes(sig.name, payload, id)
 
-    async def _signal_bytes(self, name: str, payload: bytes) -> None:
+    async def _signal_bytes(self, name: str, payload: bytes, signal_id: str | None = None) -> None:
         shard = self._shard
         state = await self._running(shard)
-        state.event(R.SignalReceived(name, payload))
+        if signal_id is not None and signal_id in state.signal_ids:
+            # Recorded by an earlier try: acknowledged once that record is durable.
+            await shard.durable_at(shard.durability.appended)
+            return
+        state.event(R.SignalReceived(name, payload, None, signal_id))
         await shard.durable_at(state.last_lsn)
 
     async def query(self, query: Query[Any, Any] | str, arg: Any = None) -> Any:
@@ -224,12 +266,7 @@ class Run(Generic[Out]):
         return _update_result(u, await fut)
 
     def _update_waiter(self, shard: Shard, update_id: str) -> asyncio.Future[R.UpdateDone]:
-        # A shard that stopped while this call awaited (a failed flush, a lost lease) fails
-        # the waiters it has, once: one registered after that would wait for ever.
-        shard.check()
-        fut: asyncio.Future[R.UpdateDone] = asyncio.get_running_loop().create_future()
-        shard.update_waiters.setdefault((self.id, update_id), []).append(fut)
-        return fut
+        return shard.update_waiter(self.id, update_id)
 
     async def _await_update(self, state: RunState, u: Update[Any, Any], update_id: str) -> Any:
         """The answer to an update that rode in `state`'s start record. The run object is
@@ -255,13 +292,14 @@ class Run(Generic[Out]):
         """The run's result (following continue-as-new); raises its failure."""
         shard = self._shard
         while True:
-            state: Any = shard.runs.get(self.id)
+            # Parked or waiting for code: loaded, so a run whose code no longer matches its
+            # journal is found stuck rather than waited on for ever.
+            state: Any = shard.runs.get(self.id) or await shard.load(self.id)
             if state is None:
+                # Neither loaded nor parked as `load` returned: ended (or never ran). Race:
+                # a frame read before the load would be stale by now (the run's timer may
+                # have woken it and it ended meanwhile): waiting by it, nothing answers.
                 state = await shard.finished_run(self.id)
-                if state is None or state.status not in FINISHED:
-                    # Parked or waiting for code: loaded, so a run whose code no longer
-                    # matches its journal is found stuck rather than waited on for ever.
-                    state = await shard.load(self.id) or state
                 if state is None:
                     await self._refuse(shard, NotFoundError(f"no workflow '{self.id}'", workflow_id=self.id))
             if state.status in FINISHED:
@@ -270,11 +308,9 @@ class Run(Generic[Out]):
                 return self._outcome(state)
             if state.status == _STUCK and self.engine.profile == "dev" and state.stuck_error:
                 raise state.stuck_error
-            if shard.stop_error is not None:  # stopped while this call awaited: nobody would answer
-                raise shard.stop_error
-            fut: asyncio.Future[RunState] = asyncio.get_running_loop().create_future()
-            shard.result_waiters.setdefault(self.id, []).append(fut)
-            await fut
+            if isinstance(state, RunState) and shard.runs.get(self.id) is not state:
+                continue  # replaced while this call awaited (continued as new, parked again)
+            await shard.result_waiter(self.id)
 
     def _outcome(self, state: RunState | StoredRun) -> Out:
         rec = state.outcome
@@ -298,7 +334,8 @@ class Run(Generic[Out]):
             await self._refuse(shard, NotFoundError(f"no workflow '{self.id}'", workflow_id=self.id))
         assert state is not None
         description = RunDescription(
-            RunSummary(self.id, state.run_no, state.type, state.status, shard.index), list(state.journal)
+            RunSummary(self.id, state.run_no, state.type, STATUS_OF[state.status], shard.index),
+            list(state.journal),
         )
         # What it shows leaves the process: only once every record behind it is durable.
         await shard.durable_at(shard.durability.appended)

@@ -93,6 +93,7 @@ class RunState:
         self.pending_updates: dict[str, list[R.UpdateAccepted]] = {}
         self.update_results: dict[str, R.UpdateDone] = {}
         self.updates_accepted: set[str] = set()
+        self.signal_ids: set[str] = set()  # the IDs of the signals recorded (replay rebuilds it)
         self.updates_running: set[str] = set()
         self.compensating = False
         self.compensations: list[tuple[str, Callable[..., Any], dict[str, Any]]] = []
@@ -486,6 +487,8 @@ class RunState:
             self.resolve(op, None)
 
     def _apply_signal_received(self, rec: R.SignalReceived) -> None:
+        if rec.id is not None:
+            self.signal_ids.add(rec.id)
         queue = self.waits.get(rec.name)
         while queue:
             op = queue.popleft()

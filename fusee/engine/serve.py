@@ -4,6 +4,13 @@ runs, and answers the calls the server relays to it from clients.
 A call names its method and carries its arguments as a MessagePack map; the answer is
 the method's value, or the error's code and message (and a recorded failure's envelope),
 so a client raises the same error the engine would have raised in process.
+
+A shard let go of cleanly (a budget's end, a drain, a clean close) first answers what it
+accepted: a call failed back to its caller after its record was written would be applied
+twice when the caller retries as told. Calls that only wait (a result, an update's
+answer) are answered MOVED instead, and the server routes them to the shard's next
+holder; so is any call that arrives once the shard is leaving. A remote caller never sees
+the engine's own ClosedError (docs/server.md, *Calls at a handback*).
 """
 
 from __future__ import annotations
@@ -15,7 +22,15 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from fusee._errors import ConnectionError, FuseeError, RejectedError, _FailureError
+from fusee._errors import (
+    ClosedError,
+    ConnectionError,
+    Failure,
+    FuseeError,
+    LeaseLostError,
+    RejectedError,
+    _FailureError,
+)
 from fusee.protocol import messages as m
 from fusee.protocol.frames import FrameError
 from fusee.storage.remote import RemoteStorage
@@ -34,6 +49,12 @@ class CallServer:
         self.storage = storage
         self.attaching: dict[int, asyncio.Task[None]] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
+        # Calls being answered, by shard: a shard let go of waits for them (see above).
+        self.accepted: dict[int, set[asyncio.Task[Any]]] = {}
+        # Shards being let go of; and per shard, what wakes the calls that wait on it.
+        self.leaving: set[int] = set()
+        self.left: dict[int, asyncio.Future[None]] = {}
+        engine.before_leave = self.before_leave
         storage.on_lease = self.leased
         storage.serve_calls(self.called)
         for index in sorted(storage.granted):
@@ -49,32 +70,71 @@ class CallServer:
     def leased(self, index: int) -> None:
         if index in self.attaching or self.engine.closed:
             return
+        self.leaving.discard(index)  # held again: a new lease
         self.attaching[index] = self._spawn(self._attach(index))
 
     async def _attach(self, index: int) -> None:
+        epoch = self.storage.granted.get(index)
         try:
             await self.engine.attach(index)
-            logger.info("shard %d: taken over (epoch %d)", index, self.storage.granted.get(index, 0))
+            logger.info("shard %d: taken over (epoch %d)", index, epoch or 0)
         except FuseeError as error:
             logger.warning("shard %d: could not take it over: %s", index, error)
-            # Let the lease go, or the shard would stay with a holder that runs nothing.
-            self.storage.release(index)
+            # Let the lease go, or the shard would stay with a holder that runs nothing;
+            # only this grant: the storage may have connected again and been granted the
+            # shard anew meanwhile (docs/server.md, *Reconnecting*).
+            if epoch is not None:
+                self.storage.release(index, epoch)
         finally:
             self.attaching.pop(index, None)
+            if self.storage.granted.get(index) not in (None, epoch) and index not in self.engine.by_index:
+                self.leased(index)  # granted again while this attach was failing
 
     def called(self, call: m.Call) -> None:
-        self._spawn(self._answer(call))
+        task = self._spawn(self._answer(call))
+        if call.shard >= 0 and call.method not in WAITS:
+            accepted = self.accepted.setdefault(call.shard, set())
+            accepted.add(task)
+            task.add_done_callback(accepted.discard)
+
+    async def before_leave(self, index: int, timeout: float | None) -> None:
+        """Shard `index` is about to be let go of: calls that only wait are answered
+        MOVED, new ones too, and the others accepted before now are answered (within
+        `timeout` seconds: a call still unanswered then goes as at a crash)."""
+        self.leaving.add(index)
+        left = self.left.pop(index, None)
+        if left is not None:
+            left.set_result(None)
+        pending = [task for task in self.accepted.get(index, ()) if not task.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
+
+    def _moved(self, call: m.Call, waiting: bool = False) -> m.Answer:
+        return m.Answer(
+            call.rid, code=m.MOVED_WAITING if waiting else m.MOVED, message=f"shard {call.shard} let go"
+        )
+
+    def _waiting_on_run(self, call: m.Call, args: dict[str, Any]) -> bool:
+        """A waiting call's progress depends only on its run now (a result; an update
+        whose acceptance is recorded): its shard need not be invoked for it."""
+        if call.method == "result":
+            return True
+        shard = self.engine.by_index.get(call.shard)
+        state = shard.runs.get(args.get("id")) if shard is not None else None  # type: ignore[arg-type]
+        return state is not None and args.get("update_id") in state.updates_accepted
 
     async def _answer(self, call: m.Call) -> None:
         try:
             attaching = self.attaching.get(call.shard)
             if attaching is not None:
                 await asyncio.wait([attaching])  # the server routed it here: the lease is ours
-            if call.shard >= 0 and (self.engine.closed or call.shard not in self.engine.by_index):
+            if call.shard >= 0 and (
+                self.engine.closed or call.shard not in self.engine.by_index or call.shard in self.leaving
+            ):
                 # Let go (or being let go: the engine closing) before the server heard: it
                 # routes the call again, to the next holder, instead of the caller getting
                 # a refusal.
-                self.storage.send(m.Answer(call.rid, code=m.MOVED, message=f"shard {call.shard} let go"))
+                self.storage.send(self._moved(call))
                 return
             if self.engine.closed:  # a listing: asked again, it goes to the shards' next holders
                 raise ConnectionError("the worker is closing; retry")
@@ -84,8 +144,22 @@ class CallServer:
             args = m.decode_value(call.args)
             if not isinstance(args, dict):
                 raise RejectedError("a call's arguments are a map")
-            value = await method(self.engine, args)
+            if call.method in WAITS:
+                answered, value = await self._unless_leaving(call.shard, method(self.engine, args))
+                if not answered:
+                    self.storage.send(self._moved(call, self._waiting_on_run(call, args)))
+                    return
+            else:
+                value = await method(self.engine, args)
             answer = m.Answer(call.rid, _encode(value))
+        except (ClosedError, LeaseLostError) as error:
+            # The shard went (closed, drained, its lease lost) while the call was being
+            # answered: the caller hears MOVED (the server routes it to the next holder),
+            # or, for a listing, that it may retry; never the engine's ClosedError.
+            if call.shard >= 0:
+                answer = self._moved(call)
+            else:
+                answer = m.Answer(call.rid, b"", ConnectionError.code, f"{error}; retry")
         except _FailureError as error:
             cause = _encode(error.cause) if error.cause is not None else b""
             answer = m.Answer(call.rid, cause, error.code, error.message)
@@ -98,6 +172,26 @@ class CallServer:
         except FrameError as error:  # a value over the frame limit
             self.storage.send(m.Answer(call.rid, b"", RejectedError.code, f"call {call.method!r}: {error}"))
 
+    async def _unless_leaving(self, index: int, waiting: Awaitable[Any]) -> tuple[bool, Any]:
+        """(True, its value) once `waiting` is done, or (False, None) if shard `index`
+        starts leaving first (the wait is cancelled: the next holder answers it)."""
+        task = asyncio.ensure_future(waiting)
+        if index in self.leaving:
+            task.cancel()
+            return False, None
+        left = self.left.get(index)
+        if left is None:
+            left = self.left[index] = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait([task, left], return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if task.done():
+            return True, task.result()
+        task.cancel()
+        return False, None
+
 
 def _summary(row: Any) -> dict[str, Any]:
     return {"id": row.id, "run": row.run, "type": row.type, "status": row.status, "shard": row.shard}
@@ -105,25 +199,45 @@ def _summary(row: Any) -> dict[str, Any]:
 
 async def _start(engine: Engine, a: dict[str, Any]) -> Any:
     await engine.start(
-        a["type"], a["id"], a.get("input"), id_policy=a.get("id_policy"), timeout=a.get("timeout")
+        a["type"],
+        a["id"],
+        a.get("input"),
+        id_policy=a.get("id_policy"),
+        timeout=a.get("timeout"),
+        version=a.get("version"),
     )
     return {"id": a["id"]}
 
 
 async def _signal_with_start(engine: Engine, a: dict[str, Any]) -> Any:
-    await engine.signal_with_start(a["type"], a["id"], a.get("input"), a["signal"], a.get("value"))
+    await engine.signal_with_start(
+        a["type"],
+        a["id"],
+        a.get("input"),
+        a["signal"],
+        a.get("value"),
+        id_policy=a.get("id_policy"),
+        timeout=a.get("timeout"),
+    )
     return {"id": a["id"]}
 
 
 async def _update_with_start(engine: Engine, a: dict[str, Any]) -> Any:
     _, value = await engine.update_with_start(
-        a["type"], a["id"], a.get("input"), a["update"], a.get("arg"), update_id=a.get("update_id")
+        a["type"],
+        a["id"],
+        a.get("input"),
+        a["update"],
+        a.get("arg"),
+        id_policy=a.get("id_policy"),
+        timeout=a.get("timeout"),
+        update_id=a.get("update_id"),
     )
     return value
 
 
 async def _signal(engine: Engine, a: dict[str, Any]) -> Any:
-    await engine.run(a["id"]).signal(a["name"], a.get("value"))
+    await engine.run(a["id"]).signal(a["name"], a.get("value"), id=a.get("signal_id"))
 
 
 async def _query(engine: Engine, a: dict[str, Any]) -> Any:
@@ -138,8 +252,12 @@ async def _result(engine: Engine, a: dict[str, Any]) -> Any:
     return await engine.run(a["id"]).result()
 
 
+async def _status(engine: Engine, a: dict[str, Any]) -> Any:
+    return _summary(await engine.run(a["id"]).status())
+
+
 async def _describe(engine: Engine, a: dict[str, Any]) -> Any:
-    return _summary((await engine.run(a["id"]).describe()).summary)
+    return await engine.run(a["id"]).describe()  # the summary and the journal's records
 
 
 async def _cancel(engine: Engine, a: dict[str, Any]) -> Any:
@@ -155,12 +273,17 @@ async def _complete(engine: Engine, a: dict[str, Any]) -> Any:
 
 
 async def _fail(engine: Engine, a: dict[str, Any]) -> Any:
-    await engine.fail(a["token"], a["message"])
+    failure = a.get("failure")  # the client's envelope (an older client sends a message)
+    await engine.fail(a["token"], msgspec.convert(failure, Failure) if failure is not None else a["message"])
 
 
 async def _list(engine: Engine, a: dict[str, Any]) -> Any:
     return [_summary(row) async for row in engine.list(a.get("type"), a.get("status"))]
 
+
+# Calls that wait for the run rather than act on it: at a handback they are answered MOVED
+# and wait again at the next holder (an update's ID makes its second sending harmless).
+WAITS = frozenset({"result", "update"})
 
 METHODS: dict[str, Callable[[Engine, dict[str, Any]], Awaitable[Any]]] = {
     "start": _start,
@@ -170,6 +293,7 @@ METHODS: dict[str, Callable[[Engine, dict[str, Any]], Awaitable[Any]]] = {
     "query": _query,
     "update": _update,
     "result": _result,
+    "status": _status,
     "describe": _describe,
     "cancel": _cancel,
     "terminate": _terminate,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
+import secrets
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -111,7 +111,9 @@ class Shard:
         return self.clock.now_ms()
 
     def new_seed(self) -> int:
-        return random.getrandbits(63)
+        # The key of the run's completion tokens (engine.make_token): from the OS CSPRNG,
+        # since `random`'s outputs predict its next ones and any code may seed it.
+        return secrets.randbits(63)
 
     # -- records ---------------------------------------------------------------------------
 
@@ -187,8 +189,15 @@ class Shard:
         if self.stop_error is not None:
             return
         self.stop_error = error
-        self.abandon()
+        self.abandon()  # every caller waiting on the shard gets `error`
         self.durability.gates.clear()
+        self.engine.shard_stopped(self)
+        self.poke()
+
+    def _fail_waiting(self) -> None:
+        """Fail every caller still waiting on the shard (for a result, an update's answer,
+        a durable position, a load) with why it let go: nothing would answer them now."""
+        error = self.stopped_error()
         waiting: list[asyncio.Future[Any]] = [*self.durability.waiting, *self.loading.values()]
         for results in self.result_waiters.values():
             waiting.extend(results)
@@ -201,8 +210,28 @@ class Shard:
         self.durability.waiting.clear()
         self.result_waiters.clear()
         self.update_waiters.clear()
-        self.engine.shard_stopped(self)
-        self.poke()
+
+    def result_waiter(self, wid: str) -> asyncio.Future[RunState]:
+        """A future the end of `wid`'s current run (or of the run it continues as) resolves.
+        The caller must have seen, with no await since, that the run has not ended: a
+        waiter added for a run that ended before is answered by nothing."""
+        self._check_waitable()
+        fut: asyncio.Future[RunState] = asyncio.get_running_loop().create_future()
+        self.result_waiters.setdefault(wid, []).append(fut)
+        return fut
+
+    def update_waiter(self, wid: str, update_id: str) -> asyncio.Future[R.UpdateDone]:
+        """A future the update's durable answer resolves (or its run's end refuses)."""
+        self._check_waitable()
+        fut: asyncio.Future[R.UpdateDone] = asyncio.get_running_loop().create_future()
+        self.update_waiters.setdefault((wid, update_id), []).append(fut)
+        return fut
+
+    def _check_waitable(self) -> None:
+        # A shard that stopped or closed while the caller awaited (a read, a load) has
+        # failed the waiters it had, once: one added after that would wait for ever.
+        if self.closed:
+            raise self.stopped_error()
 
     # -- scheduling runs -------------------------------------------------------------------
 
@@ -477,14 +506,28 @@ class Shard:
         return run
 
     async def load(self, wid: str) -> RunState | None:
-        """The run of `wid` in memory, loading (replaying) a parked one first."""
-        run = self.runs.get(wid)
-        if run is not None:
-            return run
-        entry = self.index_entries.get(wid)
-        if entry is None or entry.status not in (Status.PARKED, Status.WAITING_FOR_CODE):
-            return None
-        return await self._load_entry(entry, wid)
+        """The run of `wid` in memory, loading (replaying) a parked one first. None only
+        if, when it returns, `wid` has no run in memory and none parked: it ended (its
+        index entry says how), or never ran here.
+
+        Race: while the frame is read, the run's timer may wake it (a load of its own),
+        and the run may finish or park again (a new frame) before this read is back. The
+        frame in hand then describes a run that is gone, and the load looks again: a
+        caller told "no run" would refuse a running run as not found, wait on a finished
+        one for ever, or drop a child's result meant for its parent."""
+        while True:
+            run = self.runs.get(wid)
+            if run is not None:
+                return run
+            entry = self.index_entries.get(wid)
+            if entry is None or entry.status not in (Status.PARKED, Status.WAITING_FOR_CODE):
+                return None
+            run = await self._load_entry(entry, wid)
+            if run is not None:
+                return run
+            now = self.index_entries.get(wid)
+            if now is not None and now.ref == entry.ref and now.status == entry.status:
+                return None  # unchanged: its hash is another ID's, this one has no parked run
 
     async def _load_entry(self, entry: IndexEntry, wid: str) -> RunState | None:
         return (await self._load_entries([(entry, wid)]))[0]
@@ -737,8 +780,11 @@ class Shard:
         return report
 
     def abandon(self) -> None:
-        """Drop everything in memory (a crash, or after a clean close)."""
+        """Drop everything in memory (a crash, or after a clean close). Callers still
+        waiting on the shard hear that it closed (or why it stopped), as a caller of a
+        shard let go or lost hears it: none is left waiting on a shard that runs nothing."""
         self.closed = True
+        self._fail_waiting()
         self.timers.cancel()
         for task in list(self.tasks):
             task.cancel()  # its task group goes with it (one running this, at its next await)

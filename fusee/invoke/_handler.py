@@ -17,9 +17,14 @@ the server cannot be reached or refuses it, 200 with the summary otherwise).
 | 400 | a signed body that is not an invocation request | `{"error": ...}` |
 | 401 | no signature, a malformed or stale one, or one no secret verifies | `{"error": "unauthorized"}` |
 | 405 | not a POST (ASGI) | `{"error": ...}` |
+| 408 | the body did not arrive whole within `body_timeout_s` (ASGI) | `{"error": ...}` |
 | 413 | a body over 64 KiB (ASGI) | `{"error": ...}` |
 | 500 | a failure of this process (logged with its traceback) | `{"error": ...}` |
 | 502 | the server cannot be reached, refuses the connection, or goes during the open | `{"error": ...}` |
+| 503 | more than `body_waits_max` requests waited for their body: the oldest (ASGI) | `{"error": ...}` |
+
+Over ASGI, an answer given before the body was read whole closes the connection; a body
+cut short by a disconnect gets no answer (fusee/invoke/_body.py).
 """
 
 from __future__ import annotations
@@ -27,13 +32,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import ssl
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
 from typing import Any
 
+from fusee import _secrets as secrets_
 from fusee._errors import RejectedError
 from fusee.invoke import _request as request_
+from fusee.invoke._body import BODY_TIMEOUT_S, BODY_WAITS_MAX, Bodies, Refused
 from fusee.invoke._run import Trace, Unavailable, run
 from fusee.protocol import signature
 from fusee.protocol.address import Address
@@ -49,11 +57,11 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-SECRET_BYTES_MIN = 16  # as the server requires of --invoke-secret-file
 # What Engine.open takes besides what an invocation decides itself (the storage, the
 # shards, park_after): the rest would contradict it.
 ENGINE_OPTIONS = ("retention", "profile", "record_stacks", "retry", "clock")
 _JSON = [("content-type", "application/json")]
+_CLOSE = ("connection", "close")
 # The key of a direct Lambda invocation's event (fusee_server/lambda_invoke.py sends it).
 DIRECT = "fusee"
 DIRECT_SHAPE = 'a direct invocation is {"fusee": {"headers": {name: value}, "body": "<JSON text>"}}'
@@ -78,9 +86,12 @@ class InvocationHandler:
         workflows: Sequence[Workflow[Any]],
         secret: bytes | str | Sequence[bytes | str] | None,
         trace: bool | None = None,
+        body_timeout_s: float = BODY_TIMEOUT_S,
+        body_waits_max: int = BODY_WAITS_MAX,
         **engine_options: Any,
     ) -> None:
         self.address = _address(address)
+        self.bodies = Bodies(body_timeout_s, body_waits_max)
         self.workflows = _workflows(workflows)
         self.secrets = _secrets(secret)
         if not self.secrets:
@@ -158,11 +169,19 @@ class InvocationHandler:
             raise ValueError(f"the invocation handler serves HTTP, not {kind!r}")
         if scope["method"] != "POST":
             status, headers, body = _answer(405, {"error": "invocations are POSTed"})
-            headers.append(("allow", "POST"))
+            headers += [("allow", "POST"), _CLOSE]  # a body it may have is not read
         else:
-            data = await _read_body(receive)
-            if data is None:
-                status, headers, body = _answer(413, {"error": "the body is too large for an invocation"})
+            data: bytes | Refused = Refused.TOO_LARGE
+            if _declared_bytes(scope) <= request_.BODY_BYTES_MAX:  # else not read at all
+                data = await self.bodies.read(receive)
+            if data is Refused.CUT:
+                # Nobody to answer, and a prefix of a body is not a request: checked and run
+                # as if whole, it could be one the server never sent (a valid JSON prefix).
+                self._refusals.log("the peer disconnected before the whole body arrived")
+                Trace(self.trace)("dropped", why="'the peer disconnected before the whole body arrived'")
+                return
+            if isinstance(data, Refused):
+                status, headers, body = self._refuse_body(data)
             else:
                 context = scope.get("aws.context")  # set by mangum under Lambda
                 status, headers, body = await self.invoke(
@@ -178,6 +197,22 @@ class InvocationHandler:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+    def _refuse_body(self, refused: Refused) -> Response:
+        """The answer to a body not read whole; the connection is closed after it (the rest
+        of the body would otherwise be read as the next request, or hold the connection)."""
+        if refused is Refused.TOO_LARGE:
+            error = f"the body is over {request_.BODY_BYTES_MAX} bytes: too large for an invocation"
+        elif refused is Refused.LATE:
+            error = f"the body did not arrive whole within {self.bodies.timeout_s:g} s"
+        else:
+            error = f"more than {self.bodies.waits_max} requests were waiting for their body"
+        if refused is not Refused.TOO_LARGE:
+            self._refusals.log(error)
+        Trace(self.trace)("refused", status=refused.value, why=repr(error))
+        status, headers, body = _answer(refused.value, {"error": error})
+        headers.append(_CLOSE)
+        return status, headers, body
 
     # -- AWS Lambda ------------------------------------------------------------------------
 
@@ -231,14 +266,28 @@ def invocation_handler(
     workflows: Sequence[Workflow[Any]],
     secret: bytes | str | Sequence[bytes | str] | None,
     trace: bool | None = None,
+    body_timeout_s: float = BODY_TIMEOUT_S,
+    body_waits_max: int = BODY_WAITS_MAX,
     **engine_options: Any,
 ) -> InvocationHandler:
     """The handler for invocations from the `fusee server` at `address` (its options, such
-    as `token-file=` or `ca=`, included), running `workflows`, checking each request's
-    signature with `secret` (several: any one verifies, while a secret is rotated).
+    as `token-file=` or `ca=`, included, their files read now), running `workflows`,
+    checking each request's signature with `secret` (several: any one verifies, while a
+    secret is rotated).
     `trace`: one line per invocation event on standard error (default: FUSEE_INVOKE_TRACE).
+    `body_timeout_s`, `body_waits_max` (ASGI): the whole body arrives within this many
+    seconds of the headers (408 otherwise), and at most this many requests wait for theirs
+    at once (the longest waiting is answered 503 to make room): see fusee/invoke/_body.py.
     `engine_options`: retention, profile, record_stacks, retry, clock, as for Engine.open."""
-    return InvocationHandler(address, workflows=workflows, secret=secret, trace=trace, **engine_options)
+    return InvocationHandler(
+        address,
+        workflows=workflows,
+        secret=secret,
+        trace=trace,
+        body_timeout_s=body_timeout_s,
+        body_waits_max=body_waits_max,
+        **engine_options,
+    )
 
 
 def _address(address: str | Address) -> Address:
@@ -249,7 +298,42 @@ def _address(address: str | Address) -> Address:
         raise RejectedError(
             f"address {address!r}: invocation= is set per request, from the server's; leave it out"
         )
+    check_files(parsed)
     return parsed
+
+
+def check_files(address: Address) -> None:
+    """Read the files `address` names (token, CA, certificate and key) now, as the handler
+    is made: a missing or wrong one is a RejectedError naming its option at start (the
+    import of handlers/ fails), instead of a 500 with a traceback at every invocation.
+    Each invocation still reads them as it connects, so a rotated file is taken up."""
+    named = {"token-file": address.token_file, "ca": address.ca, "cert": address.cert, "key": address.key}
+    for option, path in named.items():
+        if path is None:
+            continue
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as error:
+            raise RejectedError(f"{option}={path}: {error.strerror or error}") from None
+    if address.token_file is not None:
+        secrets_.load(address.token_file, "token-file=")  # its length too, as a connection reads it
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if address.ca is not None:
+        try:
+            context.load_verify_locations(cafile=address.ca)
+        except ssl.SSLError as error:
+            raise RejectedError(
+                f"ca={address.ca}: not a CA certificate file (PEM): {error.reason or error}"
+            ) from None
+    if address.cert is not None:
+        try:
+            context.load_cert_chain(address.cert, address.key)
+        except ssl.SSLError as error:
+            raise RejectedError(
+                f"cert={address.cert}, key={address.key}: not a certificate and its key (PEM): "
+                f"{error.reason or error}"
+            ) from None
 
 
 def _workflows(workflows: Sequence[Workflow[Any]]) -> list[Workflow[Any]]:
@@ -266,23 +350,14 @@ def _workflows(workflows: Sequence[Workflow[Any]]) -> list[Workflow[Any]]:
 
 
 def _secrets(secret: bytes | str | Sequence[bytes | str] | None) -> list[bytes]:
+    """Each secret as fusee/_secrets.py takes one given as a value (stripped, at least 16
+    bytes, as the server takes its --invoke-secret-file; never printed)."""
     if secret is None:
         return []
-    given = [secret] if isinstance(secret, (bytes, str)) else list(secret)
-    if not given:
+    values = [secret] if isinstance(secret, (bytes, str)) else list(secret)
+    if not values:
         raise RejectedError("secret=: give the secret (or several, while one is rotated), or None")
-    secrets: list[bytes] = []
-    for value in given:
-        if not isinstance(value, (bytes, str)):
-            raise TypeError(f"secret=: expected bytes or str, got {type(value).__name__}")
-        data = value.encode() if isinstance(value, str) else bytes(value)
-        if len(data) < SECRET_BYTES_MIN:
-            raise RejectedError(
-                f"secret=: {len(data)} bytes; at least {SECRET_BYTES_MIN} (the server's "
-                "--invoke-secret-file must hold the same; use 32 random bytes)"
-            )
-        secrets.append(data)
-    return secrets
+    return [secrets_.given(value, "secret=") for value in values]
 
 
 class _Refusals:
@@ -333,22 +408,13 @@ def _answer(status: int, payload: dict[str, Any]) -> Response:
     return status, list(_JSON), request_.encode(payload)
 
 
-async def _read_body(receive: Receive) -> bytes | None:
-    """The request's body; None once it is over the limit (not read further)."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            break
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > request_.BODY_BYTES_MAX:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    return b"".join(chunks)
+def _declared_bytes(scope: Scope) -> int:
+    """The body's Content-Length (0 when absent or not a number: the server enforces it,
+    and the body read is bounded anyway)."""
+    for name, value in scope.get("headers", ()):
+        if name.lower() == b"content-length":
+            return int(value) if value.isdigit() else 0
+    return 0
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

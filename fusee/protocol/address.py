@@ -3,7 +3,11 @@
 
 An unknown or repeated option is an error naming it, so a misspelt option never turns
 security off without a word; so is a TLS option on a `unix:` address (the socket file's
-permissions decide who connects there; the token still applies).
+permissions decide who connects there; the token still applies), and `cert=`, `key=` or
+`name=` without `ca=`: only `ca=` turns TLS on, and an address that asks for part of TLS
+without it would otherwise connect in clear. It is refused rather than read as "TLS
+with the system's CAs": a dropped `ca=` must not quietly widen the server certificates
+trusted from one CA to every public one (give the system bundle as `ca=` for that).
 """
 
 from __future__ import annotations
@@ -31,9 +35,35 @@ class Address(msgspec.Struct, frozen=True, kw_only=True):
     shm: bool = False  # a worker on a unix: address sends records through shared memory
     invocation: str | None = None  # an invoked worker's invocation ID
 
+    def __post_init__(self) -> None:
+        # Here, not only in `parse`: `Client.connect(tls=...)` and `structs.replace` build
+        # addresses too, and none of them may end up in clear while asking for TLS.
+        problem = _tls_problem(self)
+        if problem is not None:
+            raise RejectedError(problem)
+
     @property
     def tls(self) -> bool:
         return self.ca is not None
+
+
+def _tls_problem(address: Address) -> str | None:
+    given = [name for name in TLS_OPTIONS if getattr(address, name) is not None]
+    if address.unix is not None and given:
+        return (
+            f"{', '.join(given)} do not apply to a unix: socket (its file's permissions decide who "
+            "connects; the token still applies)"
+        )
+    if (address.cert is None) != (address.key is None):
+        return "cert= and key= go together (this side's certificate and key)"
+    if address.ca is None and given:
+        named = " and ".join(f"{name}=" for name in given)
+        return (
+            f"{named} without ca= would connect without TLS: add ca=PATH, the CA that signs the "
+            "server's certificate (for one from a public CA, the system bundle, e.g. "
+            "/etc/ssl/certs/ca-certificates.crt)"
+        )
+    return None
 
 
 def parse(text: str) -> Address:
@@ -48,12 +78,6 @@ def parse(text: str) -> Address:
         path = where[len("unix:") :]
         if not path:
             raise RejectedError(f"address {text!r}: unix: needs a socket path")
-        tls = [name for name in TLS_OPTIONS if name in options]
-        if tls:
-            raise RejectedError(
-                f"address {text!r}: {', '.join(tls)} do not apply to a unix: socket (its file's "
-                "permissions decide who connects; the token still applies)"
-            )
         return _address(text, options, unix=path)
     host, port = _host_port(text, where)
     if "shm" in options:
@@ -98,8 +122,6 @@ def _host_port(text: str, where: str) -> tuple[str, int]:
 
 
 def _address(text: str, options: dict[str, str], **where: str | int) -> Address:
-    if ("cert" in options) != ("key" in options):
-        raise RejectedError(f"address {text!r}: cert= and key= go together (this side's certificate and key)")
     max_shards: int | None = None
     if "max-shards" in options:
         value = options["max-shards"]
@@ -108,14 +130,17 @@ def _address(text: str, options: dict[str, str], **where: str | int) -> Address:
         max_shards = int(value)
     if options.get("shm", "1") != "1":
         raise RejectedError(f"address {text!r}: shm takes 1 (it is off unless given)")
-    return Address(
-        **where,  # type: ignore[arg-type]
-        ca=options.get("ca"),
-        cert=options.get("cert"),
-        key=options.get("key"),
-        name=options.get("name"),
-        token_file=options.get("token-file"),
-        max_shards=max_shards,
-        shm="shm" in options,
-        invocation=options.get("invocation"),
-    )
+    try:
+        return Address(
+            **where,  # type: ignore[arg-type]
+            ca=options.get("ca"),
+            cert=options.get("cert"),
+            key=options.get("key"),
+            name=options.get("name"),
+            token_file=options.get("token-file"),
+            max_shards=max_shards,
+            shm="shm" in options,
+            invocation=options.get("invocation"),
+        )
+    except RejectedError as error:  # a TLS option that does not fit (Address.__post_init__)
+        raise RejectedError(f"address {text!r}: {error}") from None

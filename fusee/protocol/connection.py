@@ -19,8 +19,10 @@ import asyncio
 import logging
 import ssl
 import time
+from collections.abc import Callable
 from typing import Any, Protocol, cast
 
+from fusee import _secrets
 from fusee._errors import ConnectionError
 from fusee.protocol import handshake
 from fusee.protocol.address import Address
@@ -148,6 +150,7 @@ class ClientConnection(FramedConnection):
         self.transcript = b""
         self.ready: asyncio.Future[Welcome] = asyncio.get_running_loop().create_future()
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.given_up = False  # connect() failed with it: its close is nobody's news
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -210,6 +213,13 @@ class ClientConnection(FramedConnection):
             if self.transport is not None:
                 self.transport.abort()
 
+    def give_up(self) -> None:
+        """Close a connection whose setup failed: its handler never hears of it (the failure
+        was connect()'s to raise), and nobody waits for its WELCOME any more."""
+        self.given_up = True
+        self.ready.cancel()  # (done already if refused: then a no-op)
+        self.close()
+
     def _refused(self, message: str) -> None:
         if not self.ready.done():
             self.ready.set_exception(ConnectionError(message))
@@ -219,6 +229,8 @@ class ClientConnection(FramedConnection):
         self.closed = True
         if not self.lost.done():
             self.lost.set_result(None)
+        if self.given_up:
+            return
         if not self.ready.done():
             why = f": {exc}" if exc is not None else ""
             if self.transport is not None and self.transport.get_extra_info("ssl_object") is not None:
@@ -249,6 +261,7 @@ def client_tls(address: Address) -> ssl.SSLContext | None:
     try:
         context = ssl.create_default_context(cafile=address.ca)
         if address.cert is not None:
+            _secrets.check_private(address.key or address.cert, "key=")
             context.load_cert_chain(address.cert, address.key)
     except (OSError, ssl.SSLError) as error:
         raise ConnectionError(f"TLS settings (ca=, cert=, key=): {error}") from None
@@ -258,15 +271,36 @@ def client_tls(address: Address) -> ssl.SSLContext | None:
 
 async def connect(address: Address, opening: Open, handler: Handler) -> tuple[ClientConnection, Welcome]:
     """Connect, authenticate and OPEN; ConnectionError saying what to change otherwise."""
-    token = handshake.read_token(address.token_file)[0] if address.token_file is not None else None
+    token = _secrets.load(address.token_file, "token-file=") if address.token_file is not None else None
     where = address.unix if address.unix is not None else f"{address.host}:{address.port}"
-    loop = asyncio.get_running_loop()
     context = client_tls(address)
 
+    made: list[ClientConnection] = []
+
     def factory() -> ClientConnection:
-        return ClientConnection(token, opening, handler, where)
+        made.append(ClientConnection(token, opening, handler, where))
+        return made[-1]
 
     host, port = address.host or "", address.port or 0
+    try:
+        return await _connect(address, factory, context, host, port, where)
+    except BaseException:
+        # Timed out, refused or cancelled (a worker's reconnect stopped by its close) after
+        # the socket was made: it is closed here, or it would stay open with nobody reading.
+        for conn in made:
+            conn.give_up()
+        raise
+
+
+async def _connect(
+    address: Address,
+    factory: Callable[[], ClientConnection],
+    context: ssl.SSLContext | None,
+    host: str,
+    port: int,
+    where: str,
+) -> tuple[ClientConnection, Welcome]:
+    loop = asyncio.get_running_loop()
     try:
         async with asyncio.timeout(CONNECT_TIMEOUT_S):
             if address.unix is not None:

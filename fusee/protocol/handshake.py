@@ -20,9 +20,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-import stat
 import struct
-from pathlib import Path
 from typing import NamedTuple
 
 from fusee._errors import RejectedError
@@ -31,7 +29,6 @@ VERSION = 1
 PURPOSE_SERVER = 1
 PURPOSE_REPLICA = 2
 NONCE_BYTES = 32
-TOKEN_BYTES_MIN = 16
 DEADLINE_S = 10.0  # TLS and the exchange finish within this, or the connection closes
 _HELLO = struct.Struct("<BBB32s")
 _CHALLENGE = struct.Struct("<B32s")
@@ -111,22 +108,11 @@ def accept(token: bytes, t: bytes) -> bytes:
     return hmac.new(token, _RESPONDER + t, hashlib.sha256).digest()
 
 
+def verifies(expected: bytes, got: bytes) -> bool:
+    """Whether `got` is the proof `expected`, compared in constant time."""
+    return hmac.compare_digest(expected, got)
+
+
 def verify(expected: bytes, got: bytes) -> None:
-    if not hmac.compare_digest(expected, got):
+    if not verifies(expected, got):
         raise HandshakeError("the peer's proof does not verify: the two sides hold different tokens")
-
-
-def read_token(path: str | Path) -> tuple[bytes, bool]:
-    """The token in `path` (surrounding whitespace is not part of it), and whether other
-    users can read the file (the caller warns). At least 16 bytes."""
-    file = Path(path)
-    try:
-        data = file.read_bytes().strip()
-        mode = file.stat().st_mode
-    except OSError as error:
-        raise RejectedError(f"token file {file}: {error.strerror or error}") from None
-    if len(data) < TOKEN_BYTES_MIN:
-        raise RejectedError(
-            f"token file {file}: {len(data)} bytes; a token is at least {TOKEN_BYTES_MIN} (use 32 random bytes)"
-        )
-    return data, bool(mode & (stat.S_IRGRP | stat.S_IROTH))

@@ -156,6 +156,10 @@ class Call(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
 
 
 MOVED = "Moved"  # ANSWER's code for a call whose shard the worker no longer holds
+# ...for a call left waiting on its run (a result, an update it recorded) when the worker
+# let the shard go: the server keeps it for the shard's next holder, and invokes none for
+# it (the run's own due time brings one; invoking for the wait would loop).
+MOVED_WAITING = "MovedWaiting"
 
 
 class Answer(msgspec.Struct, array_like=True, forbid_unknown_fields=True):

@@ -17,6 +17,7 @@ import ssl
 import threading
 import time
 
+from fusee import _secrets
 from fusee._errors import ConnectionError, FuseeError
 from fusee.protocol import handshake
 from fusee.protocol.address import Address
@@ -105,7 +106,7 @@ def open_blocking(address: Address, opening: Open) -> tuple[socket.socket, Welco
             binding = handshake.tls_binding(sock.getpeercert(binary_form=True) or b"")
         frames = _Frames(sock)
         if address.token_file is not None:
-            token = handshake.read_token(address.token_file)[0]
+            token = _secrets.load(address.token_file, "token-file=")
             hello = handshake.hello(handshake.nonce())
             sock.sendall(encode(Kind.HELLO, hello))
             challenge = frames.expect(Kind.CHALLENGE)

@@ -13,7 +13,11 @@ before the DURABLE of any section sent after it).
 
 Everything is held under the lease epoch the server granted; when the connection goes,
 every shard hears of a lost lease and stops, and its next holder recovers it from the
-server's disk.
+server's disk. A long-lived worker connects again by itself (a server restart, a broken
+connection, a lease revoked after a stop), with backoff and jitter, until it is closed:
+the new server grants it shards under new epochs, and it attaches and recovers them as a
+standby does (docs/server.md, *Reconnecting*). An invoked worker does not: its invocation
+ended with its connection.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from typing import Any, Self
 
 import msgspec
 
-from fusee._errors import ConnectionError, IoError, LeaseLostError
+from fusee._backoff import Backoff
+from fusee._errors import ConnectionError, FuseeError, IoError, LeaseLostError
 from fusee.journal import Ack, Msg
 from fusee.protocol import messages as m
 from fusee.protocol.address import Address
@@ -42,6 +47,8 @@ FRAME_HEADER = 8  # a run-store frame: length and checksum, then its bytes
 SILENCE_SHARE = 0.8  # of the server's liveness timeout: silent longer, a worker lets its leases go
 APPEND_BYTES = 8 << 20  # records per APPEND frame, about (one record may be up to the log's limit)
 RECORD_BYTES_MAX = (64 << 20) - 4096  # the log's limit on one record (a batch's room)
+RECONNECT_FIRST_S = 0.05
+RECONNECT_MAX_S = 1.0  # a restarted server has its worker back within about a second
 
 _msg = msgspec.msgpack.Decoder(Msg)
 _ack = msgspec.msgpack.Decoder(Ack)
@@ -53,9 +60,17 @@ class RemoteStorage:
 
     durability = Durability.SERVER
 
-    def __init__(self, address: Address) -> None:
+    def __init__(self, address: Address, role: str = m.ROLE_WORKER) -> None:
         self.address = address
+        self.opening = m.Open(m.VERSION, role, address.max_shards, address.invocation)
         self.conn: ClientConnection | None = None
+        self.wire: _Wire | None = None  # the handler of `conn`: frames of older ones are dropped
+        self.connections = 0  # connections taken up so far (the first, then each reconnect)
+        # A long-lived worker connects again when its connection goes; an invoked worker's
+        # lease ends with its connection (the server refuses its invocation ID from then on).
+        self.reconnects = role == m.ROLE_WORKER and address.invocation is None
+        self.reconnecting: asyncio.Task[None] | None = None
+        self.closing = False
         self.shards = 0
         self.granted: dict[int, int] = {}  # shard -> epoch of the lease the server granted
         self.preopened: dict[int, m.Opened] = {}  # opens the server answered in WELCOME
@@ -85,31 +100,58 @@ class RemoteStorage:
 
     @classmethod
     async def connect(cls, address: Address, role: str = m.ROLE_WORKER) -> Self:
-        storage = cls(address)
-        opening = m.Open(m.VERSION, role, address.max_shards, address.invocation)
-        storage.conn, welcome = await connect(address, opening, storage)
-        storage.shards = welcome.shards
-        storage.granted = dict(welcome.granted)
-        storage.preopened = {opened.shard: opened for opened in welcome.opened}
-        storage.budget_ms = welcome.budget_ms
+        storage = cls(address, role)
+        await storage._connect()
+        return storage
+
+    async def _connect(self) -> None:
+        """Connect, and take the connection up: its grants, its pings, then the frames that
+        came behind its WELCOME."""
+        wire = _Wire(self)
+        conn, welcome = await connect(self.address, self.opening, wire)
+        if wire.lost is not None:  # gone between its WELCOME and now
+            raise wire.lost
+        if self.connections and welcome.shards != self.shards:
+            conn.close()
+            raise ConnectionError(
+                f"the server at {conn.where} has {welcome.shards} shards, not the {self.shards} this "
+                "worker opened with (another data directory?)"
+            )
+        self.conn, self.wire = conn, wire
+        self.connections += 1
+        self.lost = None
+        self.shards = welcome.shards
+        self.granted = dict(welcome.granted)
+        self.preopened = {opened.shard: opened for opened in welcome.opened}
+        self.budget_ms = welcome.budget_ms
         if welcome.timeout_ms:
-            storage.ping_s = welcome.ping_ms / 1000
+            self.ping_s = welcome.ping_ms / 1000
             # Well inside the server's timeout: a worker that was silent this long may be
             # deposed already (the server judges by when bytes arrived, a little later).
-            storage.silence_limit_s = welcome.timeout_ms / 1000 * SILENCE_SHARE
-            storage._ping()
+            self.silence_limit_s = welcome.timeout_ms / 1000 * SILENCE_SHARE
+            self.last_tick = 0.0  # the last connection's ticks say nothing about this one
+            self._ping()
             if welcome.session:
                 # The pings that do not depend on this event loop (pinger.py).
-                storage.pinger = Pinger(address, welcome.session, storage.ping_s, storage.silence_limit_s)
-                if address.invocation is None:
-                    storage.pinger.start()
+                self.pinger = Pinger(self.address, welcome.session, self.ping_s, self.silence_limit_s)
+                if self.address.invocation is None:
+                    self.pinger.start()
                 else:
                     # Most invocations end within a few hundred ms: their thread and second
                     # connection would cost more than the pings they send (the loop's own
                     # pings cover a loop that is not blocked).
-                    delay = storage.ping_s / 2
-                    storage.ticker_thread = asyncio.get_running_loop().call_later(delay, storage.pinger.start)
-        return storage
+                    delay = self.ping_s / 2
+                    self.ticker_thread = asyncio.get_running_loop().call_later(delay, self.pinger.start)
+        if self.on_lease is not None:
+            # Connected again: the engine takes what this connection was granted (before
+            # the calls behind the WELCOME, which wait for their shard's attach).
+            for index in sorted(self.granted):
+                self.on_lease(index)
+        early, wire.early = wire.early, None
+        for message in early or ():
+            if self.lost is not None:
+                break  # (lost again meanwhile: what is left belongs to a dead connection)
+            self.on_message(message)
 
     @property
     def initial_shards(self) -> list[int]:
@@ -194,7 +236,7 @@ class RemoteStorage:
         assert self.conn is not None
         pinger = self.pinger
         silent = time.monotonic() - max(self.last_tick, pinger.last_beat if pinger is not None else 0.0)
-        self.conn.close()
+        self.conn.close()  # its close, reported later, is this loss (the wire drops it)
         self.on_lost(ConnectionError(f"this worker sent nothing for {silent:.1f} s (was it stopped?)"))
         return True
 
@@ -203,13 +245,49 @@ class RemoteStorage:
             return
         self.lost = error
         self._stop_pings()
-        lease = LeaseLostError(f"{error}: this worker's leases are gone (a standby takes its shards)")
+        again = self.reconnects and not self.closing
+        if again:
+            why = "; it connects again and takes its shards back (or a standby takes them): retry"
+            logger.warning("%s: connecting again", error)
+        else:
+            why = " (a standby takes its shards)"
+        lease = LeaseLostError(f"{error}: this worker's leases are gone{why}")
         for store in list(self.stores.values()):
             store.lose(lease)
         for future in [*self.pending.values(), self.drained]:
             if future is not None and not future.done():
                 future.set_exception(error)
         self.pending.clear()
+        # Granted on the lost connection and not attached: those grants died with it.
+        # Relayed messages waiting for them are dropped (their senders send them again).
+        self.granted.clear()
+        self.preopened.clear()
+        self.relayed.waiting.clear()
+        if again and self.reconnecting is None:
+            self.reconnecting = asyncio.ensure_future(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        """Connect again until connected or closed, waiting by the backoff between tries."""
+        backoff = Backoff(RECONNECT_FIRST_S, RECONNECT_MAX_S)
+        failures = 0
+        try:
+            while not self.closing:
+                await asyncio.sleep(backoff.next())
+                try:
+                    await self._connect()
+                except (FuseeError, OSError) as error:  # (a token file being replaced, say)
+                    failures += 1
+                    if failures == 1:
+                        logger.warning("%s; trying again (at least once a second)", error)
+                    continue
+                logger.warning(
+                    "connected again to the server at %s; granted shards %s",
+                    self.conn.where if self.conn is not None else "?",
+                    sorted(self.granted),
+                )
+                return
+        finally:
+            self.reconnecting = None
 
     # -- to the server -----------------------------------------------------------------
 
@@ -281,8 +359,12 @@ class RemoteStorage:
         """How this invoked worker leaves a shard (sent before the connection closes)."""
         self.send(report)
 
-    def release(self, index: int) -> None:
-        """Give back a granted shard no store holds (its attach failed)."""
+    def release(self, index: int, epoch: int | None = None) -> None:
+        """Give back a granted shard no store holds (its attach failed). With `epoch`,
+        only that grant: an attach that failed because the connection went must not give
+        back what the next connection was granted meanwhile."""
+        if epoch is not None and self.granted.get(index) != epoch:
+            return
         epoch = self.granted.pop(index, None)
         if epoch is not None and index not in self.stores:
             self.send(m.Request(0, "release", index, epoch))
@@ -303,12 +385,42 @@ class RemoteStorage:
             self.pinger.stop()
 
     async def close(self) -> None:
+        """Close the connection and stop connecting again (a clean close of the engine)."""
+        self.closing = True
+        reconnecting = self.reconnecting
+        if reconnecting is not None:
+            reconnecting.cancel()  # connect() closes a connection it was setting up
+            await asyncio.gather(reconnecting, return_exceptions=True)
         self._stop_pings()
         if self.conn is not None:
             await self.conn.aclose()
 
     async def abandon(self) -> None:
         await self.close()
+
+
+class _Wire:
+    """The handler of one connection. Its frames reach the storage only once the storage
+    took the connection up: a LEASE or a CALL can come in the same read as the WELCOME,
+    before the storage knows what the WELCOME granted. And only while it is the storage's
+    connection: one given up on (silent too long) reports its close later, maybe after
+    the next one is up, and must not take that one down."""
+
+    def __init__(self, storage: RemoteStorage) -> None:
+        self.storage = storage
+        self.early: list[Any] | None = []  # frames before the storage took it up
+        self.lost: ConnectionError | None = None
+
+    def on_message(self, message: Any) -> None:
+        if self.early is not None:
+            self.early.append(message)
+        elif self.storage.wire is self:
+            self.storage.on_message(message)
+
+    def on_lost(self, error: ConnectionError) -> None:
+        self.lost = error
+        if self.early is None and self.storage.wire is self:
+            self.storage.on_lost(error)
 
 
 class RemoteShardStore:

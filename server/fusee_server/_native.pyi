@@ -10,6 +10,8 @@ RECORD_BYTES_MAX: int
 SHARDS_MAX: int
 
 class Log:
+    # The open reads FUSEE_TEST_STALL_WRITE=MS:MARKER, a test-only setting that stalls
+    # one write on purpose (server/src/stall.rs, docs/server.md).
     def __init__(
         self,
         wal: str | Path,

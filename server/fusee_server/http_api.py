@@ -9,12 +9,15 @@ so the invoker feeds them as each invocation is answered and each IDLE report ar
 (`Metrics` is its `observer`).
 
 With the server's token (`--token-file`) both paths want `Authorization: Bearer
-<token>`; with its TLS settings they are served over the same TLS.
+<token>`: the worker token, a client token (`--client-token-file`) or a read token
+(`--read-token-file`), the one to give a scraper, since it cannot lease shards. A read
+token may only GET (a change answers 403). With the server's TLS settings both paths are
+served over the same TLS.
 """
 
 from __future__ import annotations
 
-import hmac
+import socket
 import ssl
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING
@@ -24,6 +27,8 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from fusee_server.access import Scope, Tokens
 
 if TYPE_CHECKING:
     from fusee_server.invoker import EndpointState, Invoker
@@ -137,10 +142,10 @@ class StateCollector(Collector):
         # computed once, in the invoker, so the two never disagree.
         overall = invoker.metrics()
         for name, key, doc in (
-            ("fusee_shards_due", "shardsDue", "Shards due now with no invocation sent for them yet."),
-            ("fusee_shards_scheduled", "shardsScheduled", "Shards with a due time still to come."),
-            ("fusee_shards_invoking", "invoking", "Shards an invocation in flight carries."),
-            ("fusee_shards_in_backoff", "inBackoff", "Due shards held back by their own backoff."),
+            ("fusee_shards_due", "dueShards", "Shards due now with no invocation sent for them yet."),
+            ("fusee_shards_scheduled", "scheduledShards", "Shards with a due time still to come."),
+            ("fusee_shards_invoking", "invokingShards", "Shards an invocation in flight carries."),
+            ("fusee_shards_in_backoff", "backoffShards", "Shards held back by their own backoff."),
             (
                 "fusee_shards_overdue",
                 "overdue",
@@ -152,12 +157,12 @@ class StateCollector(Collector):
             ("fusee_handbacks", "handbacks", "Shards an invoked worker handed back when its budget ended."),
             (
                 "fusee_invoked_left_without_report",
-                "leftWithoutReport",
+                "crashes",
                 "Leases of invoked workers that ended without an IDLE report (a crash, a revoke).",
             ),
             (
                 "fusee_invocations_without_progress",
-                "withoutProgress",
+                "noProgress",
                 "Budgets that ended before any step finished on a shard (the shard backs off).",
             ),
         ):
@@ -217,9 +222,9 @@ class HttpApi:
     """The HTTP site. It is closed after the server stops, so `/healthz` answers 503
     while the stop flushes and closes the log rather than refusing connections."""
 
-    def __init__(self, server: Server, token: bytes | None) -> None:
+    def __init__(self, server: Server, tokens: Tokens) -> None:
         self.server = server
-        self.token = token
+        self.tokens = tokens
         self.metrics = Metrics(server)
         app = web.Application(middlewares=[self._authorize])
         app.router.add_get("/metrics", self._metrics)
@@ -227,37 +232,44 @@ class HttpApi:
         # No access log: a line per scrape every few seconds would bury the lease events.
         self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_S)
 
-    async def start(self, host: str, port: int, tls: ssl.SSLContext | None) -> int:
-        """Listen; the port bound (`port` 0 picks a free one). Raises OSError."""
+    async def start(self, sockets: list[socket.socket], tls: ssl.SSLContext | None) -> int:
+        """Serve on `sockets`, bound by the start's checks (so a port in use stopped the
+        start before anything opened); the port of the first. Raises OSError."""
         await self.runner.setup()
-        site = web.TCPSite(self.runner, host, port, ssl_context=tls)
-        await site.start()
-        return int(self.runner.addresses[0][1])
+        for sock in sockets:
+            await web.SockSite(self.runner, sock, ssl_context=tls).start()
+        return int(sockets[0].getsockname()[1])
 
     async def close(self) -> None:
         await self.runner.cleanup()
 
     @web.middleware
     async def _authorize(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if self.token is not None and not self._bearer_ok(request.headers.get("Authorization", "")):
+        if self.tokens.worker is None:
+            return await handler(request)
+        scope = self._bearer_scope(request.headers.get("Authorization", ""))
+        if scope is None:
             return web.json_response(
-                {"error": "a bearer token is required (the server's --token-file)"},
+                {
+                    "error": "a bearer token is required (the server's --token-file, --read-token-file or --client-token-file)"
+                },
                 status=401,
                 headers={"WWW-Authenticate": 'Bearer realm="fusee"'},
             )
+        if scope is Scope.READ and request.method not in ("GET", "HEAD"):
+            return web.json_response({"error": "a read token may only read (GET)"}, status=403)
         return await handler(request)
 
-    def _bearer_ok(self, header: str) -> bool:
-        assert self.token is not None
+    def _bearer_scope(self, header: str) -> Scope | None:
         scheme, _, given = header.partition(" ")
         if scheme.lower() != "bearer":
-            return False
+            return None
         try:
             offered = given.strip().encode("utf-8", "surrogateescape")
         except UnicodeEncodeError:
-            return False
+            return None
         # Constant time: how long a refusal takes says nothing about how much matched.
-        return hmac.compare_digest(offered, self.token)
+        return self.tokens.bearer(offered)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         body, content_type = self.metrics.exposition(request.headers.get("Accept", ""))

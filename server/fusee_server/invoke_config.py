@@ -7,13 +7,16 @@ it; unknown keys in the file are refused, so a misspelt one never goes unnoticed
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
+import re
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import msgspec
 
+from fusee import _secrets
 from fusee_server import lambda_invoke
 
 logger = logging.getLogger("fusee.invoker")
@@ -24,7 +27,11 @@ GRACE_MS = 30_000
 BUDGET_MS_MAX = 15 * 60_000  # the longest platform limit we know of (AWS Lambda's)
 
 
-class Endpoint(msgspec.Struct, kw_only=True, rename="camel", forbid_unknown_fields=True):
+class EndpointSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unknown_fields=True):
+    """One endpoint as `--invoke-config` gives it. It has no field for a secret: a secret
+    is read from `secretFile` only, where its length is checked, so an inline one is an
+    unknown key, refused."""
+
     url: str
     secret_file: str | None = None
     types: list[str] | None = None  # None: every workflow type
@@ -36,14 +43,19 @@ class Endpoint(msgspec.Struct, kw_only=True, rename="camel", forbid_unknown_fiel
     cert: str | None = None
     key: str | None = None
     region: str | None = None  # a lambda: endpoint's (resolved at start when not given)
-    secret: bytes = b""  # read from secret_file at start
 
     def takes(self, type: str) -> bool:
         return self.types is None or type in self.types
 
 
+class Endpoint(EndpointSettings, kw_only=True):
+    """An endpoint as the invoker uses it: its settings and the secret its file held."""
+
+    secret: bytes = b""  # read from secret_file at start (a Secret: its repr shows no byte of it)
+
+
 class EndpointsFile(msgspec.Struct, forbid_unknown_fields=True):
-    endpoints: list[Endpoint]
+    endpoints: list[EndpointSettings]
 
 
 class ConfigError(Exception):
@@ -111,7 +123,7 @@ def _int(value: Any, option: str, low: int, high: int) -> int:
 
 def endpoints(args: argparse.Namespace) -> list[Endpoint]:
     """The endpoints the options and the config file name, checked, secrets read."""
-    found: list[Endpoint] = []
+    found: list[tuple[Endpoint, str]] = []
     for given in args.endpoints:
         fields = {k: v for k, v in given.items() if k != "given"}
         if "types" in fields:
@@ -123,31 +135,53 @@ def endpoints(args: argparse.Namespace) -> list[Endpoint]:
         ):
             if name in fields:
                 fields[name] = _int(fields[name], "--invoke-" + name.replace("_", "-"), low, high)
-        found.append(Endpoint(**fields))
+        found.append((Endpoint(**fields), f"--invoke {fields['url']}"))
     if args.invoke_config is not None:
-        try:
-            data = Path(args.invoke_config).read_bytes()
-            found += msgspec.json.decode(data, type=EndpointsFile).endpoints
-        except OSError as error:
-            raise ConfigError(f"--invoke-config {args.invoke_config}: {error.strerror or error}") from None
-        except msgspec.ValidationError as error:
-            raise ConfigError(f"--invoke-config {args.invoke_config}: {error}") from None
-        except msgspec.DecodeError as error:
-            raise ConfigError(f"--invoke-config {args.invoke_config}: not JSON: {error}") from None
-    for endpoint in found:
-        check(endpoint)
-    return found
+        where = f"--invoke-config {args.invoke_config}"
+        listed = _read_file(args.invoke_config)
+        if not listed:
+            raise ConfigError(
+                f'{where}: "endpoints" is empty: list at least one endpoint, or leave --invoke-config out '
+                "(a server without endpoints invokes nothing)"
+            )
+        for i, settings in enumerate(listed):
+            endpoint = Endpoint(**msgspec.structs.asdict(settings))
+            found.append((endpoint, f"{where}: endpoints[{i}] ({settings.url})"))
+    for endpoint, where in found:
+        check(endpoint, where)
+    return [endpoint for endpoint, _ in found]
 
 
-def check(endpoint: Endpoint) -> None:
-    where = f"--invoke {endpoint.url}"
-    parts = urlsplit(endpoint.url)
+def _read_file(path: str) -> list[EndpointSettings]:
+    where = f"--invoke-config {path}"
+    try:
+        return msgspec.json.decode(Path(path).read_bytes(), type=EndpointsFile).endpoints
+    except OSError as error:
+        raise ConfigError(f"{where}: {error.strerror or error}") from None
+    except msgspec.ValidationError as error:
+        if "unknown field `secret`" in str(error):
+            # A secret written into the config file would skip the checks its file gets
+            # (16 bytes at least), and sits in a file made to be shared and reviewed.
+            raise ConfigError(
+                f'{where}: an inline "secret" is not accepted ({error}): put the secret in a file of '
+                'its own (at least 16 bytes; chmod 600) and name it with "secretFile"'
+            ) from None
+        raise ConfigError(f"{where}: {error}") from None
+    except msgspec.DecodeError as error:
+        raise ConfigError(f"{where}: not JSON: {error}") from None
+
+
+def check(endpoint: Endpoint, where: str | None = None) -> None:
+    """The endpoint can work: a URL the invoker can POST to (or a Lambda target), numbers
+    in range, TLS files that go together, a secret file that is long enough. `where`
+    names the option that gave it."""
+    where = where or f"--invoke {endpoint.url}"
     if lambda_invoke.is_lambda(endpoint.url):
         _check_lambda(endpoint, where)
-    elif parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"{where}: expected an http:// or https:// URL, or lambda:FUNCTION[:QUALIFIER]")
-    elif endpoint.region is not None:
-        raise ConfigError(f"{where}: --invoke-region is for lambda: endpoints")
+    else:
+        _check_url(endpoint.url, where)
+        if endpoint.region is not None:
+            raise ConfigError(f"{where}: --invoke-region is for lambda: endpoints")
     for name, low, high in (
         ("concurrency", 1, 10_000),
         ("budget_ms", 1000, BUDGET_MS_MAX),
@@ -157,19 +191,15 @@ def check(endpoint: Endpoint) -> None:
         _int(getattr(endpoint, name), f"{where}: {name}", low, high)
     if (endpoint.cert is None) != (endpoint.key is None):
         raise ConfigError(f"{where}: --invoke-cert and --invoke-key go together")
-    if (endpoint.ca or endpoint.cert) and parts.scheme != "https":
+    if endpoint.key is not None:
+        _secrets.check_private(endpoint.key, f"{where}: --invoke-key")
+    if (endpoint.ca or endpoint.cert) and urlsplit(endpoint.url).scheme != "https":
         raise ConfigError(f"{where}: --invoke-ca/--invoke-cert need an https:// URL")
     if endpoint.secret_file is not None:
         try:
-            endpoint.secret = Path(endpoint.secret_file).read_bytes().strip()
-        except OSError as error:
-            raise ConfigError(
-                f"{where}: --invoke-secret-file {endpoint.secret_file}: {error.strerror or error}"
-            ) from None
-        if len(endpoint.secret) < 16:
-            raise ConfigError(
-                f"{where}: --invoke-secret-file {endpoint.secret_file}: at least 16 bytes (use 32 random bytes)"
-            )
+            endpoint.secret = _secrets.load(endpoint.secret_file, "--invoke-secret-file")
+        except _secrets.SecretError as error:
+            raise ConfigError(f"{where}: {error}") from None
     elif lambda_invoke.is_lambda(endpoint.url):
         logger.warning(
             "%s has no --invoke-secret-file: its invocations are unsigned, so whoever IAM lets "
@@ -182,6 +212,39 @@ def check(endpoint: Endpoint) -> None:
             "this server's client certificate instead",
             where,
         )
+
+
+_HOST_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+
+
+def _check_url(url: str, where: str) -> None:
+    """A URL every invocation would fail on (no host, a port out of range, a space) stops
+    the start here rather than costing a failed POST, a backoff and a log line each."""
+    expected = "expected an http:// or https:// URL, or lambda:FUNCTION[:QUALIFIER]"
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise ConfigError(f"{where}: a URL has no spaces or control characters ({expected})")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{where}: {expected}")
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if port is not None and not 1 <= port <= 65535:
+        raise ConfigError(f"{where}: the port is not one from 1 to 65535")
+    host = parts.hostname
+    try:
+        ipaddress.ip_address(host)
+        return
+    except ValueError:
+        pass
+    try:
+        ascii_host = host.encode("idna").decode("ascii")
+    except UnicodeError:
+        raise ConfigError(f"{where}: {host!r} is not a host name") from None
+    labels = ascii_host.removesuffix(".").split(".")
+    if len(ascii_host) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels):
+        raise ConfigError(f"{where}: {host!r} is not a host name (letters, digits, - and . only)")
 
 
 def _check_lambda(endpoint: Endpoint, where: str) -> None:

@@ -9,9 +9,11 @@ The request is the HTTP one inside a JSON event, signed the same way (docs/invok
 
 and the handler answers `{"statusCode": …, "headers": {…}, "body": "…"}`, the shape a
 function URL turns into an HTTP answer. `LambdaTransport.send` gives the invoker what an
-HTTP endpoint would have: a status (the handler's, 429 for Lambda's throttles, 502 for a
-function error, as a function URL would answer) and a Retry-After, so the outcome is
-decided in one place for both kinds of endpoint.
+HTTP endpoint would have (an `Answer`): a status (the handler's, 429 for Lambda's
+throttles, 502 for a function error, as a function URL would answer), a Retry-After and
+why, so the outcome is decided in one place for both kinds of endpoint. botocore follows
+no redirect (its urllib3 requests are made with `Retry(False)`): a 3xx from the Invoke
+API's URL is a failed answer, and the signed event goes nowhere else.
 
 boto3 is imported only when such an endpoint is configured (`fusee-server[lambda]`).
 """
@@ -26,6 +28,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+
+from fusee_server.invoke_answer import Answer
 
 if TYPE_CHECKING:
     from fusee_server.invoke_config import Endpoint
@@ -119,6 +123,7 @@ def event(headers: dict[str, str], body: bytes) -> bytes:
 class _Answer(msgspec.Struct, rename="camel"):
     status_code: int  # `statusCode`, as in the answer a function URL turns into HTTP
     headers: dict[str, str] = {}
+    body: Any = ""  # the handler's JSON text; only its start is kept, to say why it failed
 
 
 class LambdaTransport:
@@ -147,14 +152,14 @@ class LambdaTransport:
             ),
         )
 
-    async def send(self, headers: dict[str, str], body: bytes) -> tuple[int, str | None]:
-        """The status and Retry-After of the call, as an HTTP endpoint answers them (0: no
-        answer); TimeoutError after the budget and the grace."""
+    async def send(self, headers: dict[str, str], body: bytes) -> Answer:
+        """What the call came to, as an HTTP endpoint answers (status 0: no answer);
+        TimeoutError after the budget and the grace."""
         payload = event(headers, body)
         call = asyncio.get_running_loop().run_in_executor(self.pool, self._invoke, payload)
         return await asyncio.wait_for(call, self.timeout_s)
 
-    def _invoke(self, payload: bytes) -> tuple[int, str | None]:
+    def _invoke(self, payload: bytes) -> Answer:
         from botocore.exceptions import BotoCoreError, ClientError, ReadTimeoutError
 
         qualifier = {"Qualifier": self.target.qualifier} if self.target.qualifier else {}
@@ -172,23 +177,26 @@ class LambdaTransport:
             code = error.response.get("Error", {}).get("Code", "")
             meta = error.response.get("ResponseMetadata", {})
             status = int(meta.get("HTTPStatusCode") or 0)
+            headers = meta.get("HTTPHeaders", {})
             if code in THROTTLES or status == 429:
-                return 429, meta.get("HTTPHeaders", {}).get("retry-after")
+                return Answer(429, headers.get("retry-after"), str(error))
             logger.info("%s: %s", self.where, error)
-            return status or 500, None
+            return Answer(status or 500, None, str(error), headers.get("location"))
         except BotoCoreError as error:  # no connection, no credentials, a broken answer
             logger.info("%s: %s", self.where, error)
-            return 0, None
+            return Answer(0, None, str(error))
         if response.get("FunctionError"):
             logger.info("%s: function error (%s): %s", self.where, response["FunctionError"], data[:500])
-            return FUNCTION_ERROR_STATUS, None
+            failed = f"the function failed ({response['FunctionError']}; its log has the error)"
+            return Answer(FUNCTION_ERROR_STATUS, None, data[:500].decode(errors="replace"), meaning=failed)
         try:
             answer = msgspec.json.decode(data, type=_Answer)
         except msgspec.DecodeError as error:  # a function that is not a fusee handler
             logger.info("%s: not a handler's answer (%s): %s", self.where, error, data[:200])
-            return FUNCTION_ERROR_STATUS, None
+            meaning = "the function's answer is not a fusee handler's"
+            return Answer(FUNCTION_ERROR_STATUS, None, str(error), meaning=meaning)
         headers = {k.lower(): v for k, v in answer.headers.items()}
-        return answer.status_code, headers.get("retry-after")
+        return Answer(answer.status_code, headers.get("retry-after"), str(answer.body)[:500])
 
     def close(self) -> None:
         # Calls still running are not waited for: their invocations ended with the server.

@@ -5,6 +5,10 @@ The server answers the worker's HELLO only with a CHALLENGE, and sends nothing e
 until the worker's proof verifies; a connection that does not finish TLS and the
 exchange within ten seconds is closed. Failed exchanges are logged at most once every
 ten seconds (a scanner must not fill the log).
+
+The token the proof verifies under fixes the connection's scope (`access.py`): a client
+or read token may not OPEN as a worker or a pinger, and every frame it sends afterwards
+is checked against its scope before the server sees it.
 """
 
 from __future__ import annotations
@@ -16,10 +20,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from fusee.protocol import handshake
 from fusee.protocol.connection import FramedConnection
-from fusee.protocol.frames import Kind
-from fusee.protocol.messages import ROLE_CLIENT, ROLE_PINGER, ROLE_WORKER, VERSION, Open, decode
+from fusee.protocol.frames import FrameError, Kind
+from fusee.protocol.messages import ROLE_CLIENT, ROLE_PINGER, ROLE_WORKER, VERSION, Answer, Call, Open, decode
+from fusee_server import access
+from fusee_server.access import Scope, Tokens
 
 if TYPE_CHECKING:
     from fusee_server.server import Server
@@ -58,12 +66,13 @@ def server_tls(cert: str, key: str, ca: str | None) -> tuple[ssl.SSLContext, byt
 class ServerConnection(FramedConnection):
     """One worker or client, as the server sees it."""
 
-    def __init__(self, server: Server, token: bytes | None, binding: bytes) -> None:
+    def __init__(self, server: Server, tokens: Tokens, binding: bytes) -> None:
         super().__init__()
         self.server = server
-        self.token = token
+        self.tokens = tokens
+        self.scope = Scope.WORKER  # until a proof says otherwise: a server without tokens
         self.binding = binding
-        self.state = "hello" if token is not None else "open"
+        self.state = "hello" if tokens.worker is not None else "open"
         self.hello_body = b""
         self.transcript = b""
         self.role = ""
@@ -101,7 +110,21 @@ class ServerConnection(FramedConnection):
 
     def frame_received(self, kind: int, body: bytes) -> None:
         if self.state == "ready":
-            self.server.received(self, decode(kind, body))
+            try:
+                message = decode(kind, body)
+            except FrameError as error:
+                if kind == Kind.CALL and self._refuse_call(body, error):
+                    return  # a malformed call costs its caller an error, not its connection
+                raise
+            if self.scope is not Scope.WORKER:
+                refusal = access.refusal(self.scope, message)
+                if refusal is not None:
+                    if isinstance(message, Call):  # a change a read token asked for: answered
+                        self.send(Answer(message.rid, code="Rejected", message=refusal))
+                    else:
+                        self.fail(refusal)
+                    return
+            self.server.received(self, message)
         elif self.state == "hello":
             if kind != Kind.HELLO:
                 self.refuse("this server requires a token: add token-file=PATH to the address")
@@ -117,18 +140,19 @@ class ServerConnection(FramedConnection):
             self.send_frame(Kind.CHALLENGE, challenge)
             self.state = "proof"
         elif self.state == "proof":
-            assert self.token is not None
-            try:
-                if kind != Kind.PROOF:
-                    raise handshake.HandshakeError(f"frame kind {kind} instead of the proof")
-                handshake.verify(handshake.proof(self.token, self.transcript), body)
-            except handshake.HandshakeError:
+            matched = None
+            if kind == Kind.PROOF:
+                matched = self.tokens.match(
+                    lambda token: handshake.verifies(handshake.proof(token, self.transcript), body)
+                )
+            if matched is None:
                 self.refuse(
                     "the token does not match this server's: check the file named by token-file= "
-                    "against the server's --token-file"
+                    "against the server's --token-file (or --client-token-file, --read-token-file)"
                 )
                 return
-            self.send_frame(Kind.ACCEPT, handshake.accept(self.token, self.transcript))
+            self.scope, token = matched
+            self.send_frame(Kind.ACCEPT, handshake.accept(token, self.transcript))
             self.state = "open"
         elif self.state == "open":
             if kind == Kind.HELLO:
@@ -149,6 +173,13 @@ class ServerConnection(FramedConnection):
         if opening.role not in (ROLE_WORKER, ROLE_CLIENT, ROLE_PINGER):
             self.refuse(f"role {opening.role!r}: expected {ROLE_WORKER!r} or {ROLE_CLIENT!r}")
             return
+        # An invocation ID makes any OPEN an invoked worker's (Server.opened): it counts too.
+        if self.scope is not Scope.WORKER and (opening.role != ROLE_CLIENT or opening.invocation is not None):
+            self.refuse(
+                f"this token may not hold shards: it is the server's --{self.scope.value}-token-file, "
+                "for clients; a worker proves the --token-file token"
+            )
+            return
         if opening.max_shards is not None and opening.max_shards < 1:
             self.refuse(f"max-shards={opening.max_shards}: need at least 1")
             return
@@ -164,6 +195,18 @@ class ServerConnection(FramedConnection):
         refusal = self.server.opened(self)
         if refusal is not None:
             self.refuse(refusal)
+
+    def _refuse_call(self, body: bytes, error: FrameError) -> bool:
+        """Answer a CALL whose fields do not decode (a shard that is not a number, say) with
+        an error, when its request number can be read: True if so."""
+        try:
+            fields = msgspec.msgpack.decode(body)
+        except msgspec.DecodeError:
+            return False
+        if not isinstance(fields, list) or not fields or type(fields[0]) is not int:
+            return False
+        self.send(Answer(fields[0], code="Rejected", message=f"a malformed call: {error}"))
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

@@ -10,12 +10,17 @@ import ipaddress
 import logging
 import os
 import signal
+import socket
+import ssl
+import stat
 import sys
 from pathlib import Path
 
+from fusee import _secrets
 from fusee._errors import FuseeError
 from fusee.protocol import handshake
 from fusee_server import invoke_config
+from fusee_server.access import Tokens
 from fusee_server.http_api import HttpApi
 from fusee_server.invoker import Invoker
 from fusee_server.listener import ServerConnection, server_tls
@@ -30,8 +35,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--listen", metavar="HOST:PORT", help="TCP address to listen on (port 0: any free port, printed)"
     )
     parser.add_argument("--unix", metavar="PATH", help="a Unix socket to listen on too")
+    parser.add_argument(
+        "--unix-mode",
+        metavar="OCTAL",
+        default="600",
+        help="the Unix socket's permissions: who on this host may connect (default 600: this user)",
+    )
     parser.add_argument("--shards", type=int, help="shards of a new directory (default 4)")
     parser.add_argument("--token-file", metavar="PATH", help="require this shared token from every peer")
+    parser.add_argument(
+        "--client-token-file",
+        metavar="PATH",
+        help="a token for clients: any call, but no shard held (needs --token-file)",
+    )
+    parser.add_argument(
+        "--read-token-file",
+        metavar="PATH",
+        help="a token for readers: calls that read, /metrics (needs --token-file)",
+    )
     parser.add_argument(
         "--tls-cert", metavar="PEM", help="TLS 1.3: the certificate chain this server presents"
     )
@@ -69,6 +90,172 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def _tokens(args: argparse.Namespace) -> Tokens:
+    """The server's tokens, each read by the one secret loader (fusee/_secrets.py). A
+    client or read token without the worker token, or two options holding one token,
+    stop the start: the first would guard nothing, the second would blur the scopes."""
+    loaded: dict[str, _secrets.Secret] = {}
+    for option, path in (
+        ("--token-file", args.token_file),
+        ("--client-token-file", args.client_token_file),
+        ("--read-token-file", args.read_token_file),
+    ):
+        if path is None:
+            continue
+        try:
+            token = _secrets.load(path, option)
+        except FuseeError as error:
+            raise SettingError(str(error)) from None
+        if option != "--token-file" and "--token-file" not in loaded:
+            raise SettingError(
+                f"{option} needs --token-file: without a worker token any peer may hold shards"
+            )
+        same = [other for other, known in loaded.items() if known == token]
+        if same:
+            raise SettingError(f"{option} holds the same token as {same[0]}: give each its own")
+        loaded[option] = token
+    return Tokens(
+        loaded.get("--token-file"), loaded.get("--client-token-file"), loaded.get("--read-token-file")
+    )
+
+
+def _security(args: argparse.Namespace) -> tuple[Tokens, ssl.SSLContext | None, bytes]:
+    """The tokens, and the TLS context with its binding (none without --tls-cert)."""
+    tokens = _tokens(args)
+    if args.tls_cert is None:
+        return tokens, None, b""
+    _secrets.check_private(args.tls_key, "--tls-key")
+    try:
+        tls, binding = server_tls(args.tls_cert, args.tls_key, args.tls_ca)
+    except (OSError, ValueError) as error:
+        raise SettingError(f"--tls-cert/--tls-key/--tls-ca: {error}") from None
+    return tokens, tls, binding
+
+
+def _warn_exposed(
+    listen: tuple[str, int] | None, http: tuple[str, int] | None, token: bool, tls: bool
+) -> None:
+    """Warnings for what is reachable off loopback with less protection than it needs."""
+    if listen is not None and not _loopback(listen[0]):
+        if not token and not tls:
+            logger.warning(
+                "listening on %s without a token or TLS: anyone who reaches it can take leases "
+                "(add --token-file, --tls-cert/--tls-key)",
+                listen[0],
+            )
+        elif not tls:
+            # The exchange proves the token without sending it, but the frames after it
+            # carry only a CRC: whoever is on the path can inject frames or take the
+            # authenticated connection over, leases included.
+            logger.warning(
+                "listening on %s with a token but no TLS: the frames after the token exchange are "
+                "not protected, so whoever is on the network path can take a connection over "
+                "(add --tls-cert/--tls-key)",
+                listen[0],
+            )
+    if http is not None and not _loopback(http[0]):
+        if not token:
+            logger.warning(
+                "--http %s without a token: anyone who reaches it can read the metrics (add --token-file)",
+                http[0],
+            )
+        elif not tls:
+            # A bearer crosses the network in clear; if it is the worker token, whoever
+            # reads it can take leases.
+            logger.warning(
+                "--http %s without TLS: bearer tokens cross the network in clear (add --tls-cert/--tls-key, "
+                "and give scrapers the --read-token-file token, not the worker token)",
+                http[0],
+            )
+
+
+def _unix_mode(text: str) -> int:
+    digits = text.removeprefix("0o")
+    mode = int(digits, 8) if digits and len(digits) <= 4 and set(digits) <= set("01234567") else -1
+    if not 0 <= mode <= 0o777 or mode & 0o600 != 0o600:
+        raise SettingError(
+            f"--unix-mode {text}: expected an octal mode up to 777 that lets this user read and write "
+            "(600: this user only, 660: its group too)"
+        )
+    return mode
+
+
+def _clear_unix(path: str) -> None:
+    """Make room for the socket at `path`: nothing there, or a socket nobody listens on
+    (what a killed server leaves), which is removed. Anything else stops the start:
+    unlinking a file destroys it, and unlinking a live server's socket steals its
+    clients without a word to either server."""
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as error:
+        raise SettingError(f"--unix {path}: {error.strerror or error}") from None
+    if not stat.S_ISSOCK(found.st_mode):
+        raise SettingError(f"--unix {path}: something that is not a socket is there; not removing it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+    except ConnectionRefusedError:
+        os.unlink(path)  # stale: bound once, nobody listening now
+        return
+    except OSError as error:
+        raise SettingError(
+            f"--unix {path}: cannot tell whether a server listens on it ({error.strerror or error})"
+        ) from None
+    finally:
+        probe.close()
+    raise SettingError(f"--unix {path}: a process listens on it (another fusee server?); not taking it over")
+
+
+def _bind_unix(path: str, mode: int) -> socket.socket:
+    """A socket bound at `path` with `mode`, not listening yet. bind() creates the file
+    with the umask's mode; the chmod comes before listen(), and until listen() every
+    connect is refused, so no one gets in under the umask's mode meanwhile."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        os.chmod(path, mode)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _remove_unix(path: str, inode: int) -> None:
+    """Remove the socket at a clean stop, unless something else is at `path` by now."""
+    try:
+        if os.lstat(path).st_ino == inode:
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+def _bind_tcp(address: tuple[str, int], option: str) -> list[socket.socket]:
+    """Sockets bound to `address` (each address its host resolves to, as asyncio binds
+    them), not listening yet: bound among the checks, so a port in use stops the start,
+    naming `option`, before the directory opens or any "listening on" is printed."""
+    host, port = address
+    bound: list[socket.socket] = []
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        for family, kind, proto, _, where in dict.fromkeys(found):
+            sock = socket.socket(family, kind, proto)
+            bound.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(where)
+            sock.setblocking(False)
+    except OSError as error:
+        for sock in bound:
+            sock.close()
+        reason = os.strerror(error.errno) if isinstance(error.errno, int) and error.errno > 0 else str(error)
+        raise SettingError(f"{option}: {reason}") from None
+    return bound
+
+
 async def serve(args: argparse.Namespace) -> int:
     if args.listen is None and args.unix is None:
         raise SettingError("give --listen HOST:PORT, --unix PATH, or both")
@@ -80,52 +267,25 @@ async def serve(args: argparse.Namespace) -> int:
         raise SettingError("--tls-ca needs --tls-cert and --tls-key (mutual TLS is TLS)")
     listen = _host_port(args.listen, "--listen") if args.listen is not None else None
     http = _host_port(args.http, "--http") if args.http is not None else None
+    unix_mode = _unix_mode(args.unix_mode)
     try:
         endpoints = invoke_config.endpoints(args)
     except invoke_config.ConfigError as error:
         raise SettingError(str(error)) from None
-    token = None
-    if args.token_file is not None:
-        try:
-            token, readable = handshake.read_token(args.token_file)
-        except FuseeError as error:
-            raise SettingError(f"--token-file: {error}") from None
-        if readable:
-            logger.warning("--token-file %s can be read by other users (chmod 600 it)", args.token_file)
-    tls = None
-    binding = b""
-    if args.tls_cert is not None:
-        try:
-            tls, binding = server_tls(args.tls_cert, args.tls_key, args.tls_ca)
-        except (OSError, ValueError) as error:
-            raise SettingError(f"--tls-cert/--tls-key/--tls-ca: {error}") from None
-    if listen is not None and not _loopback(listen[0]) and token is None and tls is None:
-        logger.warning(
-            "listening on %s without a token or TLS: anyone who reaches it can take leases "
-            "(add --token-file, --tls-cert/--tls-key)",
-            listen[0],
-        )
-    if http is not None and not _loopback(http[0]):
-        if token is None:
-            logger.warning(
-                "--http %s without a token: anyone who reaches it can read the metrics (add --token-file)",
-                http[0],
-            )
-        elif tls is None:
-            # The bearer token is the one workers prove: sent in clear, it lets whoever
-            # reads it off the network take leases.
-            logger.warning(
-                "--http %s without TLS: the token crosses the network in clear (add --tls-cert/--tls-key)",
-                http[0],
-            )
+    tokens, tls, binding = _security(args)
+    _warn_exposed(listen, http, tokens.worker is not None, tls is not None)
+    if args.unix is not None:
+        _clear_unix(args.unix)
+    http_sockets = _bind_tcp(http, f"--http {args.http}") if http is not None else []
     server = await Server.open(str(args.dir), args.shards)
     loop = asyncio.get_running_loop()
+    unix_inode = None
 
     def plain() -> ServerConnection:
-        return ServerConnection(server, token, b"")
+        return ServerConnection(server, tokens, b"")
 
     def secured() -> ServerConnection:
-        return ServerConnection(server, token, binding)
+        return ServerConnection(server, tokens, binding)
 
     try:
         if listen is not None:
@@ -140,17 +300,18 @@ async def serve(args: argparse.Namespace) -> int:
             port = tcp.sockets[0].getsockname()[1]
             print(f"fusee server: listening on {listen[0]}:{port}", file=sys.stderr, flush=True)
         if args.unix is not None:
-            Path(args.unix).unlink(missing_ok=True)
-            server.listeners.append(await loop.create_unix_server(plain, args.unix))
+            unix = _bind_unix(args.unix, unix_mode)
+            unix_inode = os.lstat(args.unix).st_ino  # removed at the stop if still ours
+            server.listeners.append(await loop.create_unix_server(plain, sock=unix))
             print(f"fusee server: listening on unix:{args.unix}", file=sys.stderr, flush=True)
     except OSError as error:
         await server.stop()
         raise SettingError(f"--listen/--unix: {error.strerror or error}") from None
     api = None
     if http is not None:
-        api = HttpApi(server, token)
+        api = HttpApi(server, tokens)
         try:
-            port = await api.start(http[0], http[1], tls)
+            port = await api.start(http_sockets, tls)
         except OSError as error:
             await api.close()
             await server.stop()
@@ -178,6 +339,8 @@ async def serve(args: argparse.Namespace) -> int:
     finally:
         if api is not None:
             await api.close()  # after the stop: /healthz answers 503 while it runs
+        if unix_inode is not None:
+            _remove_unix(args.unix, unix_inode)
     return 0
 
 

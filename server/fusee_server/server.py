@@ -34,7 +34,7 @@ from fusee.journal import Ack
 from fusee.protocol import messages as m
 from fusee.protocol.frames import PAYLOAD_BYTES_MAX, FrameError
 from fusee_server import _native
-from fusee_server.invoker import Invoker
+from fusee_server.invoker import Invoker, Reason
 from fusee_server.listener import ServerConnection
 from fusee_server.local import LocalStorage
 
@@ -45,7 +45,6 @@ SILENCE_S = 5.0  # a holder silent this long (or not reading our writes) loses i
 RELAY_FRAMES_MAX = 1024  # messages kept per shard while it has no holder...
 RELAY_BYTES_MAX = 8 << 20  # ...and their bytes; the oldest are dropped first
 READ_THREADS = 4
-INLINE_WRITE_NS = 200_000  # a disk whose last write took at most this is written inline
 CALL_WAIT_S = 60.0  # a call waits this long at the server for its shard's holder
 PREOPEN_BYTES = 1 << 20  # an invoked worker's WELCOME carries this much of its shards at most
 INLINE_READ_BYTES = 64 << 10  # an open's reads this small are made on the loop, not a thread
@@ -279,18 +278,26 @@ class Server:
             invocation = self.invoker.lookup(conn.invocation)
             if invocation is not None and invocation.conn is conn:
                 invocation.closed.set()
-        for index in sorted(conn.held):
+        held = set(conn.held)
+        for index in sorted(held):
             self._free(self.slots[index], f"let go: {conn} closed its connection")
-        now = asyncio.get_running_loop().time()
         for rid in conn.calls:
             entry = self.calls.pop(rid, None)
             if entry is None:
                 continue
             origin, _, _, call = entry
-            if call.method == "result" and isinstance(origin, ServerConnection) and self.invoker is not None:
-                # A wait for a result (a run asleep) outlives its worker: it waits here for
-                # the shard's next holder, and does not invoke one by itself.
-                self.slots[call.shard].calls_waiting.append((origin, call, now + CALL_WAIT_S))
+            if not isinstance(origin, ServerConnection):
+                self._answer(origin, entry[1], m.Answer(0, code="Connection", message=GONE))
+            elif call.method == "result" and self.invoker is not None:
+                # A wait for a result (a run asleep) outlives its worker: it goes to the
+                # shard's next holder, or waits here for one without invoking one itself.
+                self._reroute(conn, origin, call, due=False)
+            elif call.shard >= 0 and call.shard not in held:
+                # The worker released the shard before it closed, and a worker answers
+                # every call it acted on before its release (fusee/engine/serve.py): this
+                # one it never acted on (it came too late), so it goes to the shard's next
+                # holder, as a MOVED answer would have sent it.
+                self._reroute(conn, origin, call, due=True)
             else:
                 self._answer(origin, entry[1], m.Answer(0, code="Connection", message=GONE))
         conn.calls.clear()
@@ -310,8 +317,11 @@ class Server:
             await asyncio.sleep(0.25)
             self._expire_calls()
             now = time.monotonic()
-            for conn in list(self.workers):
-                if not conn.held or not conn.liveness or conn.transport is None:
+            # Every holder, invoked ones too: an invoked worker frozen mid-budget (a
+            # SIGSTOPped function) must lose its leases on the same silence as any other,
+            # not only when its invocation's budget and grace run out.
+            for conn in [c for c in self.connections if c.held]:
+                if not conn.liveness or conn.transport is None:
                     continue
                 last_read = conn.last_read
                 if conn.pinger is not None and not conn.pinger.closed:
@@ -330,17 +340,39 @@ class Server:
         for slot in self.slots:
             while slot.calls_waiting and slot.calls_waiting[0][2] <= now:
                 client, call, _ = slot.calls_waiting.popleft()
-                why = f"no worker took shard {slot.index} within {CALL_WAIT_S:g} s; retry"
+                why = f"no worker took shard {slot.index} within {CALL_WAIT_S:g} s{self._why(slot.index)}; retry"
                 client.send(m.Answer(call.rid, code="NoHolder", message=why))
         expired = [entry for entry in self.listings_waiting if entry[2] <= now]
         if expired:
             self.listings_waiting = [entry for entry in self.listings_waiting if entry[2] > now]
+            free = [s.index for s in self.slots if s.holder is None]
+            why = self._why(free[0]) if free else ""
             for client, call, _ in expired:
-                client.send(
-                    m.Answer(
-                        call.rid, code="NoHolder", message="not every shard found a holder in time; retry"
-                    )
-                )
+                message = f"not every shard found a holder in time{why}; retry"
+                client.send(m.Answer(call.rid, code="NoHolder", message=message))
+
+    def fail_waiting(self, index: int, before: float, why: str) -> None:
+        """The calls waiting for `index` (and the listings) that arrived by `before` fail
+        now, saying `why`: the invocation made for them failed on an endpoint that keeps
+        failing (invoker.py, FAILED_ROUNDS_FOR_CALLS), so waiting out CALL_WAIT_S would
+        only hide the reason. Those that came later wait for the next try."""
+        slot = self.slots[index]
+        message = f"no worker took shard {index}: {why}; retry once the endpoint answers"
+        keep: deque[tuple[ServerConnection, m.Call, float]] = deque()
+        for client, call, deadline in slot.calls_waiting:
+            if deadline - CALL_WAIT_S <= before:
+                client.send(m.Answer(call.rid, code="NoHolder", message=message))
+            else:
+                keep.append((client, call, deadline))
+        slot.calls_waiting = keep
+        listings = [entry for entry in self.listings_waiting if entry[2] - CALL_WAIT_S <= before]
+        if listings:
+            self.listings_waiting = [entry for entry in self.listings_waiting if entry not in listings]
+            for client, call, _ in listings:
+                client.send(m.Answer(call.rid, code="NoHolder", message=message))
+
+    def _why(self, index: int) -> str:
+        return f": {self.invoker.why_no_worker(index)}" if self.invoker is not None else ""
 
     # -- frames ---------------------------------------------------------------------------
 
@@ -402,19 +434,10 @@ class Server:
             conn.fail(f"shard {slot.index}: {error}")
             return
         epoch = slot.epoch
-        if not self.storage.waiters and self.log.last_write_ns <= INLINE_WRITE_NS:
-            # Nothing in flight and a fast disk: write here, on the thread that received
-            # the records (the GIL released), instead of waking the writer thread and
-            # being woken back (two context switches, ~20 µs).
-            try:
-                self.log.write()
-            except OSError:
-                pass  # the log failed: the request below reports it
-            else:
-                durable = self.log.durable(slot.index)
-                if durable >= last:
-                    self._durable(conn, slot, epoch, durable)
-                    return
+        # Never written here, however fast the disk was: a write on the loop holds every
+        # connection, call and ping (and the liveness watch) for as long as its flush
+        # takes, and one flush that stalls stalls them all. The writer thread writes, and
+        # its eventfd brings the answer (tests/server_mode/test_disk_stall.py).
         try:
             self.storage.request(slot.index, last, lambda result: self._durable(conn, slot, epoch, result))
         except IoError as error:
@@ -557,7 +580,7 @@ class Server:
             slot.holder.send(message)
             return
         if self.invoker is not None:
-            self.invoker.make_due(slot.index, "message")
+            self.invoker.make_due(slot.index, Reason.MESSAGE)
         slot.waiting.append(message)
         slot.waiting_bytes += len(message.item)
         while len(slot.waiting) > RELAY_FRAMES_MAX or slot.waiting_bytes > RELAY_BYTES_MAX:
@@ -574,8 +597,15 @@ class Server:
 
     def _call(self, client: ServerConnection, call: m.Call) -> None:
         if call.method == "invocations":
+            # Answered here, whatever the shard and the arguments say (it names neither).
             metrics = self.invoker.metrics() if self.invoker is not None else {"endpoints": []}
             client.send(m.Answer(call.rid, m.encode_value(metrics)))
+            return
+        if call.shard == -1 and call.method != "list":
+            # Only a listing goes to every holder: any other call sent so would run once
+            # on each of them (a start on every worker).
+            why = f"call {call.method!r} names no shard (-1 is for 'list' only): give its workflow's shard"
+            client.send(m.Answer(call.rid, code="Rejected", message=why))
             return
         if call.shard == -1:
             self._list(client, call)
@@ -592,25 +622,29 @@ class Server:
             # It waits here (up to CALL_WAIT_S) and makes its shard due.
             deadline = asyncio.get_running_loop().time() + CALL_WAIT_S
             slot.calls_waiting.append((client, call, deadline))
-            self.invoker.make_due(call.shard, "call", type=_type_of(call))
+            self.invoker.make_due(call.shard, Reason.CALL, type=_type_of(call))
             return
         self._route(client, call, holder)
 
-    def _reroute(self, mover: ServerConnection, client: ServerConnection, call: m.Call) -> None:
-        """A call `mover` answered MOVED (it let the shard go before hearing of the call):
-        to the shard's next holder, as if it arrived now. While `mover` still holds the
-        shard here (its release is on its way) it waits, as for a shard without holder."""
+    def _reroute(self, mover: ServerConnection, client: ServerConnection, call: m.Call, due: bool) -> None:
+        """A call `mover` answered MOVED (it let the shard go before hearing of the call,
+        or with the call waiting on its run): to the shard's next holder, as if it arrived
+        now. While `mover` still holds the shard here (its release is on its way) it
+        waits, as for a shard without holder; and it makes the shard due only if `due`
+        (MOVED_WAITING: the run's own due time brings the next holder, and invoking one
+        for the wait alone would repeat at every handback while the run sleeps)."""
         if client.closed:
             return
         slot = self.slots[call.shard]
-        if slot.holder is not mover:
+        if slot.holder is not mover and (due or slot.holder is not None):
             self._call(client, call)
         elif self.invoker is None:
             client.send(m.Answer(call.rid, code="NoHolder", message=no_holder(call.shard)))
         else:
             deadline = asyncio.get_running_loop().time() + CALL_WAIT_S
             slot.calls_waiting.append((client, call, deadline))
-            self.invoker.make_due(call.shard, "call", type=_type_of(call))
+            if due:
+                self.invoker.make_due(call.shard, Reason.CALL, type=_type_of(call))
 
     def _route(self, client: ServerConnection, call: m.Call, holder: ServerConnection) -> None:
         rid = next(self.rids)
@@ -627,7 +661,7 @@ class Server:
             # A listing invokes every shard nobody holds, and waits for all of them.
             self.listings_waiting.append((client, call, asyncio.get_running_loop().time() + CALL_WAIT_S))
             for index in free:
-                self.invoker.make_due(index, "call")
+                self.invoker.make_due(index, Reason.CALL)
             return
         holders = list(dict.fromkeys(slot.holder for slot in self.slots if slot.holder is not None))
         listing = Listing(client, call.rid, len(holders))
@@ -648,8 +682,14 @@ class Server:
         del self.calls[answer.rid]
         holder.calls.discard(answer.rid)
         call = entry[3]
-        if answer.code == m.MOVED and isinstance(origin, ServerConnection) and call.shard >= 0:
-            self._reroute(conn, origin, m.Call(rid, call.method, call.shard, call.args))
+        if (
+            answer.code in (m.MOVED, m.MOVED_WAITING)
+            and isinstance(origin, ServerConnection)
+            and call.shard >= 0
+        ):
+            self._reroute(
+                conn, origin, m.Call(rid, call.method, call.shard, call.args), answer.code == m.MOVED
+            )
             return
         if isinstance(origin, Listing):
             try:

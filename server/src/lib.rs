@@ -10,6 +10,7 @@ pub mod log;
 pub mod meta;
 pub mod recovery;
 pub mod runstore;
+pub mod stall;
 pub mod tools;
 pub mod writer;
 

@@ -8,6 +8,7 @@ use crate::format::{
 };
 use crate::io::{sync_dir, LogFile};
 use crate::recovery::{recover, Chain, RecoveryError, SegmentImage, ShardBounds, Tail};
+use crate::stall::StallHook;
 use std::fs;
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -137,6 +138,8 @@ pub struct SharedLog {
     failed: Mutex<Option<String>>,
     last_write_ns: AtomicU64,
     bounds: Vec<ShardBounds>,
+    /// Tests only (see `stall.rs`): `None` unless a test asked for a stalled write.
+    stall: Option<StallHook>,
     pub report: OpenReport,
 }
 
@@ -236,9 +239,16 @@ impl SharedLog {
             failed: Mutex::new(None),
             last_write_ns: AtomicU64::new(0),
             bounds: chain.bounds,
+            stall: None,
             options,
             report,
         })
+    }
+
+    /// The log with a test's stall hook (see `stall.rs`); before it is shared.
+    pub fn with_stall(mut self, hook: StallHook) -> SharedLog {
+        self.stall = Some(hook);
+        self
     }
 
     /// The span of `shard` in the log at open, to check its checkpoint against.
@@ -412,6 +422,10 @@ impl SharedLog {
                 // pages, so a retry could report durable what is not.
                 *self.failed.lock().expect("failed") = Some(e.to_string());
                 return Err(e);
+            }
+            if let Some(stall) = self.stall.as_ref().and_then(|hook| hook.stall_for(&batch)) {
+                // A test's stalled flush: written, not yet durable as far as anyone knows.
+                std::thread::sleep(stall);
             }
             for section in &batch {
                 let last = section.first + section.records.len() as u64 - 1;

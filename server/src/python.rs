@@ -4,6 +4,7 @@
 use crate::log::{LogError, LogOptions, SharedLog};
 use crate::meta::{open_dir, DirError, DirLock};
 use crate::runstore::ShardFiles;
+use crate::stall::StallHook;
 use crate::writer::BackgroundWriter;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
@@ -66,7 +67,11 @@ impl Log {
         segment_bytes_max: u64,
     ) -> PyResult<Self> {
         let options = LogOptions { direct_io, segment_bytes_min, segment_bytes_max };
-        let log = py.detach(|| SharedLog::open(&wal, shards, options)).map_err(log_err)?;
+        let stall = StallHook::from_env().map_err(PyValueError::new_err)?;
+        let mut log = py.detach(|| SharedLog::open(&wal, shards, options)).map_err(log_err)?;
+        if let Some(hook) = stall {
+            log = log.with_stall(hook);
+        }
         Ok(Log { inner: Arc::new(log), writer: Mutex::new(None) })
     }
 

@@ -87,7 +87,7 @@ def acked_ids(prefix: str) -> list[str]:
 
 async def main() -> None:
     global mode
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("dir")
     parser.add_argument("prefix")
     parser.add_argument("--drain", action="store_true")

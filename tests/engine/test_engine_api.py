@@ -15,6 +15,7 @@ import msgspec
 import pytest
 
 import fusee
+from fusee.journal import Status
 
 # -- typed payloads -------------------------------------------------------------------------
 
@@ -376,6 +377,22 @@ async def test_list_filters_by_type_and_status(kit):
     await t.crash()
     assert await ids(type="stepper", status="failed") == {"s-bad"}
     assert await ids(status="running") == {"g-wait"}
+
+
+async def test_list_refuses_a_status_no_run_is_listed_with(kit):
+    """A misspelt filter ("completed" for "ok") would list nothing, read as "no such runs"."""
+    t = await kit(stepper)
+    await t.start(stepper, "s-ok", 1)
+    await t.result("s-ok")
+    valid = "running, waiting_for_code, stuck, ok, failed, cancelled, timed_out, terminated, continued"
+    for wrong in ("completed", "bogus", "parked", "active", 3):
+        with pytest.raises(
+            fusee.RejectedError, match=f"list\\(status={wrong!r}\\).*expected one of {valid}$"
+        ):
+            [s async for s in t.engine.list(status=wrong)]
+    listed = [s async for s in t.engine.list(status=Status.OK)]
+    assert [(s.id, s.status) for s in listed] == [("s-ok", "ok")]
+    assert type(listed[0].status) is Status
 
 
 async def test_status_and_describe(kit):

@@ -174,6 +174,11 @@ def test_the_zip_holds_the_app_the_handlers_fusee_and_wheels_for_the_runtime(bui
     assert (built.path.stat().st_mode & 0o777) == 0o600  # it holds the credentials
     size = built.path.stat().st_size
     assert f"zip: {size:,} bytes" in built.output
+    # --build-only: what to give a function that runs it, deployed some other way.
+    assert f"handler handlers.aws_lambda.handler, runtime {PYTHON}, timeout 90 s" in built.output
+    assert "  FUSEE_URL=127.0.0.1:7600?ca=/var/task/fusee-deploy/ca.pem&token-file=" in built.output
+    assert "  FUSEE_INVOKE_SECRET_FILE=/var/task/fusee-deploy/invoke-secret" in built.output
+    assert SECRET not in built.output
     assert size < 5 * 2**20, size  # far under Lambda's 50 MB for a direct upload
 
 
@@ -314,8 +319,8 @@ async def settled(client: fusee.Client, timeout: float = 30.0) -> dict[str, Any]
     """The endpoint's counts once nothing is due or being invoked."""
     deadline = time.monotonic() + timeout
     while True:
-        metrics = await client.call("invocations", -1)
-        if metrics["invoking"] == 0 and metrics["shardsDue"] == 0:
+        metrics = await client.call("invocations", {})
+        if metrics["invokingShards"] == 0 and metrics["dueShards"] == 0:
             endpoint: dict[str, Any] = metrics["endpoints"][0]
             return endpoint
         assert time.monotonic() < deadline, metrics
@@ -333,13 +338,13 @@ async def until_line(proc: Proc, pattern: str, timeout: float = 30.0) -> None:
 
 
 class Moto(Proc):
-    """`python -m moto.server` on a loopback port, AWS managed policies loaded (the role
-    attaches AWSLambdaBasicExecutionRole)."""
+    """`python -m moto.server` on a loopback port, as it starts by default: without AWS's
+    managed policies (deploy.py attaches none; its role's one policy is inline)."""
 
     def __init__(self) -> None:
         self.port = free_port()
         args = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
-        super().__init__(args, {"MOTO_IAM_LOAD_MANAGED_POLICIES": "true"})
+        super().__init__(args, {"MOTO_IAM_LOAD_MANAGED_POLICIES": "false"})
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -428,8 +433,20 @@ def test_deploy_makes_the_function_a_second_run_updates_it_and_teardown_leaves_n
     trust = role["AssumeRolePolicyDocument"]
     trust = json.loads(trust) if isinstance(trust, str) else trust
     assert trust["Statement"][0]["Principal"] == {"Service": "lambda.amazonaws.com"}
-    attached = iam.list_attached_role_policies(RoleName="fusee-orders-role")["AttachedPolicies"]
-    assert [p["PolicyName"] for p in attached] == ["AWSLambdaBasicExecutionRole"]
+    # Its logs and nothing else: one inline policy, on the function's own log group.
+    assert iam.list_attached_role_policies(RoleName="fusee-orders-role")["AttachedPolicies"] == []
+    assert iam.list_role_policies(RoleName="fusee-orders-role")["PolicyNames"] == ["fusee-logs"]
+    policy = iam.get_role_policy(RoleName="fusee-orders-role", PolicyName="fusee-logs")["PolicyDocument"]
+    policy = json.loads(policy) if isinstance(policy, str) else policy
+    account = role["Arn"].split(":")[4]
+    group = f"arn:aws:logs:{REGION}:{account}:log-group:/aws/lambda/fusee-orders"
+    assert policy["Statement"] == [
+        {
+            "Effect": "Allow",
+            "Action": ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
+            "Resource": [group, f"{group}:*"],
+        }
+    ]
     assert {"Key": "fusee-example", "Value": "orders"} in iam.list_role_tags(RoleName="fusee-orders-role")[
         "Tags"
     ]
@@ -465,6 +482,9 @@ def test_deploy_makes_the_function_a_second_run_updates_it_and_teardown_leaves_n
     assert f"--invoke {url['FunctionUrl']}" in first.out
     assert f"--invoke lambda:fusee-orders --invoke-region {REGION}" in first.out
     assert "--invoke-budget-ms 60000" in first.out
+    assert (
+        "--tls-cert SERVER_CERT.pem" in first.out and f"--token-file {aws.credentials['token']}" in first.out
+    )
 
     second = aws.deploy_app("--memory-mb", "1024", "--budget-ms", "120000")
     assert second.code == 0, second.err
@@ -490,10 +510,17 @@ def test_deploy_makes_the_function_a_second_run_updates_it_and_teardown_leaves_n
 
 
 def test_no_url_takes_the_url_and_its_public_permissions_away(aws):
-    fn = aws.client("lambda")
+    fn, iam = aws.client("lambda"), aws.client("iam")
     assert aws.deploy_app().code == 0
+    # As an earlier deploy.py left the role: AWSLambdaBasicExecutionRole attached (logs on
+    # every group). The next run detaches it, leaving the inline policy only.
+    basic = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "logs:*", "Resource": "*"}]}
+    managed = iam.create_policy(PolicyName="AWSLambdaBasicExecutionRole", PolicyDocument=json.dumps(basic))
+    iam.attach_role_policy(RoleName="fusee-orders-role", PolicyArn=managed["Policy"]["Arn"])
     direct = aws.deploy_app("--no-url")
     assert direct.code == 0, direct.err
+    assert iam.list_attached_role_policies(RoleName="fusee-orders-role")["AttachedPolicies"] == []
+    assert iam.list_role_policies(RoleName="fusee-orders-role")["PolicyNames"] == ["fusee-logs"]
     assert missing(
         lambda: fn.get_function_url_config(FunctionName="fusee-orders"), "ResourceNotFoundException"
     )
@@ -533,3 +560,50 @@ def test_what_deploy_did_not_make_is_never_changed_or_deleted(aws, built):
     config = fn.get_function(FunctionName="someone-else")["Configuration"]
     assert (config["MemorySize"], config["Handler"]) == (128, "app.handler")
     assert iam.get_role(RoleName="someone-else-role")["Role"]["Arn"] == role["Arn"]
+
+
+def test_a_client_without_ca_gets_a_server_line_without_tls(aws):
+    """The function connects without TLS (and here without a token): the server it is told
+    to run must listen the same way, or the function is refused at every invocation."""
+    c = aws.credentials
+    ran = aws.deploy("--server", "fusee.example.com:7600", "--secret-file", c["secret"])
+    assert ran.code == 0, ran.err
+    config = aws.client("lambda").get_function(FunctionName="fusee-orders")["Configuration"]
+    assert config["Environment"]["Variables"]["FUSEE_URL"] == "fusee.example.com:7600"
+    assert "--tls-cert" not in ran.out and "--tls-key" not in ran.out
+    assert "--token-file" not in ran.out
+    assert "without TLS" in ran.out and "--invoke lambda:fusee-orders" in ran.out
+    assert aws.deploy("--teardown").code == 0
+
+
+# -- the app's workflows, imported before anything is built ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "message"),
+    [
+        ("nowhere", None, "--workflows nowhere: no nowhere.py in --app"),
+        ("json", None, "--workflows json: no json.py in --app"),  # importable, but not the app's
+        ("app.flows", None, "--workflows app.flows: no app.flows.py in --app"),
+        ("broken", "import no_such_package\n", "cannot import 'broken': ModuleNotFoundError"),
+        ("empty", "X = 1\n", "module 'empty' defines no workflow"),
+    ],
+)
+def test_workflows_that_the_function_could_not_import_are_refused_before_the_zip(
+    tmp_path, wheel_cache, credentials, module, source, message
+):
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "orders.py").write_bytes((ROOT / "examples" / "orders" / "orders.py").read_bytes())
+    if source is not None:
+        (app / f"{module}.py").write_text(source)
+    out = tmp_path / "function.zip"
+    ran = deploy(
+        aws_environment(tmp_path),
+        "--build-only",
+        *("--zip", out, "--cache-dir", wheel_cache, "--server", "127.0.0.1:7600"),
+        *("--secret-file", credentials["secret"], "--app", app, "--workflows", f"orders,{module}"),
+    )
+    assert ran.code == 2, ran.out + ran.err
+    assert message in ran.err
+    assert not out.exists() and "zip:" not in ran.out

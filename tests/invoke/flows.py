@@ -11,3 +11,10 @@ async def greet(ctx: fusee.Ctx, name: str) -> str:
 
 
 NOT_A_WORKFLOW = 3
+
+
+@fusee.workflow("spawn")
+async def spawn(ctx: fusee.Ctx, child: str) -> str:
+    """Starts a `steps` run (code this module does not have) and leaves it to run."""
+    await ctx.start_child("steps", child, 2, parent_close="abandon")
+    return child

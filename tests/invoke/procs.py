@@ -105,11 +105,11 @@ def environment(**settings: str) -> dict[str, str]:
 
 
 class Process:
-    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+    def __init__(self, args: list[str], env: dict[str, str], cwd: Path = ROOT) -> None:
         self.lines: list[str] = []
         self.changed = threading.Condition()
         self.popen = subprocess.Popen(
-            args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
         assert self.popen.stdout is not None
         self.drain = threading.Thread(target=self._drain, args=(self.popen.stdout,), daemon=True)
@@ -149,13 +149,16 @@ class Process:
 
 
 class Uvicorn(Process):
-    """`uvicorn handlers.asgi:app` on a port of its choosing, on `loop` (pinned: with
-    uvloop installed, uvicorn's default would pick it; test_uvloop.py asks for it)."""
+    """`uvicorn handlers.asgi:app` (or another `app`) on a port of its choosing, on `loop`
+    (pinned: with uvloop installed, uvicorn's default would pick it; test_uvloop.py asks
+    for it), started in `cwd`."""
 
-    def __init__(self, env: dict[str, str], loop: str = "asyncio") -> None:
-        args = [sys.executable, "-m", "uvicorn", "handlers.asgi:app", "--host", "127.0.0.1", "--port", "0"]
+    def __init__(
+        self, env: dict[str, str], loop: str = "asyncio", app: str = "handlers.asgi:app", cwd: Path = ROOT
+    ) -> None:
+        args = [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", "0"]
         args += ["--loop", loop]
-        super().__init__(args, env)
+        super().__init__(args, env, cwd)
         self.port = int(self.wait_for(r"Uvicorn running on http://127\.0\.0\.1:(\d+)").group(1))
 
     def request(

@@ -151,10 +151,23 @@ async def test_a_body_in_pieces_is_checked_whole(handler: InvocationHandler, lis
 
 async def test_only_post_and_only_small_bodies(handler: InvocationHandler) -> None:
     status, headers, body = await asgi(handler, {"method": "GET"}, [b""])
-    assert (status, headers["allow"]) == (405, "POST")
+    assert (status, headers["allow"], headers["connection"]) == (405, "POST", "close")
     assert json.loads(body) == {"error": "invocations are POSTed"}
-    status, _, _ = await asgi(handler, {}, [b"x" * (40 << 10), b"x" * (40 << 10)])
-    assert status == 413
+    status, headers, _ = await asgi(handler, {}, [b"x" * (40 << 10), b"x" * (40 << 10)])
+    assert (status, headers["connection"]) == (413, "close")
+    # Declared too large: refused before a byte of it is read.
+    declared = {"headers": [(b"content-length", b"%d" % ((64 << 10) + 1))]}
+    status, headers, _ = await asgi(handler, declared, [])
+    assert (status, headers["connection"]) == (413, "close")
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("body_timeout_s", 0), ("body_timeout_s", "1"), ("body_waits_max", 0), ("body_waits_max", 1.5)],
+)
+def test_bad_body_limits_are_refused(option: str, value: Any) -> None:
+    with pytest.raises(ValueError, match=option):
+        invocation_handler("127.0.0.1:7600", workflows=[flows.greet], secret=SECRET, **{option: value})
 
 
 async def test_lifespan_starts_and_stops_with_nothing_to_do(handler: InvocationHandler) -> None:

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
+import fusee
 import handlers
-from fusee.invoke import InvocationHandler
+from fusee.invoke import InvocationHandler, invocation_handler
 from tests.invoke import flows
 from tests.invoke.procs import ROOT, SECRET, LambdaRuntime, RuntimeApi, Uvicorn, environment
+from tests.server_mode import certs
 
 GOOD = {"FUSEE_URL": "127.0.0.1:7600", "FUSEE_INVOKE_SECRET": SECRET, "FUSEE_WORKFLOWS": "tests.invoke.flows"}
 
@@ -25,7 +27,8 @@ def without(name: str) -> dict[str, str]:
 def test_the_environment_makes_the_handler(tmp_path: Path) -> None:
     handler = handlers.from_environment(GOOD)
     assert isinstance(handler, InvocationHandler)
-    assert handler.workflows == [flows.greet]
+    assert handler.workflows == [v for v in vars(flows).values() if isinstance(v, fusee.Workflow)]
+    assert flows.greet in handler.workflows
     assert handler.secrets == [SECRET.encode()]
     assert (handler.address.host, handler.address.port) == ("127.0.0.1", 7600)
     secret_file = tmp_path / "secret"
@@ -34,6 +37,10 @@ def test_the_environment_makes_the_handler(tmp_path: Path) -> None:
         {**without("FUSEE_INVOKE_SECRET"), "FUSEE_INVOKE_SECRET_FILE": str(secret_file)}
     )
     assert from_file.secrets == [SECRET.encode()]
+    assert (handler.bodies.timeout_s, handler.bodies.waits_max) == (10.0, 16)
+    limits = {"FUSEE_INVOKE_BODY_TIMEOUT_S": " 2.5 ", "FUSEE_INVOKE_BODY_WAITS_MAX": "4"}
+    limited = handlers.from_environment({**GOOD, **limits})
+    assert (limited.bodies.timeout_s, limited.bodies.waits_max) == (2.5, 4)
     several = handlers.from_environment(
         {**GOOD, "FUSEE_WORKFLOWS": " tests.invoke.flows , tests.server_mode.flows"}
     )
@@ -56,7 +63,7 @@ def test_the_environment_makes_the_handler(tmp_path: Path) -> None:
         ),
         (
             {**without("FUSEE_INVOKE_SECRET"), "FUSEE_INVOKE_SECRET_FILE": "/nonexistent/secret"},
-            "FUSEE_INVOKE_SECRET_FILE=/nonexistent/secret: No such file",
+            "FUSEE_INVOKE_SECRET_FILE /nonexistent/secret: No such file",
         ),
         (without("FUSEE_WORKFLOWS"), "FUSEE_WORKFLOWS is not set"),
         ({**GOOD, "FUSEE_WORKFLOWS": " , "}, "FUSEE_WORKFLOWS is not set"),
@@ -65,6 +72,15 @@ def test_the_environment_makes_the_handler(tmp_path: Path) -> None:
             "FUSEE_WORKFLOWS: cannot import 'tests.invoke.nonexistent'",
         ),
         ({**GOOD, "FUSEE_WORKFLOWS": "json"}, "FUSEE_WORKFLOWS: module 'json' defines no workflow"),
+        (
+            {**GOOD, "FUSEE_INVOKE_BODY_TIMEOUT_S": "0"},
+            "FUSEE_INVOKE_BODY_TIMEOUT_S=0: expected a number of seconds above 0",
+        ),
+        ({**GOOD, "FUSEE_INVOKE_BODY_TIMEOUT_S": "nan"}, "FUSEE_INVOKE_BODY_TIMEOUT_S=nan: expected"),
+        (
+            {**GOOD, "FUSEE_INVOKE_BODY_WAITS_MAX": "1.5"},
+            "FUSEE_INVOKE_BODY_WAITS_MAX=1.5: expected a whole number from 1",
+        ),
     ],
 )
 def test_a_missing_or_bad_setting_is_named(settings: dict[str, str], message: str) -> None:
@@ -75,8 +91,64 @@ def test_a_missing_or_bad_setting_is_named(settings: dict[str, str], message: st
 def test_a_secret_file_too_short_is_named(tmp_path: Path) -> None:
     short = tmp_path / "secret"
     short.write_text("abc\n")
-    with pytest.raises(handlers.SettingError, match="FUSEE_INVOKE_SECRET_FILE: 3 bytes, at least 16"):
+    with pytest.raises(
+        handlers.SettingError, match=r"FUSEE_INVOKE_SECRET_FILE .*secret: 3 bytes, at least 16"
+    ):
         handlers.from_environment({**without("FUSEE_INVOKE_SECRET"), "FUSEE_INVOKE_SECRET_FILE": str(short)})
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Good TLS files and token, and files that are there but wrong."""
+    tmp = tmp_path_factory.mktemp("files")
+    made = certs.make(tmp)
+    (tmp / "token").write_text("handler-test-token-0123456789abcdef\n")
+    (tmp / "short-token").write_text("abc\n")
+    (tmp / "not-pem").write_text("not a certificate\n")
+    return {
+        "ca": made.ca,
+        "cert": made.client.cert,
+        "key": made.client.key,
+        "token": str(tmp / "token"),
+        "short-token": str(tmp / "short-token"),
+        "not-pem": str(tmp / "not-pem"),
+    }
+
+
+def url_with(files: dict[str, str], options: str) -> str:
+    return "127.0.0.1:7600?" + options.format(**files)
+
+
+def test_the_files_the_address_names_are_read_at_start(files: dict[str, str]) -> None:
+    good = url_with(files, "ca={ca}&cert={cert}&key={key}&token-file={token}")
+    handler = handlers.from_environment({**GOOD, "FUSEE_URL": good})
+    assert handler.address.token_file == files["token"]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ("token-file=/nonexistent/token", "FUSEE_URL: token-file=/nonexistent/token: No such file"),
+        ("token-file={short-token}", "FUSEE_URL: token-file= .*short-token: 3 bytes, at least 16"),
+        ("ca=/nonexistent/ca.pem", "FUSEE_URL: ca=/nonexistent/ca.pem: No such file"),
+        ("ca={not-pem}", r"FUSEE_URL: ca=.*not-pem: not a CA certificate file \(PEM\)"),
+        ("ca={ca}&cert=/nonexistent/c.pem&key={key}", "FUSEE_URL: cert=/nonexistent/c.pem: No such file"),
+        ("ca={ca}&cert={cert}&key=/nonexistent/k.pem", "FUSEE_URL: key=/nonexistent/k.pem: No such file"),
+        ("ca={ca}&cert={cert}&key={ca}", "FUSEE_URL: cert=.*, key=.*: not a certificate and its key"),
+    ],
+)
+def test_a_missing_or_bad_file_of_the_address_is_named(
+    files: dict[str, str], options: str, message: str
+) -> None:
+    with pytest.raises(handlers.SettingError, match=message):
+        handlers.from_environment({**GOOD, "FUSEE_URL": url_with(files, options)})
+
+
+def test_the_handler_itself_reads_the_files_as_it_is_made() -> None:
+    with pytest.raises(fusee.RejectedError, match="token-file=/nonexistent/token: No such file"):
+        invocation_handler(
+            "127.0.0.1:7600?token-file=/nonexistent/token", workflows=[flows.greet], secret=SECRET
+        )
 
 
 def import_in_a_process(module: str, **settings: str) -> subprocess.CompletedProcess[str]:
@@ -110,6 +182,18 @@ def test_each_entry_point_imports_with_its_environment(module: str) -> None:
         (
             {**GOOD, "FUSEE_WORKFLOWS": "no_such_module"},
             "handlers.SettingError: FUSEE_WORKFLOWS: cannot import",
+        ),
+        (
+            {**GOOD, "FUSEE_URL": "127.0.0.1:7600?token-file=/nonexistent/token"},
+            "handlers.SettingError: FUSEE_URL: token-file=/nonexistent/token: No such file",
+        ),
+        (
+            {**GOOD, "FUSEE_URL": "127.0.0.1:7600?ca=/nonexistent/ca.pem"},
+            "handlers.SettingError: FUSEE_URL: ca=/nonexistent/ca.pem: No such file",
+        ),
+        (
+            {**without("FUSEE_INVOKE_SECRET"), "FUSEE_INVOKE_SECRET_FILE": "/nonexistent/secret"},
+            "handlers.SettingError: FUSEE_INVOKE_SECRET_FILE /nonexistent/secret: No such file",
         ),
     ],
 )

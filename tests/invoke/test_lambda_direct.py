@@ -98,7 +98,7 @@ def test_the_documented_event_is_what_the_server_sends() -> None:
 
 
 def endpoints(*argv: str) -> list[invoke_config.Endpoint]:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     invoke_config.add_arguments(parser)
     return invoke_config.endpoints(parser.parse_args(list(argv)))
 
@@ -204,7 +204,7 @@ async def test_no_connection_to_the_invoke_api_is_no_answer(
     )
     try:
         with caplog.at_level(logging.INFO, "fusee.invoker"):
-            assert await transport.send({"content-type": "application/json"}, b"{}") == (0, None)
+            assert (await transport.send({"content-type": "application/json"}, b"{}")).status == 0
     finally:
         transport.close()
     assert "Could not connect to the endpoint URL" in caplog.text
@@ -337,7 +337,9 @@ async def test_a_throttle_and_a_function_error_show_in_the_metrics_and_the_work_
     after = await endpoint(client)
     assert after["failed"] == 1 and after["throttled"] == 2 and after["succeeded"] >= 3, after
     # As a function URL answers a function's failure.
-    server.wait_for(r"to lambda:arn:\S+ failed \(status 502\); backing off")
+    server.wait_for(
+        r"to lambda:arn:\S+ failed: 502: the function failed \(Unhandled; its log has the error\)"
+    )
     await client.close()
 
 
@@ -365,7 +367,9 @@ async def test_a_function_slower_than_budget_and_grace_times_out_and_the_work_fi
     client = await cloud.client()
     timed_out = await until(lambda: _counted(client, "timedOut", 1))
     assert timed_out["failed"] == timed_out["throttled"] == 0, timed_out
-    server.wait_for(r"to lambda:fusee-worker timed out \(status none\); backing off")
+    server.wait_for(
+        r"to lambda:fusee-worker failed: no answer within the budget and the grace \(1000 \+ 500 ms\)"
+    )
     run = await client.start("steps", "after-timeout", 2)
     assert len(await run.result()) == 2
     assert (await endpoint(client))["timedOut"] == 1

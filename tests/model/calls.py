@@ -14,13 +14,15 @@ from fusee import journal as R
 from fusee.engine.engine import parse_token
 from fusee.engine.index import BUCKET_MS
 
-from .harness import CALL_TIMEOUT_S, STOPPED, Harness, Violation
+from .harness import CALL_TIMEOUT_S, IDS, STOPPED, Harness, Violation, Waiter
 from .journal import live_due, read
 from .known import AVOID
 from .workflows import BUMP, BUMP_STEP, CODE, GO, LEDGER, PLAN_TYPE, PROGRESS, TIMED_TYPE, Plan
 
 
 class Calls(Harness):
+    racing = False  # inside `call_at_wake`: see `met`
+
     def unique(self) -> int:
         return 1_000_000 + next(self.counter)
 
@@ -115,20 +117,24 @@ class Calls(Harness):
         ):
             raise Violation("id-policy", f"start of '{wid}' refused although {rule} allows it (run {before})")
 
-    async def signal(self, wid: str, good: bool) -> None:
+    async def signal(self, wid: str, good: bool, with_id: bool = False) -> None:
         value: Any = self.unique() if good else f"bad-{self.unique()}"
         before = self.peek(wid)
         if await self.stuck(wid, before, "signal-stuck"):
             return
+        sid = f"sig-{value}" if with_id else None
         kind, result = await self.call(
-            f"await t.engine.run({wid!r}).signal(GO, {value!r})",
-            lambda: self.t.engine.run(wid).signal(GO, value),
+            f"await t.engine.run({wid!r}).signal(GO, {value!r}, id={sid!r})",
+            lambda: self.t.engine.run(wid).signal(GO, value, id=sid),
         )
         payload = fusee._codec.encode(value)
         if kind == "ok":
             if not good:
                 raise Violation("typed-calls", f"a signal of the wrong type to '{wid}' was acknowledged")
             await self._acked_signal(wid, before, payload, f"signal {value!r} to '{wid}'")
+            now = self.peek(wid)
+            if sid is not None and now is not None:
+                self.o.signal_ids[sid] = (wid, now[0], payload)
         elif not good and isinstance(result, fusee.CodecError):
             self.o.bad_signals.append((wid, payload))
         else:
@@ -153,9 +159,20 @@ class Calls(Harness):
             return held[0]
         return None
 
+    def met(self, wid: str, before: tuple[int, str] | None) -> tuple[int, str] | None:
+        """The run as a refused call met it: as it was before the call, or, for a call made
+        while timers fire (`call_at_wake`, where the run may end before the call reaches
+        it), as it is after, if it is the same run (a run that ended stays ended: one still
+        running after a refusal as ended was running when refused)."""
+        now = self.peek(wid)
+        if self.racing and before is not None and now is not None and now[0] == before[0]:
+            return now
+        return before
+
     def _refused_running(self, wid: str, before: tuple[int, str] | None, error: Any, what: str) -> None:
         """A call refused with NotFound must be about a run that ended (or none)."""
         if isinstance(error, fusee.NotFoundError):
+            before = self.met(wid, before)
             if before is not None and before[1] in ("running", "stuck", "waiting_for_code"):
                 raise Violation("refusals", f"{what} refused NotFound while run {before} is not final")
             if before is not None:
@@ -179,6 +196,7 @@ class Calls(Harness):
         )
         if kind == "err":
             if isinstance(result, fusee.RejectedError) and "has ended" in str(result):
+                before = self.met(wid, before)
                 if before is not None and before[1] in ("running", "stuck"):
                     raise Violation("refusals", f"query refused as ended while run {before} runs")
                 return
@@ -258,6 +276,33 @@ class Calls(Harness):
             raise Violation(
                 "acknowledged",
                 f"update {uid} repeated on run {run} refused: {type(result).__name__}: {result}",
+            )
+
+    async def repeat_signal(self, index: int) -> None:
+        """An acknowledged signal sent again under its ID (a retry whose first answer was
+        lost), maybe after crashes and restarts: the run holds it once."""
+        if not self.o.signal_ids:
+            return
+        sid = sorted(self.o.signal_ids)[index % len(self.o.signal_ids)]
+        wid, run, payload = self.o.signal_ids[sid]
+        held = self.peek(wid)
+        if held is None or held[0] != run or await self.stuck(wid, held, "signal-stuck"):
+            return  # another run now (IDs are per run), or a stuck one
+        value = fusee._codec.decode(payload)
+        kind, result = await self.call(
+            f"await t.engine.run({wid!r}).signal(GO, {value!r}, id={sid!r})  # repeated",
+            lambda: self.t.engine.run(wid).signal(GO, value, id=sid),
+        )
+        if kind != "ok":
+            self._refused_running(wid, held, result, f"repeated signal {sid} to '{wid}'")
+            return
+        journal = await self.journal(wid)
+        if journal is None or journal[0] != run:
+            return
+        count = sum(1 for rec in journal[2] if isinstance(rec, R.SignalReceived) and rec.value == payload)
+        if count != 1:
+            raise Violation(
+                "signal-ids", f"signal {sid} sent twice is recorded {count} times in run {run} of '{wid}'"
             )
 
     async def signal_with_start(self, wid: str, plan: list[str], timed: bool) -> None:
@@ -384,6 +429,115 @@ class Calls(Harness):
             if sent and not closed and not sticks:
                 raise Violation("refusals", f"a live completion token of '{wid}' was refused: {result}")
 
+    def wait_result(self, wid: str) -> None:
+        """Ask for the run's result and leave the call waiting, across the steps that follow
+        (timers, crashes, reopenings): the checks hold the engine to answering it."""
+        engine = self.t.engine
+        before = self.peek(wid)
+        line = f"waiters.append(asyncio.ensure_future(t.engine.run({wid!r}).result()))"
+        self.log(line)
+
+        async def answer() -> tuple[str, Any]:
+            try:
+                return "ok", await engine.run(wid).result()
+            except fusee.FuseeError as error:
+                return "err", error
+
+        waiter = Waiter(
+            wid, before[0] if before else None, LEDGER.epoch, line, self.loop.create_task(answer())
+        )
+        self.waiters.append(waiter)
+
+    async def ask_again(self) -> None:
+        """After a crash or a reopening: every waiter of the engine that closed has heard
+        so (ClosedError), and asks the engine open now, as a caller told so would."""
+        await self.t.settle()
+        for waiter in [w for w in self.waiters if w.epoch != LEDGER.epoch]:
+            if not waiter.task.done():
+                raise Violation("no-hang", f"`{waiter.line}`: its engine closed, and it still waits")
+            kind, error = waiter.task.result()
+            if kind == "err" and isinstance(error, (fusee.ClosedError, *STOPPED)):
+                self.waiters.remove(waiter)
+                self.log(f"#   -> ClosedError: {error}  (asked again of the engine open now)")
+                self.wait_result(waiter.wid)
+
+    async def call_at_wake(self, pick: int, kind: str, turns: int, repark: int | None) -> None:
+        """A call arrives as a parked run's timer wakes it: the clock moves to the run's
+        next timer `turns` loop turns after the call began, with no settling in between,
+        so the call's read of the parked run and the run's wake-up by its timer (and
+        what follows: the run may end at once) overlap. `repark`: `repark` turns later the
+        clock moves on past `park_after`, so a run the wake-up left waiting parks again,
+        perhaps while the call's read is still on its way. With no parked run due, the
+        call goes to one of the IDs as the clock moves to its shard's next due time."""
+        parked = await self.parked_timers()
+        if not parked and self.parkable():
+            # Let a loaded run whose timer is far enough off park first.
+            engine = self.t.engine
+            await self.advance(engine.park_after_ms + engine.tick_ms)
+            parked = await self.parked_timers()
+        now = self.t.now_ms()
+        if parked:
+            due, wid = parked[pick % len(parked)]
+        else:
+            wid = IDS[pick % len(IDS)]
+            due = self.t.engine.shard_of(wid).next_due_ms()
+        calls: dict[str, Callable[[], Awaitable[None]]] = {
+            "update": lambda: self.update(wid, "step"),
+            "signal": lambda: self.signal(wid, True),
+            "query": lambda: self.query(wid),
+        }
+        if due:
+            self.log(
+                f"# the call below, and t.clock.set(now+{max(0, due - now)}) {turns} turns after it began:"
+            )
+        task: asyncio.Future[None] | None = None
+        if kind == "result":
+            self.wait_result(wid)
+        else:
+            task = asyncio.ensure_future(calls[kind]())
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        if due:
+            self.t.clock.set(max(due, now))
+        if repark is not None:
+            for _ in range(repark):
+                await asyncio.sleep(0)
+            engine = self.t.engine
+            self.log(
+                f"# ... and t.clock.set(now+{engine.park_after_ms + engine.tick_ms}) {repark} turns later"
+            )
+            self.t.clock.set(self.t.now_ms() + engine.park_after_ms + engine.tick_ms)
+        if task is not None:
+            self.racing = True
+            try:
+                await task
+            finally:
+                self.racing = False
+
+    def parkable(self) -> bool:
+        """A loaded run waits on a timer far enough off that it parks before it is due."""
+        engine = self.t.engine
+        now, soon = self.t.now_ms(), engine.park_after_ms + engine.tick_ms + BUCKET_MS
+        return any(
+            run.status == "running" and not run.final and run.next_due() > now + soon
+            for shard in engine.shards
+            for run in shard.runs.values()
+        )
+
+    async def parked_timers(self) -> list[tuple[int, str]]:
+        """(earliest live timer, ID) of every parked run the model knows, earliest first
+        (its journal read from the run store: nothing is loaded)."""
+        out = []
+        for wid in sorted(set(self.o.min_run) | {wid for wid, _ in self.observed}):
+            entry = self.t.engine.shard_of(wid).index_entries.get(wid)
+            if entry is None or entry.status != "parked" or not entry.due:
+                continue
+            held = await self.journal(wid)
+            due = live_due(read(held[2])) if held is not None else 0
+            if due:
+                out.append((due, wid))
+        return sorted(out)
+
     async def open_valve(self) -> None:
         self.log("LEDGER.valve.set()  # gated steps finish")
         valve = LEDGER.valve
@@ -420,6 +574,7 @@ class Calls(Harness):
         LEDGER.epoch += 1
         with self.calm():
             await self.t.crash(settle=settle)
+        await self.ask_again()
 
     async def restart(self, code: str, clean: bool) -> None:
         await self.before_reopening()
@@ -431,6 +586,7 @@ class Calls(Harness):
         LEDGER.epoch += 1
         if self.faulty is None:
             await self.t.restart(workflows=CODE[code], clean=clean)
+            await self.ask_again()
             return
         # Faulty storage: the close may meet a fault (then what it had not flushed is lost,
         # as in a crash); the reopening meets none that stops a shard.
@@ -454,6 +610,7 @@ class Calls(Harness):
         with self.calm():
             await self.t._open()
             await self.t.settle()
+        await self.ask_again()
 
     async def then_crash(self, op: Callable[[], Awaitable[None]], turns: int) -> None:
         """Run an operation for `turns` turns of the loop, then crash at once: what it was

@@ -19,19 +19,22 @@ the invariant it holds the engine to (the `Violation`'s tag):
 - `steps` (7): a step attempt's function runs once per engine lifetime, never again once
   its outcome was durable, and at least once for every outcome recorded.
 - `documented-errors` / `no-hang` (8): checked on every call (see `Calls.call`), and
-  here: nothing escaped into the event loop.
+  here: nothing escaped into the event loop; a caller waiting on a run (a `result()` left
+  waiting across steps) is answered once the run ended, with its outcome, and hears that
+  its engine closed if it did (it then asks the reopened one).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import fusee
 from fusee import journal as R
 from fusee.engine.idle import IDLE_DUE_MS
 from fusee.engine.index import BUCKET_MS, key_of
 from fusee.workflow.ops import StepOp, StepState
 
-from .harness import Harness, Violation
+from .harness import STOPPED, Harness, Violation
 from .journal import FINAL, Reading, live_due, read, wakeable
 from .known import AVOID
 from .workflows import LEDGER, TIMED_TYPE
@@ -78,9 +81,48 @@ async def _check(h: Harness, far: bool) -> None:
     _check_refusals(h, runs, readings)
     _check_steps(h, runs, readings)
     _check_shards(h, runs, readings, far)
+    _check_waiters(h, runs)
     for wid, (run, _status, journal) in runs.items():
         h.observed[(wid, run)] = [R.encode_entry(R.Entry(wid, run, rec)) for rec in journal]
         _note_children(h, wid, run, journal)
+
+
+def _check_waiters(h: Harness, runs: dict[str, tuple[int, str, list[R.Rec]]]) -> None:
+    """Every caller waiting on a run whose end is durable (the checks settled first) has
+    its answer, and the answer is the run's outcome."""
+    for waiter in h.waiters:
+        current = runs.get(waiter.wid)
+        if not waiter.task.done():
+            if current is not None and current[1] in FINAL and current[1] != "continued":
+                raise Violation(
+                    "no-hang",
+                    f"`{waiter.line}` still waits, though run {current[0]} of '{waiter.wid}' ended "
+                    f"{current[1]}",
+                )
+            continue
+        if waiter.checked:
+            continue
+        waiter.checked = True
+        kind, value = waiter.task.result()
+        if kind == "err":
+            _check_waiter_error(h, waiter, value)
+        elif current is not None and current[0] == waiter.run and current[1] == "ok":
+            end = current[2][-1]
+            assert isinstance(end, R.Finished)
+            if value != fusee._codec.decode(end.value or b"null"):
+                raise Violation(
+                    "no-hang",
+                    f"`{waiter.line}` answered {value!r}; run {current[0]} ended with {end.value!r}",
+                )
+
+
+def _check_waiter_error(h: Harness, waiter: Any, error: BaseException) -> None:
+    if isinstance(error, fusee.ClosedError) and waiter.epoch == LEDGER.epoch:
+        raise Violation("documented-errors", f"`{waiter.line}` heard its engine closed; it is open: {error}")
+    if isinstance(error, fusee.NotFoundError) and waiter.run is not None:
+        raise Violation("refusals", f"`{waiter.line}` was refused NotFound; run {waiter.run} existed")
+    if isinstance(error, STOPPED) and h.faulty is None:
+        raise Violation("documented-errors", f"`{waiter.line}` raised {type(error).__name__}: {error}")
 
 
 def _check_outcome(h: Harness, wid: str, run: int, journal: list[R.Rec]) -> None:
@@ -356,6 +398,7 @@ async def check_progress(h: Harness) -> None:
             raise Violation(
                 "acknowledged", f"run {run} of '{wid}' was cancelled (acknowledged) and still runs"
             )
+        await _check_child_results(h, wid, run, reading)
         if not wakeable(reading) and not _gated_now(h, wid):
             raise Violation(
                 "progress",
@@ -363,6 +406,22 @@ async def check_progress(h: Harness) -> None:
                 f"{[type(r).__name__ for r in journal[-4:]]})",
             )
     await _check_children(h)
+
+
+async def _check_child_results(h: Harness, wid: str, run: int, reading: Reading) -> None:
+    """A parent waiting on a child that ended has its result: every message was answered
+    by now (a minute of resends), so the child's outcome reached its parent."""
+    for child in reading.children.values():
+        got = await h.journal(child)
+        if got is None or got[1] not in FINAL or got[1] == "continued":
+            continue
+        started = got[2][0] if got[2] else None
+        parent = started.parent if isinstance(started, R.Started) else None
+        if parent is not None and (parent.wid, parent.run) == (wid, run):
+            raise Violation(
+                "progress",
+                f"run {run} of '{wid}' has no result of its child '{child}', which ended {got[1]}",
+            )
 
 
 def _gated_now(h: Harness, wid: str) -> bool:

@@ -70,12 +70,27 @@ class Obligations:
     signals: list[tuple[str, int, bytes]] = field(default_factory=list)  # acked into (wid, run)
     bad_signals: list[tuple[str, bytes]] = field(default_factory=list)  # refused: never recorded
     updates: dict[str, tuple[str, int, tuple[str, Any]]] = field(default_factory=dict)
+    # acknowledged signals sent with an ID: ID -> (wid, run, payload), sent again by a move
+    signal_ids: dict[str, tuple[str, int, bytes]] = field(default_factory=dict)
     refused_updates: list[tuple[str, int, str]] = field(default_factory=list)
     cancels: set[tuple[str, int]] = field(default_factory=set)
     terminates: set[tuple[str, int]] = field(default_factory=set)
     completions: list[tuple[str, int, int]] = field(default_factory=list)
     ended: list[tuple[str, int, str]] = field(default_factory=list)  # refused as ended: stays ended
     existed: list[tuple[str, int]] = field(default_factory=list)  # refused as existing
+
+
+@dataclass
+class Waiter:
+    """A caller waiting on a run (a `result()` asked and not yet answered), across the
+    steps that follow: the checks hold the engine to answering it once the run ended."""
+
+    wid: str
+    run: int | None  # the run of `wid` when it was asked (None: there was none)
+    epoch: int  # LEDGER.epoch: the engine it was asked of
+    line: str
+    task: asyncio.Future[tuple[str, Any]]
+    checked: bool = False  # its answer was checked
 
 
 class Harness:
@@ -97,6 +112,7 @@ class Harness:
         self.note: Callable[[str], None] = lambda line: None
         self.faulty: FaultyStorage | None = None
         self.restarts = 0  # after a fault stopped a shard
+        self.waiters: list[Waiter] = []
         LEDGER.reset()
 
     # -- the loop and the engine ---------------------------------------------------------
@@ -204,6 +220,11 @@ class Harness:
                 elif not self.t.engine.closed:
                     self.run(self.t.close())
             finally:
+                waiting = [waiter.task for waiter in self.waiters]
+                for task in waiting:
+                    task.cancel()  # (its engine closed: it has its answer, or waits no more)
+                if waiting:
+                    self.loop.run_until_complete(asyncio.wait(waiting))
                 self.loop.run_until_complete(self.loop.shutdown_asyncgens())
                 self.loop.close()
                 if self.dir is not None:

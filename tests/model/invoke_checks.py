@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from .invoke_harness import InvokeCalls
 
 QUIET_S = 40.0  # for the server to come to a moment with nothing due or invoking
-FAILURES = ("failed", "timedOut", "withoutLease")
+FAILURES = ("failed", "timedOut", "unleased")
 
 
 async def check(h: InvokeCalls) -> None:
@@ -120,7 +120,7 @@ def _failure_lines(h: InvokeCalls) -> str:
 
 
 def _quiet(metrics: dict[str, Any]) -> bool:
-    return not (metrics["shardsDue"] or metrics["invoking"] or metrics["endpoints"][0]["inFlight"])
+    return not (metrics["dueShards"] or metrics["invokingShards"] or metrics["endpoints"][0]["inFlight"])
 
 
 async def check_quiet(h: InvokeCalls) -> None:
@@ -158,7 +158,7 @@ async def _held_while_quiet(h: InvokeCalls, quiet: dict[str, Any]) -> str | None
     """None if no shard is held and no request in flight; "" if something was invoked
     meanwhile (a timer came due: try again); else what is held although all is quiet."""
     assert h.cluster is not None
-    sent = quiet["endpoints"][0]["sent"]
+    sent = quiet["endpoints"][0]["invocations"]
     deadline = time.monotonic() + 2.0  # (the processes' lines written before the answer arrive)
     while True:
         held, requests = h.cluster.server.held(), h.cluster.handler.in_flight()
@@ -168,7 +168,7 @@ async def _held_while_quiet(h: InvokeCalls, quiet: dict[str, Any]) -> str | None
             break
         await asyncio.sleep(0.02)
     again = await h.retried(h.metrics)
-    if not _quiet(again) or again["endpoints"][0]["sent"] != sent:
+    if not _quiet(again) or again["endpoints"][0]["invocations"] != sent:
         return ""
     return (
         f"nothing due or invoking ({again}), yet shards held {held} and handler requests in flight "

@@ -96,9 +96,11 @@ class InvokeCalls(ServerCalls):
         deadline = time.monotonic() + HEALTHY_TIMEOUT_S
         while True:
             failed = (await self.retried(self.metrics))["endpoints"][0]["failed"]
-            await self.retried(self.client.list)  # (every shard held at once: each invoked)
+            await self.retried(
+                lambda: anext(self.client.list(), None)
+            )  # (every shard held at once: each invoked)
             now = await self.retried(self.metrics)
-            while now["invoking"] or now["endpoints"][0]["inFlight"]:
+            while now["invokingShards"] or now["endpoints"][0]["inFlight"]:
                 if time.monotonic() > deadline:
                     raise Violation("progress", f"still invoking {HEALTHY_TIMEOUT_S} s after a kill: {now}")
                 await asyncio.sleep(0.02)
@@ -114,7 +116,7 @@ class InvokeCalls(ServerCalls):
         return self.moves - self.overruns
 
     async def metrics(self) -> dict[str, Any]:
-        got: dict[str, Any] = await self.client.call("invocations", -1)
+        got: dict[str, Any] = await self.client.call("invocations", {})
         return got
 
     async def retried(self, make: Callable[[], Awaitable[Any]]) -> Any:

@@ -64,6 +64,10 @@ async def check(h: ServerCalls) -> None:
     await read_all(h)
 
 
+async def _listed(client: fusee.Client) -> list[fusee.RunSummary]:
+    return [row async for row in client.list()]  # an async iterator, as the engine's
+
+
 async def read_all(h: ServerCalls) -> tuple[dict[str, Journal], dict[str, Reading]]:
     """Read every run, check it, and remember what was seen."""
     assert h.cluster is not None
@@ -71,7 +75,7 @@ async def read_all(h: ServerCalls) -> tuple[dict[str, Journal], dict[str, Readin
     problems = h.cluster.problems()
     if problems:
         raise Violation("documented-errors", f"a process reported: {problems[0]}")
-    rows = await h.retried(lambda: h.client.list())
+    rows = await h.retried(lambda: _listed(h.client))
     listed = {row.id: row for row in rows}
     wids = set(h.o.min_run) | {wid for wid, _ in h.observed} | set(listed)
     runs: dict[str, Journal] = {}

@@ -142,7 +142,7 @@ class ServerCalls(Calls):
         while True:
             if await self._connected():
                 try:
-                    await asyncio.wait_for(self.client.list(), MOVE_TIMEOUT_S)
+                    await asyncio.wait_for(anext(self.client.list(), None), MOVE_TIMEOUT_S)
                     if self.cluster.all_connected():
                         return
                     last = "a worker not connected"
@@ -180,11 +180,11 @@ class ServerCalls(Calls):
     # -- the oracle's reads --------------------------------------------------------------
 
     async def state(self, wid: str) -> State:
-        """The run as a Client's `describe` tells it (durable)."""
+        """The run as a Client's `status` tells it (durable)."""
 
         async def once() -> State:
             try:
-                row = await self.client.run(wid).describe()
+                row = await self.client.run(wid).status()
             except fusee.NotFoundError:
                 return None
             return row.run, _status(row.status)

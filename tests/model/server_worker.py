@@ -175,6 +175,9 @@ async def main(address: str, code: str) -> None:
         except fusee.ConnectionError:
             await asyncio.sleep(0.1)
             continue
+        # This worker opens a new engine per connection, so that each has its own lifetime;
+        # the engine's own reconnect (docs/server.md, *Reconnecting*) would keep one.
+        engine.storage.reconnects = False  # type: ignore[attr-defined]
         LIFETIME[0] = f"{os.getpid()}.{W.LEDGER.epoch}"
         if first:
             print("ready", LIFETIME[0], " ".join(str(s.index) for s in engine.shards), flush=True)

@@ -481,3 +481,22 @@ async def test_an_update_answers_when_its_shard_stops(call):
     finally:
         engine.abandon()
         await storage.abandon()
+
+
+@pytest.mark.parametrize("mode", ["instant"])
+@pytest.mark.parametrize("turns", [0, 1])
+async def test_a_result_asked_as_the_timer_wakes_its_parked_run_answers(mode, turns, tmp_path):
+    """Found by the model test (instant storage, seed 1, 400 sequences; issue 17, item 28):
+    no-hang: `t.engine.run('a').result()` still waits, though run 1 of 'a' ended ok. The
+    result is asked of a parked run as its timer comes due: the call reads the run's frame
+    while the timer's wake-up loads the run, the run ends and leaves memory, and the call
+    went by the frame it had read ("parked") and waited on a run that had ended."""
+    t = await opened(mode, tmp_path)
+    await t.engine.signal_with_start(PLAN, "a", Plan(["sleep:2000"]), GO, 1)
+    await t.advance(1500)  # parked, due in 500 ms
+    waiting = asyncio.ensure_future(t.engine.run("a").result())
+    for _ in range(turns):
+        await asyncio.sleep(0)
+    t.clock.set(t.now_ms() + 500)
+    await t.settle()
+    assert await asyncio.wait_for(waiting, ANSWER_S) == 0

@@ -54,7 +54,7 @@ class FailingAtOnce:
 
 
 async def _metrics(client: fusee.Client) -> dict[str, Any]:
-    got: dict[str, Any] = await client.call("invocations", -1)
+    got: dict[str, Any] = await client.call("invocations", {})
     return got
 
 
@@ -137,7 +137,7 @@ async def test_a_crashed_invocation_backs_its_shard_off_one_step(tmp_path: Path)
     try:
         client = await fusee.Client.connect(cluster.address())
         deadline = time.monotonic() + 10
-        while (now := await _metrics(client))["invoking"] or now["shardsDue"]:
+        while (now := await _metrics(client))["invokingShards"] or now["dueShards"]:
             assert time.monotonic() < deadline, now
             await asyncio.sleep(0.01)
         await client.start("model.plan", "a", Plan(["gate"]))

@@ -2,6 +2,11 @@
 crashes, clean reopenings and code changes in between, on every storage, checking the
 guarantees (tests/model/checks.py) after every step.
 
+Callers also wait across steps: a `result()` left waiting (`wait_result`), and calls that
+arrive as a parked run's timer wakes it (`call_at_wake`: a result, an update, a signal, a
+query, the clock moved under the call's read); the checks hold the engine to answering
+every waiter once its run ended, and to telling it when its engine closed.
+
 A failure prints its seed, the shrunk sequence of rules and the same sequence as the
 Python calls it made (the "program"). Keep each distinct failure as a small standalone
 test in tests/model/test_found.py.
@@ -110,11 +115,15 @@ class EngineModel(RuleBasedStateMachine):
     ) -> None:
         self.h.run(self.h.start(wid, avoid(plan), policy, timed, timeout))
 
-    @rule(wid=WIDS, good=st.booleans())
-    def signal(self, wid: str, good: bool) -> None:
+    @rule(wid=WIDS, good=st.booleans(), with_id=st.booleans())
+    def signal(self, wid: str, good: bool, with_id: bool) -> None:
         if not good and "wrong-type-signal" in AVOID:
             return
-        self.h.run(self.h.signal(wid, good))
+        self.h.run(self.h.signal(wid, good, with_id and good))
+
+    @rule(index=st.integers(0, 50))
+    def repeat_signal(self, index: int) -> None:
+        self.h.run(self.h.repeat_signal(index))
 
     @rule(wid=WIDS)
     def query(self, wid: str) -> None:
@@ -151,6 +160,19 @@ class EngineModel(RuleBasedStateMachine):
     @rule(index=st.integers(0, 20), ok=st.booleans())
     def complete(self, index: int, ok: bool) -> None:
         self.h.run(self.h.complete(index, ok))
+
+    @rule(wid=WIDS)
+    def wait_result(self, wid: str) -> None:
+        self.h.wait_result(wid)
+
+    @rule(
+        pick=st.integers(0, 7),
+        kind=st.sampled_from(["result", "result", "update", "signal", "query"]),
+        turns=st.integers(0, 4),
+        repark=st.sampled_from([None, None, 2, 4, 6, 8]),
+    )
+    def call_at_wake(self, pick: int, kind: str, turns: int, repark: int | None) -> None:
+        self.h.run(self.h.call_at_wake(pick, kind, turns, repark))
 
     @rule()
     def open_valve(self) -> None:

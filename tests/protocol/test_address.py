@@ -4,6 +4,7 @@ silently: a misspelt `ca=` would turn TLS off)."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -53,6 +54,8 @@ def test_the_documented_forms_parse():
         ("h:7600?shm=1", "unix: address only"),
         ("unix:/s?shm=yes", "shm takes 1"),
         ("h:7600?cert=c.pem", "cert= and key= go together"),
+        ("h:7600?cert=c.pem&key=k.pem", "cert= and key= without ca= would connect without TLS"),
+        ("h:7600?name=fusee.example.com", "name= without ca= would connect without TLS"),
         ("h:7600?max-shards=0", "max-shards must be"),
         ("h:7600?max-shards=two", "max-shards must be"),
         ("replicas://a,b,c", "replicated mode is not built"),
@@ -74,3 +77,17 @@ def test_any_string_is_an_address_or_a_rejected_error(text: str):
         return
     assert (address.unix is None) != (address.host is None)
     assert address.port is None or 1 <= address.port <= 65535
+
+
+@pytest.mark.parametrize(
+    "tls",
+    [{"cert": "c.pem", "key": "k.pem"}, {"name": "fusee.example.com"}, {"ca": "ca.pem", "cert": "c.pem"}],
+    ids=["cert-key", "name", "cert-alone"],
+)
+def test_tls_options_set_after_parsing_are_checked_too(tls: dict[str, str]):
+    """`Client.connect(address, tls={...})` replaces fields of a parsed address: the same
+    rules hold, so no TLS option without `ca=` ever means a connection in clear."""
+    with pytest.raises(fusee.RejectedError, match=r"ca=|go together"):
+        msgspec.structs.replace(parse("h:7600"), **tls)
+    with pytest.raises(fusee.RejectedError, match="unix"):
+        msgspec.structs.replace(parse("unix:/s.sock"), ca="ca.pem")

@@ -1,18 +1,14 @@
 """The token exchange (`fusee/protocol/handshake.py`): two sides with the same token
 verify each other; a different token, a replayed exchange, another TLS binding or a
-tampered hello or challenge does not verify; malformed bodies and token files are
-refused naming what is wrong."""
+tampered hello or challenge does not verify; malformed bodies are refused naming what
+is wrong. Token files are read by the one secret loader (tests/test_secrets.py)."""
 
 from __future__ import annotations
-
-import os
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import fusee
 from fusee.protocol import handshake as hs
 
 TOKEN = b"0123456789abcdef0123456789abcdef"
@@ -74,18 +70,3 @@ def test_any_bytes_are_a_hello_or_a_handshake_error(body: bytes):
             reader(body)
         except hs.HandshakeError:
             pass
-
-
-def test_a_token_file_is_read_stripped_and_checked(tmp_path: Path):
-    good = tmp_path / "token"
-    good.write_bytes(b"  " + TOKEN + b"\n")
-    os.chmod(good, 0o600)
-    assert hs.read_token(good) == (TOKEN, False)
-    os.chmod(good, 0o644)
-    assert hs.read_token(good) == (TOKEN, True)  # readable by others: the caller warns
-    short = tmp_path / "short"
-    short.write_bytes(b"too short\n")
-    with pytest.raises(fusee.RejectedError, match="at least 16"):
-        hs.read_token(short)
-    with pytest.raises(fusee.RejectedError, match="missing"):
-        hs.read_token(tmp_path / "missing")

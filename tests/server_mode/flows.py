@@ -5,6 +5,7 @@ from one whose recorded result was kept."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 import uuid
@@ -96,4 +97,57 @@ async def slow_step(ctx: fusee.Ctx, seconds: float) -> str:
     return str(await ctx.step("slow", slow))
 
 
-WORKFLOWS = [steps, parent, waiter, sender, hog, big, sleeper, slow_step]
+@dataclasses.dataclass
+class Order:
+    item: str
+    quantity: int
+
+
+@dataclasses.dataclass
+class Receipt:
+    item: str
+    quantity: int
+    approved: bool
+    notes: list[str]
+
+
+review = fusee.signal("review", bool)
+phase = fusee.query("phase", result=str)
+note = fusee.update("note", arg=str, result=int)
+
+
+@fusee.workflow("checkout")
+async def checkout(ctx: fusee.Ctx, order: Order) -> Receipt:
+    """Typed input and result, a query, an update with a validator and a typed signal:
+    what tests/server_mode/test_api_parity.py asks of an engine and of a client alike."""
+    notes: list[str] = []
+    state = {"phase": "review"}
+
+    def add(text: str) -> int:
+        notes.append(text)
+        return len(notes)
+
+    ctx.on_query(phase, lambda _: state["phase"])
+    ctx.on_update(note, add, validate=lambda text: None if text else "a note is not empty")
+    approved = await ctx.wait_for(review, timeout="1h")
+    state["phase"] = "shipping"
+    await ctx.step("ship", lambda: f"{order.quantity} x {order.item}")
+    return Receipt(order.item, order.quantity, bool(approved), notes)
+
+
+received = fusee.query("received", result=int)
+
+
+@fusee.workflow("collector")
+async def collector(ctx: fusee.Ctx, _: int) -> list[int]:
+    """Every `go` signal's value, in order of arrival, until one below 0 (not kept)."""
+    got: list[int] = []
+    ctx.on_query(received, lambda _: len(got))
+    while True:
+        value = await ctx.wait_for(go, timeout="1h")
+        if value is None or value < 0:
+            return got
+        got.append(value)
+
+
+WORKFLOWS = [steps, parent, waiter, sender, hog, big, sleeper, slow_step, checkout, collector]

@@ -104,12 +104,19 @@ class Proc:
 
 
 class Server(Proc):
-    def __init__(self, dir: Path, *extra: str, shards: int = 4, listen: str = "127.0.0.1:0") -> None:
+    def __init__(
+        self,
+        dir: Path,
+        *extra: str,
+        shards: int = 4,
+        listen: str = "127.0.0.1:0",
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.dir = dir
         args = [sys.executable, "-m", "fusee", "server", "--dir", str(dir), "--shards", str(shards)]
         if listen:
             args += ["--listen", listen]
-        super().__init__(args + list(extra))
+        super().__init__(args + list(extra), env)
         found = self.wait_for(r"listening on (127\.0\.0\.1:\d+)") if listen else None
         self.wait_for(r"ready")
         self.host_port = found.group(1) if found else ""
@@ -151,6 +158,14 @@ async def retry(call: Callable[[], Awaitable[T]], timeout: float = 30.0) -> T:
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.05)
+
+
+async def listed(
+    client: fusee.Client, type: str | None = None, status: str | None = None
+) -> list[fusee.RunSummary]:
+    """A client's listing as a list (`client.list()` is an async iterator, as the
+    engine's), for `retry(lambda: listed(client))`."""
+    return [row async for row in client.list(type, status)]
 
 
 def steps_seen(path: Path) -> dict[tuple[str, int], list[str]]:

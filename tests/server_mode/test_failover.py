@@ -79,6 +79,7 @@ async def test_a_stopped_holder_loses_its_lease_after_five_seconds_and_writes_no
     stalled.signal(signal.SIGCONT)
     stalled.wait_for(r"^lost 0$")
     stalled.wait_for(r"^lost 1$")
+    stalled.wait_for(r"^reconnected$")  # its engine connects again by itself, as a standby now
     results = {wid: await retry(lambda wid=wid: client.run(wid).result(), timeout=60) for wid in ids}
     seen = steps_seen(steps)
     for wid, result in results.items():
@@ -187,9 +188,9 @@ async def test_calls_racing_a_holders_clean_exit_are_answered_or_retriable(start
             while not stop.is_set():
                 try:
                     if listing:
-                        assert [row.id for row in await client.list()] == ["w-1"]
+                        assert [row.id async for row in client.list()] == ["w-1"]
                     else:
-                        await client.run("w-1").describe()
+                        await client.run("w-1").status()
                     answered += 1
                 except fusee.RejectedError as error:
                     refused.append(str(error))

@@ -218,6 +218,8 @@ def test_an_http_port_in_use_fails_the_start_naming_it(tmp_path):
         port = taken.getsockname()[1]
         output = start_fails(tmp_path, "--listen", "127.0.0.1:0", "--http", f"127.0.0.1:{port}")
     assert f"--http 127.0.0.1:{port}: Address already in use" in output, output
+    # Checked with the other settings: before the directory opens or any listener is up.
+    assert "listening on" not in output and not (tmp_path / "server").exists(), output
 
 
 # -- invoked workers --------------------------------------------------------------------
@@ -286,8 +288,8 @@ async def test_invocations_move_the_invoker_metrics(invoked):
     assert value(families, "fusee_endpoint_backoff_seconds", endpoint=endpoint) == 0
     assert value(families, "fusee_shards_overdue") == 0
     # The same numbers as the `invocations` call gives: read from the same state.
-    counts = (await client.call("invocations", -1))["endpoints"][0]
-    assert (counts["sent"], counts["succeeded"], counts["steps"]) == (
+    counts = (await client.call("invocations", {}))["endpoints"][0]
+    assert (counts["invocations"], counts["succeeded"], counts["steps"]) == (
         sent,
         succeeded,
         value(families, "fusee_invoked_steps_total", endpoint=endpoint),

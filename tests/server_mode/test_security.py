@@ -49,7 +49,7 @@ async def assert_serving(server: Server, **options: str) -> None:
     client = await fusee.Client.connect(server.address(**options))
     try:
         with pytest.raises(fusee.NoHolderError):
-            await client.list()
+            await anext(client.list())
     finally:
         await closed(client)
 
@@ -115,7 +115,7 @@ async def test_the_right_token_connects(start_server, tmp_path):
     client = await fusee.Client.connect(server.address(), token_file=token)  # the keyword form
     try:
         with pytest.raises(fusee.NoHolderError):
-            await client.list()
+            await anext(client.list())
     finally:
         await closed(client)
 
@@ -191,6 +191,25 @@ async def test_tls_clients_that_trust_the_ca_connect(start_server, tls):
     await assert_serving(server, ca=tls.ca, name="localhost")
 
 
+@pytest.mark.parametrize(
+    "options",
+    [{"cert": "client", "key": "client"}, {"name": "localhost"}],
+    ids=["cert-key", "name"],
+)
+async def test_tls_options_without_a_ca_never_connect_in_clear(start_server, tls, options):
+    """A server without TLS: an address that asks for TLS in part (a client certificate,
+    a name to verify) but gives no `ca=` is refused before it connects, naming `ca=`."""
+    server = start_server()
+    paths = {"cert": tls.client.cert, "key": tls.client.key, "name": "localhost"}
+    with pytest.raises(fusee.RejectedError, match="ca="):
+        client = await fusee.Client.connect(server.address(**{k: paths[k] for k in options}))
+        await closed(client)
+    with pytest.raises(fusee.RejectedError, match="ca="):  # the keyword form too
+        client = await fusee.Client.connect(server.address(), tls={k: paths[k] for k in options})
+        await closed(client)
+    await assert_serving(server)
+
+
 async def test_tls_refuses_a_plain_client(start_server, tls):
     server = start_server(*tls_options(tls))
     await refused(server.address())
@@ -255,6 +274,29 @@ async def test_listening_off_loopback_warns_unless_secured(start_server, tmp_pat
         assert "WARNING" in warned[0] and "--token-file" in warned[0]
     server.host_port = f"127.0.0.1:{port}"
     await assert_serving(server, **({"token_file": extra[1]} if secured else {}))
+
+
+CLEAR = "a token but no TLS"
+
+
+@pytest.mark.parametrize(
+    ("listen", "secured", "warns"),
+    [("0.0.0.0:0", "token", True), ("0.0.0.0:0", "token+tls", False), ("127.0.0.1:0", "token", False)],
+)
+async def test_a_token_without_tls_off_loopback_is_warned_about(
+    start_server, tmp_path, tls, listen, secured, warns
+):
+    """The token proves who connects, but the frames after the exchange carry only a CRC:
+    whoever is on the path can take the connection over. Off loopback that is a warning."""
+    token = token_file(tmp_path)
+    extra = ["--token-file", token, *(tls_options(tls) if secured == "token+tls" else ())]
+    server = start_server("--listen", listen, *extra, listen="")
+    server.wait_for(r"listening on")
+    warned = [line for line in server.lines if CLEAR in line]
+    assert bool(warned) == warns, server.output()
+    if warns:
+        assert "WARNING" in warned[0] and "--tls-cert" in warned[0] and "0.0.0.0" in warned[0]
+    assert not [line for line in server.lines if EXPOSED in line], server.output()
 
 
 async def test_listening_on_loopback_does_not_warn(start_server):
@@ -384,7 +426,7 @@ async def test_only_the_worker_a_call_went_to_can_answer_it(start_server):
     client = await fusee.Client.connect(server.address())
     spoofer = RawPeer(server)
     try:
-        describing = asyncio.ensure_future(client.run("some-id").describe())
+        describing = asyncio.ensure_future(client.run("some-id").status())
         call = await worker.receive(m.Call)
         row = {"id": "some-id", "run": 1, "type": "{}", "status": "ok", "shard": call.shard}
         spoofer.send(encode(*m.payload(m.Open(m.VERSION, m.ROLE_CLIENT, liveness=False))))
@@ -414,7 +456,7 @@ async def test_a_malformed_listing_from_a_worker_fails_the_listing_only(start_se
     worker = await FakeWorker.connect(server)
     client = await fusee.Client.connect(server.address())
     try:
-        listing = asyncio.ensure_future(client.list())
+        listing = asyncio.ensure_future(anext(client.list()))
         call = await worker.receive(m.Call)
         worker.send(m.Answer(call.rid, value))
         with pytest.raises(fusee.FuseeError):

@@ -9,7 +9,7 @@ import pytest
 import fusee
 import fusee.sync
 from tests.server_mode.flows import WORKFLOWS
-from tests.server_mode.procs import retry
+from tests.server_mode.procs import listed, retry
 
 
 async def test_a_worker_runs_what_a_client_starts(start_server, start_worker):
@@ -21,7 +21,7 @@ async def test_a_worker_runs_what_a_client_starts(start_server, start_worker):
         runs = [await client.start("steps", f"smoke-{i}", 3) for i in range(8)]
         results = [await run.result() for run in runs]
         assert all(len(r) == 3 for r in results)
-        rows = await client.list(type="steps")
+        rows = [row async for row in client.list(type="steps")]
         assert sorted(r.id for r in rows) == sorted(f"smoke-{i}" for i in range(8))
         assert [r.shard for r in rows] == sorted(r.shard for r in rows)
     finally:
@@ -68,7 +68,7 @@ async def test_a_call_for_a_shard_without_holder_fails_at_once_saying_so(start_s
         with pytest.raises(fusee.NoHolderError, match="no worker holds shard"):
             await client.start("steps", "nobody-home", 1)
         with pytest.raises(fusee.NoHolderError):
-            await client.list()
+            await anext(client.list())
 
 
 async def test_records_larger_than_one_frame_holds_together_reach_the_log_and_recover(
@@ -106,9 +106,9 @@ async def test_a_shard_whose_checkpoint_is_large_is_read_off_the_loop_and_recove
         assert max(sizes) > 64 << 10, sizes  # over INLINE_READ_BYTES: read off the loop
         for _ in range(2):  # the large checkpoint, then (after the next close) the same again
             worker = start_worker(server.address())
-            assert len(await retry(lambda: client.list(type="waiter", status="running"))) == 2000
+            assert len(await retry(lambda: listed(client, "waiter", "running"))) == 2000
             assert worker.stop() == 0
         worker = start_worker(server.address())
         await retry(lambda: client.run("w-7").signal("go", 7))
         assert await retry(lambda: client.run("w-7").result()) == [7]
-        assert len(await retry(lambda: client.list(type="waiter", status="running"))) == 1999
+        assert len(await retry(lambda: listed(client, "waiter", "running"))) == 1999

@@ -377,7 +377,7 @@ async def assert_serving(server: Server, **options: str) -> None:
     client = await fusee.Client.connect(server.address(**options))
     try:
         with pytest.raises(fusee.NoHolderError):
-            await client.list()
+            await anext(client.list())
     finally:
         await client.close()
 

@@ -1,0 +1,91 @@
+"""The `reasons` of the invocation request, as the server sends them (docs/server.md,
+*Due*): `recovery` at the server's start, `call` for a client's call, `message` for a
+message from another shard, `timer` for a reported due time, `handback` for a budget
+that ended, `code` for runs whose type another endpoint lists. Read from the server's
+`FUSEE_INVOKE_TRACE=1` lines, every part a real process on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.invoke.test_end_to_end import Cluster, Handler, free_port, quiet, until
+from tests.server_mode.procs import Proc, Server
+
+SEND = re.compile(r"fusee invoke: send invocation=\w+ url=(\S+) shards=\[([\d, ]*)\] reasons=(\S*)")
+NAMES = {"call", "message", "timer", "recovery", "handback", "code"}
+
+
+@pytest.fixture
+def cluster(procs: list[Proc], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Cluster:
+    monkeypatch.setenv("FUSEE_INVOKE_TRACE", "1")  # the server's processes inherit it
+    return Cluster(procs, tmp_path)
+
+
+def sends(server: Server) -> list[tuple[str, list[int], set[str]]]:
+    """(URL, shards, reasons) of every invocation the server sent so far."""
+    found = []
+    for line in list(server.lines):
+        if match := SEND.search(line):
+            shards = [int(s) for s in match.group(2).split(",") if s.strip()]
+            found.append((match.group(1), shards, set(match.group(3).split(","))))
+    return found
+
+
+def reasons_since(server: Server, mark: int) -> set[str]:
+    return {reason for _, _, reasons in sends(server)[mark:] for reason in reasons}
+
+
+async def test_each_reason_has_its_name(cluster):
+    cluster.start_handler()
+    server = cluster.start_server("--invoke-budget-ms", "1000")
+    client = await cluster.client()
+    await quiet(client)
+    assert [r for _, _, r in sends(server)] == [{"recovery"}] * 4  # the start: nothing known of any shard
+    mark = len(sends(server))
+    run = await client.start("parent", "p-1", 3)  # its children's starts are messages to their shards
+    assert len(await run.result()) == 3
+    await quiet(client)
+    assert {"call", "message"} <= reasons_since(server, mark), sends(server)[mark:]
+    mark = len(sends(server))
+    await client.start("sleeper", "nap-1", 0.5)
+    await until(lambda: "timer" in reasons_since(server, mark), timeout=10)
+    mark = len(sends(server))
+    await client.start("slow_step", "too-long", 30.0)  # longer than the 1 s budget: handed back
+    await until(lambda: "handback" in reasons_since(server, mark), timeout=10)
+    assert all(reasons and reasons <= NAMES for _, _, reasons in sends(server)), sends(server)
+    await client.close()
+
+
+async def test_runs_without_code_go_to_the_endpoint_for_their_type_as_code(cluster):
+    """Two endpoints: one for every type, whose handler has no code for `steps`, and one
+    listing `steps`. A run there starts a `steps` child: the first endpoint's worker
+    reports the type it has no code for, and the server invokes the second for it
+    (`code`), with no client call for the child."""
+    plain_port = free_port()
+    plain = Handler(plain_port, cluster.port, workflows="tests.invoke.flows")  # `greet`, `spawn`
+    cluster.procs.append(plain)
+    cluster.start_handler()  # has `steps`
+    plain_url = f"http://127.0.0.1:{plain_port}/"
+    typed_url = f"http://127.0.0.1:{cluster.handler_port}/"
+    server = Server(
+        cluster.tmp / "data",
+        *("--invoke", plain_url, "--invoke-secret-file", str(cluster.secret)),
+        *("--invoke", typed_url, "--invoke-secret-file", str(cluster.secret), "--invoke-types", "steps"),
+        listen=f"127.0.0.1:{cluster.port}",
+    )
+    cluster.procs.append(server)
+    cluster.server = server
+    client = await cluster.client()
+    await quiet(client)
+    assert await (await client.start("spawn", "spawner", "spawned")).result() == "spawned"
+
+    def coded() -> bool:
+        return any(url == typed_url and "code" in reasons for url, _, reasons in sends(server))
+
+    await until(coded, timeout=20)
+    assert len(await asyncio.wait_for(client.run("spawned").result(), 20)) == 2
+    await client.close()
