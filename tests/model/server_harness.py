@@ -309,10 +309,14 @@ class ServerCalls(Calls):
             return
         value: Any = self.unique() if good else f"bad-{self.unique()}"
         before = await self.state(wid)
+        sid = f"sig-{value}"
         kind, result = await self.call(
-            f"await client.run({wid!r}).signal(GO, {value!r})",
-            lambda: self.client.run(wid).signal(GO, value),
+            f"await client.run({wid!r}).signal(GO, {value!r}, id={sid!r})",
+            lambda: self.client.run(wid).signal(GO, value, id=sid),
         )
+        if good and before is not None:
+            # Acknowledged or not (its answer lost), a move may send it again under its ID.
+            self.o.signal_ids[sid] = (wid, before[0], fusee._codec.encode(value))
         if kind == "lost":
             return
         await self.read_after(wid)
@@ -325,6 +329,29 @@ class ServerCalls(Calls):
             self.o.bad_signals.append((wid, payload))
         else:
             self._refused_running(wid, self.exact(before, self.peek(wid))[1], result, f"signal to '{wid}'")
+
+    async def repeat_signal(self, index: int) -> None:
+        """A signal sent again under its ID, as a caller does after an error that left its
+        fate unclear (through worker kills and server restarts): the run holds it once."""
+        if not self.o.signal_ids:
+            return
+        sid = sorted(self.o.signal_ids)[index % len(self.o.signal_ids)]
+        wid, run, payload = self.o.signal_ids[sid]
+        value = fusee._codec.decode(payload)
+        kind, _ = await self.call(
+            f"await client.run({wid!r}).signal(GO, {value!r}, id={sid!r})  # repeated",
+            lambda: self.client.run(wid).signal(GO, value, id=sid),
+        )
+        if kind != "ok":
+            return  # refused (the run ended) or lost: nothing to count
+        held = await self.read_after(wid)
+        if held is None or held[0] != run:
+            return  # another run now: IDs are per run
+        count = sum(1 for rec in held[2] if isinstance(rec, R.SignalReceived) and rec.value == payload)
+        if count != 1:
+            raise Violation(
+                "signal-ids", f"signal {sid} sent again is recorded {count} times in run {run} of '{wid}'"
+            )
 
     async def query(self, wid: str) -> None:
         before = await self.state(wid)

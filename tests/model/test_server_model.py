@@ -163,6 +163,10 @@ class ServerModel(RuleBasedStateMachine):
     def signal(self, wid: str, good: bool) -> None:
         self.h.run(self.h.signal(wid, good))
 
+    @rule(index=st.integers(0, 50))
+    def repeat_signal(self, index: int) -> None:
+        self.h.run(self.h.repeat_signal(index))
+
     @rule(wid=WIDS)
     def query(self, wid: str) -> None:
         self.h.run(self.h.query(wid))
