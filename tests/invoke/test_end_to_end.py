@@ -261,14 +261,21 @@ async def test_a_handler_killed_mid_step_loses_nothing_acknowledged(cluster):
     await client.close()
 
 
-async def test_a_handler_that_hangs_past_budget_and_grace_loses_its_lease(cluster):
+async def frozen_mid_run(cluster: Cluster, wid: str, **endpoint: Any) -> tuple[fusee.Client, Handler]:
+    """A run of 40 steps under way on the handler (the endpoint's settings as given),
+    and the handler then SIGSTOPped mid-invocation."""
     handler = cluster.start_handler()
-    cluster.start_server_config(budgetMs=2000, graceMs=500)
+    cluster.start_server_config(**endpoint)
     client = await cluster.client()
     await quiet(client)
-    await client.start("steps", "hang-1", 40)
+    await client.start("steps", wid, 40)
     await until(lambda: len(steps_seen(cluster.steps)) >= 2)
     handler.signal(signal.SIGSTOP)
+    return client, handler
+
+
+async def test_a_handler_that_hangs_past_budget_and_grace_loses_its_lease(cluster):
+    client, handler = await frozen_mid_run(cluster, "hang-1", budgetMs=2000, graceMs=500)
     cluster.server.wait_for(r"revoking its leases on shards \[\d\]", timeout=15)
     handler.signal(signal.SIGCONT)
     result = await retry(lambda: client.run("hang-1").result(), timeout=60)
@@ -283,13 +290,7 @@ async def test_a_handler_that_hangs_past_budget_and_grace_loses_its_lease(cluste
 async def test_a_frozen_handler_loses_its_lease_on_silence_not_at_budget_end(cluster):
     """A SIGSTOPped function holds its shard only as long as any silent worker: the
     liveness timeout (5 s), not its budget and grace (30 s here)."""
-    handler = cluster.start_handler()
-    cluster.start_server_config(budgetMs=20_000, graceMs=10_000)
-    client = await cluster.client()
-    await quiet(client)
-    await client.start("steps", "frozen-1", 40)
-    await until(lambda: len(steps_seen(cluster.steps)) >= 2)
-    handler.signal(signal.SIGSTOP)
+    client, handler = await frozen_mid_run(cluster, "frozen-1", budgetMs=20_000, graceMs=10_000)
     stopped = time.monotonic()
     cluster.server.wait_for(r"revoking its leases on shards \[\d\]: no byte from it", timeout=12)
     assert time.monotonic() - stopped < 9
