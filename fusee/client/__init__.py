@@ -7,7 +7,7 @@ The client has the engine's interface (`start`, `run`, `signal_with_start`,
 arguments, the same answers (`list()` an async iterator of `RunSummary`, a status a
 `Status`, results typed by the definitions given) and the same errors: a value JSON
 cannot hold is a `CodecError` naming its path here, before anything is sent, as the
-engine refuses it before anything is recorded. `tests/client/test_parity.py` runs one
+engine refuses it before anything is recorded. `tests/server_mode/test_api_parity.py` runs one
 scenario against both.
 
 A call goes to the server, which relays it to the worker holding the workflow's shard
