@@ -48,6 +48,8 @@ def imports_of(path: Path) -> set[str]:
                 found.update(f"fusee.{alias.name}" for alias in node.names)
             elif node.module.startswith("fusee."):
                 found.add(node.module)
+                # `from fusee.engine import idle` imports the file idle.py
+                found.update(f"{node.module}.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("fusee."))
     return found
@@ -98,6 +100,46 @@ def test_no_import_cycle_between_subpackages():
     graph = unit_graph()
     cycle = find_cycle({unit: set(dests) for unit, dests in graph.items()})
     assert cycle is None, "import cycle between subpackages: " + " -> ".join(cycle or [])
+
+
+def file_graph(package: Path) -> dict[str, set[str]]:
+    """Within one subpackage: file -> the files of the same subpackage it imports."""
+    prefix = ".".join(package.relative_to(ROOT.parent).parts)
+    edges: dict[str, set[str]] = {}
+    for path in sorted(package.glob("*.py")):
+        targets = {t[len(prefix) + 1 :].split(".")[0] for t in imports_of(path) if t.startswith(prefix + ".")}
+        edges[path.stem] = {t for t in targets if t != path.stem and (package / f"{t}.py").exists()}
+    return edges
+
+
+def subpackages() -> list[Path]:
+    return sorted({path.parent for path in ROOT.rglob("*.py") if path.parent != ROOT})
+
+
+def test_the_file_graph_sees_every_kind_of_import(tmp_path):
+    """An import inside a function or under TYPE_CHECKING makes an edge as a top-level one
+    does: a cycle through an annotation is a cycle a reader walks."""
+    (tmp_path / "a.py").write_text("from fusee.pkg import b\n")
+    (tmp_path / "b.py").write_text("def f():\n    from fusee.pkg.c import x\n")
+    (tmp_path / "c.py").write_text("if TYPE_CHECKING:\n    from fusee.pkg.a import A\n")
+    edges = {
+        p.stem: {t.split(".")[2] for t in imports_of(p) if t.startswith("fusee.pkg.")}
+        for p in tmp_path.glob("*.py")
+    }
+    assert find_cycle(edges) == ["a", "b", "c", "a"]
+
+
+def test_no_import_cycle_between_the_files_of_a_subpackage():
+    """Inside each subpackage (the engine's shard, runs and helpers above all) imports
+    point one way too: each helper takes the narrow interface it uses (a Protocol in its
+    own file), so a reader can understand a file from those it imports (docs/engine.md,
+    *Map*)."""
+    cycles = []
+    for package in subpackages():
+        cycle = find_cycle(file_graph(package))
+        if cycle is not None:
+            cycles.append(f"fusee/{package.relative_to(ROOT)}/: " + " -> ".join(cycle))
+    assert not cycles, "import cycle between files:\n" + "\n".join(cycles)
 
 
 def test_each_subpackage_imports_only_the_layers_below_it():

@@ -333,7 +333,7 @@ class Client:
 
 
 def _token_id(token: str) -> str:
-    from fusee.engine.engine import parse_token
+    from fusee.engine.tokens import parse_token
 
     return parse_token(token)[0]
 

@@ -7,17 +7,46 @@ last (an invoked worker that found nothing due costs no write).
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Protocol
 
-from fusee.engine.index import key_of
+from fusee._errors import FuseeError
+from fusee.engine.index import RunIndex, key_of
+from fusee.engine.outbox import Outbox
+from fusee.engine.run import RunState
 from fusee.journal import Checkpoint, IndexEntry, Status, encode_checkpoint
-
-if TYPE_CHECKING:
-    from fusee.engine.run import RunState
-    from fusee.engine.shard import Shard
+from fusee.storage.contract import ShardStore
 
 
-async def take(shard: Shard, *, wait: bool = False) -> None:
+class CheckpointHost(Protocol):
+    """What a checkpoint reads of its shard (its position, index, outbox and loaded runs)
+    and the marks it keeps there (one checkpoint at a time; the last one's position)."""
+
+    checkpointing: bool
+    checkpoint_done: asyncio.Future[None] | None
+    checkpointed: tuple[int, int] | None
+    checkpoint_position: int
+
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def appended(self) -> int: ...
+    @property
+    def store(self) -> ShardStore: ...
+    @property
+    def index_entries(self) -> RunIndex: ...
+    @property
+    def outbox(self) -> Outbox: ...
+    @property
+    def runs(self) -> Mapping[str, RunState]: ...
+    def prune_finished(self) -> None: ...
+    def put_frame(self, run: RunState) -> int: ...
+    def poke(self) -> None: ...
+    def stopped_error(self) -> FuseeError: ...
+    async def durable_at(self, lsn: int) -> None: ...
+
+
+async def take(shard: CheckpointHost, *, wait: bool = False) -> None:
     """Snapshot the shard at the current position, then record it once the log up to
     there is durable. Frames are taken at the same instant, so a record is either in a
     frame or in the log after the checkpoint, never both.
@@ -48,7 +77,7 @@ async def take(shard: Shard, *, wait: bool = False) -> None:
         shard.poke()
 
 
-def snapshot(shard: Shard) -> tuple[int, bytes]:
+def snapshot(shard: CheckpointHost) -> tuple[int, bytes]:
     """Frames for the loaded runs and the index, all as of the current position."""
     position = shard.appended
     entries = list(shard.index_entries.entries())
@@ -63,7 +92,7 @@ def snapshot(shard: Shard) -> tuple[int, bytes]:
     return position, data
 
 
-def _frame_of(shard: Shard, run: RunState) -> int:
+def _frame_of(shard: CheckpointHost, run: RunState) -> int:
     """An unchanged journal reuses the frame it already has in the run store."""
     cached = run.frame
     if cached is not None and cached[0] == len(run.journal):

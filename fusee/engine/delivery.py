@@ -4,24 +4,63 @@ outbox itself (what is unacknowledged, what was applied) is `fusee/engine/outbox
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 from fusee import journal as R
 from fusee._errors import AlreadyExistsError, Failure, FuseeError, NotFoundError, failure_from
 from fusee.engine.outbox import Outbox
 from fusee.engine.run import RunState
-from fusee.journal import Ack, Msg, Status
+from fusee.journal import Ack, IndexEntry, Msg, Status
+from fusee.storage.contract import ShardStore
 from fusee.workflow.ops import ChildOp
 
-if TYPE_CHECKING:
-    from fusee.engine.shard import Shard
+
+class Router(Protocol):
+    """The engine's routing: a message to its target's shard, an answer to its sender's."""
+
+    def route(self, msg: Msg) -> None: ...
+    def route_ack(self, src: int, ack: Ack) -> None: ...
+
+
+class DeliveryHost(Protocol):
+    """What delivery needs of its shard: its outbox, log and durability gate, its runs
+    (loaded, or started by a message), and the engine's routing."""
+
+    @property
+    def engine(self) -> Router: ...
+    @property
+    def outbox(self) -> Outbox: ...
+    @property
+    def store(self) -> ShardStore: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def draining(self) -> bool: ...
+    @property
+    def appended(self) -> int: ...
+    def now_ms(self) -> int: ...
+    def start_ticks(self) -> None: ...
+    def append_shard(self, rec: R.Rec) -> int: ...
+    def when_durable(self, lsn: int, fn: Callable[[], None]) -> None: ...
+    async def durable_at(self, lsn: int) -> None: ...
+    async def load(self, wid: str) -> RunState | None: ...
+    def start(
+        self,
+        type_: str,
+        wid: str,
+        input: bytes,
+        *,
+        timeout_ms: int | None = ...,
+        parent: R.Parent | None = ...,
+    ) -> tuple[RunState | IndexEntry, bool]: ...
 
 
 class Delivery:
     """The shard's messages to and from other shards: sent once the record behind them is
     durable, applied once in effect, answered under the sender's lease."""
 
-    def __init__(self, shard: Shard) -> None:
+    def __init__(self, shard: DeliveryHost) -> None:
         self.shard = shard
         self.outbox: Outbox = shard.outbox
 

@@ -12,18 +12,42 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from fusee._errors import LeaseLostError
-
-if TYPE_CHECKING:
-    from fusee.engine.shard import Shard
+from fusee._errors import FuseeError, LeaseLostError
+from fusee.storage.contract import ShardStore
 
 log = logging.getLogger("fusee")
 
 
+class Watchers(Protocol):
+    """The engine's count of `wait_idle` callers, and the event that wakes them."""
+
+    @property
+    def idle_waiters(self) -> int: ...
+    @property
+    def activity(self) -> asyncio.Event: ...
+
+
+class DurabilityHost(Protocol):
+    """What durability needs of its shard: the store it flushes, and how to stop the
+    shard when a write fails or the lease is lost."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def store(self) -> ShardStore: ...
+    @property
+    def engine(self) -> Watchers: ...
+    def check(self) -> None: ...
+    def stop(self, error: FuseeError) -> None: ...
+    def fail(self, exc: BaseException, why: str = ...) -> None: ...
+
+
 class Durability:
-    def __init__(self, shard: Shard) -> None:
+    def __init__(self, shard: DurabilityHost) -> None:
         self.shard = shard
         self.appended = 0  # the last staged record's position
         self.durable = 0  # the last position the store reported durable

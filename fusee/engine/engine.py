@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import gc
 import inspect
 import os
 import time
 import uuid
 import zlib
-from _blake2 import blake2b  # hashlib's own BLAKE2, without loading OpenSSL's (cold path)
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
-
-import msgspec
 
 from fusee import _codec as codec
 from fusee import _names as names
@@ -24,6 +20,7 @@ from fusee._errors import (
     AlreadyExistsError,
     ClosedError,
     Failure,
+    FuseeError,
     LeaseLostError,
     RejectedError,
     UnknownWorkflowError,
@@ -34,6 +31,7 @@ from fusee.engine.idle import IdleReport
 from fusee.engine.recovery import recover
 from fusee.engine.run import RunState
 from fusee.engine.shard import Shard
+from fusee.engine.tokens import make_token, parse_token
 from fusee.journal import STATUS_OF, Ack, Msg, Status
 from fusee.storage import Durability, MemoryStorage, Storage
 from fusee.workflow.definitions import (
@@ -205,12 +203,10 @@ class Engine:
         try:
             await recover(shard)
         except BaseException:
-            shard.abandon()
-            shard.store.abandon()
+            shard.drop()
             raise
         if self.closed:
-            shard.abandon()
-            shard.store.abandon()
+            shard.drop()
             raise ClosedError("the engine is closed; open a new one")
         if shard.stop_error is not None:
             # Its lease went while it recovered (a lost connection): attached now, the shard
@@ -228,17 +224,22 @@ class Engine:
         """Let go of shard `index` while the engine runs (an invoked worker's budget
         ended, a drain finished): close it as `close` does (flush, then checkpoint,
         within `deadline` seconds) and hand it back; calls for its workflows are
-        refused from then on."""
+        refused from then on. A shard that fails to close is dropped as a crash drops it
+        (nothing more is written or answered for it): its next holder recovers what was
+        acknowledged from the log."""
         self._check_open()
         _seconds(deadline, "deadline")
         shard = self.by_index.get(index)
         if shard is None:
             raise RejectedError(f"shard {index} is not attached to this engine")
         deadline = await self._calls_answered([index], deadline)
-        if self.by_index.get(index) is not shard:  # it stopped meanwhile (a lost lease)
+        if self.by_index.get(index) is shard:  # else it stopped meanwhile (a lost lease)
+            self._leave(shard)
+        try:
             return await shard.close(deadline)
-        self._leave(shard)
-        return await shard.close(deadline)
+        except Exception:
+            shard.drop()  # as `close` does with a shard that failed to close
+            raise
 
     async def _calls_answered(self, indexes: list[int], deadline: float | None) -> float | None:
         """Let the call server answer what it accepted for these shards (up to half of
@@ -294,8 +295,7 @@ class Engine:
         for shard, result in zip(shards, results, strict=True):
             if isinstance(result, BaseException):
                 error = error or result  # the others and the storage are closed first
-                shard.abandon()
-                shard.store.abandon()
+                shard.drop()
             else:
                 reports.append(result)
         self._stop_step_threads()
@@ -355,7 +355,7 @@ class Engine:
     # -- idle, for invoked workers ---------------------------------------------------------
 
     def idle(self) -> bool:
-        """Every shard this engine holds is idle (spec: Idle)."""
+        """Every shard this engine holds is idle (docs/engine.md, *Idle, for invoked workers*)."""
         return all(shard.idle() for shard in self.shards)
 
     async def wait_idle(self, grace: float = 0.1, timeout: float | None = None) -> bool:
@@ -424,6 +424,23 @@ class Engine:
         for shard in self.shards:
             if indexes is None or shard.index in indexes:
                 shard.draining = True
+
+    def report(self, index: int, *, budget_ended: bool = False) -> IdleReport:
+        """How shard `index` stands as its holder leaves it: what an invoked worker sends
+        the server (IDLE) before it lets the shard go, since the server counts a report
+        only from the holder of the epoch it names (docs/invoke.md, *One request*). A shard that
+        stopped while this engine held it (a lost lease, a refused write) is reported as
+        it was when it stopped."""
+        shard = self.by_index.get(index) or self.stopped.get(index)
+        if shard is None:
+            raise RejectedError(f"shard {index} is not attached to this engine")
+        return shard.report(budget_ended=budget_ended)
+
+    def stop_error(self, index: int) -> FuseeError | None:
+        """Why shard `index` stopped while this engine held it (None: it did not, or it
+        was attached again since): what its callers were told."""
+        shard = self.stopped.get(index)
+        return shard.stop_error if shard is not None else None
 
     def shard_stopped(self, shard: Shard) -> None:
         """A shard stopped (a failed write, a lost lease): it leaves the engine; calls for
@@ -684,28 +701,6 @@ def _where(fn: Callable[..., Any]) -> str:
         return f"{inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]}"
     except (OSError, TypeError):
         return getattr(fn, "__qualname__", repr(fn))
-
-
-def make_token(wid: str, run: int, seq: int, attempt: int, seed: int) -> str:
-    """A completion token names the run, the step and the attempt; its MAC, keyed by
-    the run's recorded seed (63 bits from `secrets`), makes it hard to forge and lets a
-    stale one be refused. docs/engine.md, *Completion tokens*, says what that rests on."""
-    body = msgspec.json.encode([wid, run, seq, attempt])
-    mac = blake2b(body, key=seed.to_bytes(8, "big"), digest_size=12).digest()
-    return base64.urlsafe_b64encode(body).decode().rstrip("=") + "." + base64.urlsafe_b64encode(mac).decode()
-
-
-def parse_token(token: str) -> tuple[str, int, int, int, str]:
-    try:
-        if type(token) is not str:
-            raise TypeError
-        body, mac = token.split(".", 1)
-        wid, run, seq, attempt = msgspec.json.decode(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
-        if not (type(wid) is str and type(run) is int and type(seq) is int and type(attempt) is int):
-            raise TypeError
-        return names.name(wid, "workflow ID"), run, seq, attempt, mac
-    except (ValueError, TypeError, msgspec.DecodeError, RejectedError):
-        raise RejectedError("not a completion token") from None
 
 
 def _seconds(value: float | None, what: str) -> None:

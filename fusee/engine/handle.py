@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import uuid
-from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
+from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
 import msgspec
 
@@ -26,9 +26,6 @@ from fusee.engine.run import RunState
 from fusee.engine.shard import Shard, StoredRun
 from fusee.journal import ENDED, STATUS_OF, Status
 from fusee.workflow.definitions import Query, Signal, Update, Workflow, query_of, signal_of, update_of
-
-if TYPE_CHECKING:
-    from fusee.engine.engine import Engine
 
 Out = TypeVar("Out")
 FINISHED = ENDED
@@ -81,6 +78,21 @@ class RunDescription(msgspec.Struct):
     journal: list[R.Rec] = msgspec.field(default_factory=list)
 
 
+class RunsOwner(Protocol):
+    """What a run handle needs of its engine (`fusee/engine/engine.py`): the shard a
+    workflow ID lives on, once the engine is known to be open, and the settings that
+    shape answers."""
+
+    @property
+    def workflows(self) -> dict[str, Workflow[Any]]: ...
+    @property
+    def profile(self) -> str | None: ...
+    @property
+    def record_stacks(self) -> bool: ...
+    def _check_open(self) -> None: ...
+    def shard_of(self, wid: str) -> Shard: ...
+
+
 class Run(Generic[Out]):
     """A handle on the runs of one workflow ID; makes no call until used.
 
@@ -88,7 +100,7 @@ class Run(Generic[Out]):
     run that ended in memory refuses a signal as ended only once its end is in the log,
     so a crash cannot bring back a run the caller was told had ended."""
 
-    def __init__(self, engine: Engine, id: str, wf: Workflow[Any] | None) -> None:
+    def __init__(self, engine: RunsOwner, id: str, wf: Workflow[Any] | None) -> None:
         self.engine = engine
         self.id = id
         self.workflow = wf

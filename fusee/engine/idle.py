@@ -1,18 +1,17 @@
-"""When a shard is idle (spec: Invoked workers, Idle), when that may change by itself,
+"""When a shard is idle (docs/engine.md, *Idle, for invoked workers*), when that may change by itself,
 and what a shard reports when an invoked worker lets it go (IDLE)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Collection, Mapping, Sequence
+from typing import Protocol
 
 import msgspec
 
-from fusee.engine.outbox import ANSWER_WAIT_MS
+from fusee.engine.outbox import ANSWER_WAIT_MS, Outbox
+from fusee.engine.run import RunState
 from fusee.journal import Status
-
-if TYPE_CHECKING:
-    from fusee.engine.shard import Shard
+from fusee.storage.contract import ShardStore
 
 IDLE_DUE_MS = 250  # a shard whose next due time is nearer than this is not idle
 
@@ -41,7 +40,44 @@ class IdleReport(msgspec.Struct, frozen=True):
     under the next holder (a step's result that arrives after this is dropped)."""
 
 
-def is_idle(shard: Shard, *, housekeeping: bool = False) -> bool:
+class IdleView(Protocol):
+    """What idleness and the report read of a shard: its positions, what is under way
+    (calls, loads, ready runs, a checkpoint), its loaded runs, its outbox and when it is
+    next due. Read only."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def store(self) -> ShardStore: ...
+    @property
+    def appended(self) -> int: ...
+    @property
+    def durable(self) -> int: ...
+    @property
+    def calls(self) -> int: ...
+    @property
+    def update_waiters(self) -> Collection[object]: ...
+    @property
+    def ready(self) -> Collection[RunState]: ...
+    @property
+    def loading(self) -> Collection[str]: ...
+    @property
+    def checkpointing(self) -> bool: ...
+    @property
+    def runs(self) -> Mapping[str, RunState]: ...
+    @property
+    def outbox(self) -> Outbox: ...
+    @property
+    def steps_run(self) -> int: ...
+    @property
+    def open_ms(self) -> float: ...
+    @property
+    def types_without_code(self) -> Collection[str]: ...
+    def now_ms(self) -> int: ...
+    def next_due_ms(self, *, resends: bool = True) -> int: ...
+
+
+def is_idle(shard: IdleView, *, housekeeping: bool = False) -> bool:
     """Nothing can make progress on the shard: every loaded run waits on a timer, a
     signal, a child or a completion (no step runs, no code replays); no load, call being
     answered, flush or checkpoint is under way; every message sent in the last 3 s is
@@ -73,7 +109,7 @@ def is_idle(shard: Shard, *, housekeeping: bool = False) -> bool:
     return not due or due - now >= IDLE_DUE_MS
 
 
-def next_change_ms(shard: Shard) -> int:
+def next_change_ms(shard: IdleView) -> int:
     """When the shard may become idle or stop being idle with no event of its own: its
     next due time comes within 250 ms, or an unanswered message's 3 s run out (0:
     never). What `Engine.wait_idle` sleeps until, instead of polling."""
@@ -87,7 +123,7 @@ def next_change_ms(shard: Shard) -> int:
     return at
 
 
-def report(shard: Shard, *, budget_ended: bool = False, handed_back: Sequence[str] = ()) -> IdleReport:
+def report(shard: IdleView, *, budget_ended: bool = False, handed_back: Sequence[str] = ()) -> IdleReport:
     """What an invoked worker tells the server of the shard as it leaves."""
     now = shard.now_ms()
     due = shard.next_due_ms()

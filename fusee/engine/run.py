@@ -13,12 +13,12 @@ import inspect
 import logging
 from collections import deque
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fusee import _codec as codec
+from fusee import _errors as errors
 from fusee import journal as R
 from fusee._errors import (
-    CancelledError,
     CodecError,
     DeterminismError,
     Failure,
@@ -30,6 +30,7 @@ from fusee._errors import (
 )
 from fusee.journal import STATUS_OF, Status
 from fusee.workflow.definitions import Retry, Workflow
+from fusee.workflow.driver import current_step, inline_step
 from fusee.workflow.ops import (
     ChildOp,
     ContinueAsNew,
@@ -42,12 +43,7 @@ from fusee.workflow.ops import (
     StepState,
     WaitOp,
     WatchOp,
-    current_step,
-    inline_step,
 )
-
-if TYPE_CHECKING:
-    from fusee.engine.shard import Shard
 
 log = logging.getLogger("fusee")
 # Enum members read on every step: a module global is a dict lookup, where `Status.STUCK`
@@ -59,10 +55,55 @@ class Stuck(BaseException):
     """Unwinds workflow code whose run stopped on a determinism error."""
 
 
+class RunSettings(Protocol):
+    """What a run reads of its engine's settings."""
+
+    @property
+    def workflows(self) -> dict[str, Workflow[Any]]: ...
+    @property
+    def record_stacks(self) -> bool: ...
+    @property
+    def default_retry(self) -> Retry: ...
+
+
+class _TimerAdd(Protocol):
+    def add(self, due: int, run: RunState | None, seq: int) -> None: ...
+
+
+class _OpStarter(Protocol):
+    def start_op(self, run: RunState, op: Op) -> None: ...
+
+
+class _EndMessages(Protocol):
+    def prepare_end(self, run: RunState, rec: R.Finished | R.ContinuedAsNew) -> None: ...
+
+
+class RunHost(Protocol):
+    """What a run needs of its shard (`fusee/engine/shard.py`): the clock and seeds, the
+    log to append its records to, the operations it starts, and the calls that answer its
+    callers when it ends, gets stuck or finishes an update. A type only: the run calls
+    the shard's own methods, so the step path pays for no indirection."""
+
+    @property
+    def engine(self) -> RunSettings: ...
+    @property
+    def timers(self) -> _TimerAdd: ...
+    @property
+    def steps(self) -> _OpStarter: ...
+    @property
+    def messages(self) -> _EndMessages: ...
+    def now_ms(self) -> int: ...
+    def new_seed(self) -> int: ...
+    def append(self, run: RunState, rec: R.Rec) -> int: ...
+    def update_finished(self, run: RunState, rec: R.UpdateDone) -> None: ...
+    def run_stuck(self, run: RunState) -> None: ...
+    def run_finished(self, run: RunState) -> None: ...
+
+
 class RunState:
     """A loaded run. Owned by its shard; every method runs on the shard's thread."""
 
-    def __init__(self, shard: Shard, wid: str, run_no: int, started: R.Started) -> None:
+    def __init__(self, shard: RunHost, wid: str, run_no: int, started: R.Started) -> None:
         self.shard = shard
         self.wid = wid
         self.run_no = run_no
@@ -513,7 +554,9 @@ class RunState:
 
     def _cancel_op(self, op: Op) -> None:
         stop_step(op)
-        self.resolve(op, None, CancelledError(f"cancelled: {self.cancel_reason}", None, workflow_id=self.wid))
+        self.resolve(
+            op, None, errors.CancelledError(f"cancelled: {self.cancel_reason}", None, workflow_id=self.wid)
+        )
 
     def _apply_update_accepted(self, rec: R.UpdateAccepted) -> None:
         self.updates_accepted.add(rec.id)
@@ -631,7 +674,7 @@ class RunState:
             except FuseeError as error:
                 rec = R.Finished(Status.FAILED, failure=failure_from(error))
         else:
-            status = Status.CANCELLED if isinstance(exc, CancelledError) else Status.FAILED
+            status = Status.CANCELLED if isinstance(exc, errors.CancelledError) else Status.FAILED
             rec = R.Finished(status, failure=failure_from(exc, self.shard.engine.record_stacks))
         self.end(rec)
 

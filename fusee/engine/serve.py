@@ -17,34 +17,84 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, Protocol
 
 import msgspec
 
+from fusee import _errors as errors
 from fusee._errors import (
     ClosedError,
-    ConnectionError,
     Failure,
     FuseeError,
     LeaseLostError,
     RejectedError,
     _FailureError,
 )
+from fusee.engine.handle import Run, RunSummary
+from fusee.engine.shard import Shard
 from fusee.protocol import messages as m
 from fusee.protocol.frames import FrameError
 from fusee.storage.remote import RemoteStorage
-
-if TYPE_CHECKING:
-    from fusee.engine.engine import Engine
 
 logger = logging.getLogger("fusee.worker")
 
 _encode = msgspec.msgpack.encode
 
 
+class ServedEngine(Protocol):
+    """What answering calls needs of the worker's engine (`fusee/engine/engine.py`): its
+    public calls, the shards it holds, attaching one, and the hook it runs before it lets
+    one go."""
+
+    before_leave: Callable[[int, float | None], Awaitable[None]] | None
+
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def by_index(self) -> Mapping[int, Shard]: ...
+    async def attach(self, index: int) -> None: ...
+    def run(self, id: str) -> Run[Any]: ...
+    async def start(
+        self,
+        wf: str,
+        id: str,
+        input: Any = ...,
+        *,
+        id_policy: Any = ...,
+        timeout: Any = ...,
+        version: Any = ...,
+    ) -> object: ...
+    async def signal_with_start(
+        self,
+        wf: str,
+        id: str,
+        input: Any,
+        signal: str,
+        value: Any = ...,
+        *,
+        id_policy: Any = ...,
+        timeout: Any = ...,
+    ) -> object: ...
+    async def update_with_start(
+        self,
+        wf: str,
+        id: str,
+        input: Any,
+        update: str,
+        arg: Any = ...,
+        *,
+        id_policy: Any = ...,
+        timeout: Any = ...,
+        update_id: Any = ...,
+    ) -> tuple[object, Any]: ...
+    async def complete(self, token: str, value: Any = ...) -> None: ...
+    async def fail(self, token: str, failure: BaseException | str | Failure) -> None: ...
+    def list(self, type: Any = ..., status: Any = ...) -> AsyncIterator[RunSummary]: ...
+
+
 class CallServer:
-    def __init__(self, engine: Engine, storage: RemoteStorage) -> None:
+    def __init__(self, engine: ServedEngine, storage: RemoteStorage) -> None:
         self.engine = engine
         self.storage = storage
         self.attaching: dict[int, asyncio.Task[None]] = {}
@@ -137,7 +187,7 @@ class CallServer:
                 self.storage.send(self._moved(call))
                 return
             if self.engine.closed:  # a listing: asked again, it goes to the shards' next holders
-                raise ConnectionError("the worker is closing; retry")
+                raise errors.ConnectionError("the worker is closing; retry")
             method = METHODS.get(call.method)
             if method is None:
                 raise RejectedError(f"no call {call.method!r} (expected one of {', '.join(sorted(METHODS))})")
@@ -159,7 +209,7 @@ class CallServer:
             if call.shard >= 0:
                 answer = self._moved(call)
             else:
-                answer = m.Answer(call.rid, b"", ConnectionError.code, f"{error}; retry")
+                answer = m.Answer(call.rid, b"", errors.ConnectionError.code, f"{error}; retry")
         except _FailureError as error:
             cause = _encode(error.cause) if error.cause is not None else b""
             answer = m.Answer(call.rid, cause, error.code, error.message)
@@ -197,7 +247,7 @@ def _summary(row: Any) -> dict[str, Any]:
     return {"id": row.id, "run": row.run, "type": row.type, "status": row.status, "shard": row.shard}
 
 
-async def _start(engine: Engine, a: dict[str, Any]) -> Any:
+async def _start(engine: ServedEngine, a: dict[str, Any]) -> Any:
     await engine.start(
         a["type"],
         a["id"],
@@ -209,7 +259,7 @@ async def _start(engine: Engine, a: dict[str, Any]) -> Any:
     return {"id": a["id"]}
 
 
-async def _signal_with_start(engine: Engine, a: dict[str, Any]) -> Any:
+async def _signal_with_start(engine: ServedEngine, a: dict[str, Any]) -> Any:
     await engine.signal_with_start(
         a["type"],
         a["id"],
@@ -222,7 +272,7 @@ async def _signal_with_start(engine: Engine, a: dict[str, Any]) -> Any:
     return {"id": a["id"]}
 
 
-async def _update_with_start(engine: Engine, a: dict[str, Any]) -> Any:
+async def _update_with_start(engine: ServedEngine, a: dict[str, Any]) -> Any:
     _, value = await engine.update_with_start(
         a["type"],
         a["id"],
@@ -236,48 +286,48 @@ async def _update_with_start(engine: Engine, a: dict[str, Any]) -> Any:
     return value
 
 
-async def _signal(engine: Engine, a: dict[str, Any]) -> Any:
+async def _signal(engine: ServedEngine, a: dict[str, Any]) -> Any:
     await engine.run(a["id"]).signal(a["name"], a.get("value"), id=a.get("signal_id"))
 
 
-async def _query(engine: Engine, a: dict[str, Any]) -> Any:
+async def _query(engine: ServedEngine, a: dict[str, Any]) -> Any:
     return await engine.run(a["id"]).query(a["name"], a.get("arg"))
 
 
-async def _update(engine: Engine, a: dict[str, Any]) -> Any:
+async def _update(engine: ServedEngine, a: dict[str, Any]) -> Any:
     return await engine.run(a["id"]).update(a["name"], a.get("arg"), id=a.get("update_id"))
 
 
-async def _result(engine: Engine, a: dict[str, Any]) -> Any:
+async def _result(engine: ServedEngine, a: dict[str, Any]) -> Any:
     return await engine.run(a["id"]).result()
 
 
-async def _status(engine: Engine, a: dict[str, Any]) -> Any:
+async def _status(engine: ServedEngine, a: dict[str, Any]) -> Any:
     return _summary(await engine.run(a["id"]).status())
 
 
-async def _describe(engine: Engine, a: dict[str, Any]) -> Any:
+async def _describe(engine: ServedEngine, a: dict[str, Any]) -> Any:
     return await engine.run(a["id"]).describe()  # the summary and the journal's records
 
 
-async def _cancel(engine: Engine, a: dict[str, Any]) -> Any:
+async def _cancel(engine: ServedEngine, a: dict[str, Any]) -> Any:
     await engine.run(a["id"]).cancel(a.get("reason"))
 
 
-async def _terminate(engine: Engine, a: dict[str, Any]) -> Any:
+async def _terminate(engine: ServedEngine, a: dict[str, Any]) -> Any:
     await engine.run(a["id"]).terminate(a.get("reason"))
 
 
-async def _complete(engine: Engine, a: dict[str, Any]) -> Any:
+async def _complete(engine: ServedEngine, a: dict[str, Any]) -> Any:
     await engine.complete(a["token"], a.get("value"))
 
 
-async def _fail(engine: Engine, a: dict[str, Any]) -> Any:
+async def _fail(engine: ServedEngine, a: dict[str, Any]) -> Any:
     failure = a.get("failure")  # the client's envelope (an older client sends a message)
     await engine.fail(a["token"], msgspec.convert(failure, Failure) if failure is not None else a["message"])
 
 
-async def _list(engine: Engine, a: dict[str, Any]) -> Any:
+async def _list(engine: ServedEngine, a: dict[str, Any]) -> Any:
     return [_summary(row) async for row in engine.list(a.get("type"), a.get("status"))]
 
 
@@ -285,7 +335,7 @@ async def _list(engine: Engine, a: dict[str, Any]) -> Any:
 # and wait again at the next holder (an update's ID makes its second sending harmless).
 WAITS = frozenset({"result", "update"})
 
-METHODS: dict[str, Callable[[Engine, dict[str, Any]], Awaitable[Any]]] = {
+METHODS: dict[str, Callable[[ServedEngine, dict[str, Any]], Awaitable[Any]]] = {
     "start": _start,
     "signal_with_start": _signal_with_start,
     "update_with_start": _update_with_start,

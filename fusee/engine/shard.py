@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Coroutine, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
 from fusee import journal as R
+from fusee._clock import Clock
 from fusee._errors import (
     AlreadyExistsError,
     ClosedError,
@@ -38,10 +39,11 @@ from fusee.engine.steps import Steps
 from fusee.engine.timers import TICK, Timers
 from fusee.journal import FINAL, Ack, IndexEntry, Msg, Status
 from fusee.storage import ShardStore
+from fusee.workflow.definitions import Retry, Workflow
 from fusee.workflow.ops import StepOp, StepState
 
 if TYPE_CHECKING:
-    from fusee.engine.engine import Engine
+    from concurrent.futures import ThreadPoolExecutor
 
 log = logging.getLogger("fusee")
 _RUNNING = Status.RUNNING  # read for every loaded run at every sweep
@@ -63,8 +65,44 @@ class StoredRun(msgspec.Struct):
     stuck_error: None = None
 
 
+class ShardHost(Protocol):
+    """What a shard and its helpers need of the engine that holds it
+    (`fusee/engine/engine.py`): its clock and settings, its routing between shards, the
+    `wait_idle` watchers to wake, and the call that takes a stopped shard out of service.
+    A type only, so the shard depends on no engine code."""
+
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def workflows(self) -> dict[str, Workflow[Any]]: ...
+    @property
+    def profile(self) -> str | None: ...
+    @property
+    def record_stacks(self) -> bool: ...
+    @property
+    def default_retry(self) -> Retry: ...
+    @property
+    def step_mocks(self) -> dict[tuple[str, str], Callable[[int], Any]]: ...
+    @property
+    def park_after_ms(self) -> int: ...
+    @property
+    def retention_ms(self) -> int: ...
+    @property
+    def tick_ms(self) -> int: ...
+    @property
+    def checkpoint_records(self) -> int: ...
+    @property
+    def idle_waiters(self) -> int: ...
+    @property
+    def activity(self) -> asyncio.Event: ...
+    def step_threads(self) -> ThreadPoolExecutor: ...
+    def route(self, msg: Msg) -> None: ...
+    def route_ack(self, src: int, ack: Ack) -> None: ...
+    def shard_stopped(self, shard: Shard) -> None: ...
+
+
 class Shard:
-    def __init__(self, engine: Engine, index: int) -> None:
+    def __init__(self, engine: ShardHost, index: int) -> None:
         self.engine = engine
         self.index = index
         self.store: ShardStore  # set by the engine: the store reports to this shard's methods
@@ -771,8 +809,7 @@ class Shard:
                 deadline,
             )
             report = self.report(budget_ended=budget_ended, handed_back=handed_back)
-            self.abandon()
-            self.store.abandon()
+            self.drop()
             return report
         report = self.report(budget_ended=budget_ended, handed_back=handed_back)
         self.abandon()
@@ -792,3 +829,10 @@ class Shard:
             for op in run.ops.values():
                 stop_step(op)
             run.close_fibers()
+
+    def drop(self) -> None:
+        """Let go as a crash does: memory dropped (`abandon`) and the store released
+        without a flush, so nothing more is written or acknowledged under this lease;
+        the next holder recovers what was acknowledged from the log."""
+        self.abandon()
+        self.store.abandon()

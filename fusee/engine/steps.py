@@ -9,13 +9,19 @@ import inspect
 import logging
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fusee import _codec as codec
+from fusee import _errors as errors
 from fusee import journal as R
-from fusee._errors import CodecError, Failure, LeaseLostError, failure_from
+from fusee._errors import CodecError, Failure, FuseeError, LeaseLostError, failure_from
+from fusee.engine.durability import Durability
+from fusee.engine.outbox import Outbox
 from fusee.engine.run import RunState
+from fusee.engine.timers import Timers
+from fusee.engine.tokens import make_token
 from fusee.workflow.ctx import Completion, StepContext, step_key, takes_context
+from fusee.workflow.driver import current_step, inline_step
 from fusee.workflow.ops import (
     ChildOp,
     Op,
@@ -24,16 +30,48 @@ from fusee.workflow.ops import (
     StepState,
     TimerOp,
     WaitOp,
-    current_step,
-    inline_step,
 )
 
 log = logging.getLogger("fusee")
 _IDLE, _RUNNING = StepState.IDLE, StepState.RUNNING  # module globals: read on every step
 
 if TYPE_CHECKING:
-    from fusee.engine.shard import Shard
+    from concurrent.futures import ThreadPoolExecutor
+
     from fusee.storage.contract import ShardStore
+
+
+class StepSettings(Protocol):
+    """What steps read of the engine: mocks (the test kit), its step threads, whether
+    failures keep their stacks."""
+
+    @property
+    def step_mocks(self) -> dict[tuple[str, str], Callable[[int], Any]]: ...
+    @property
+    def record_stacks(self) -> bool: ...
+    def step_threads(self) -> ThreadPoolExecutor: ...
+
+
+class StepHost(Protocol):
+    """What starting operations needs of the shard: its clock, timers, durability gate,
+    outbox numbering and store, and how to stop it when the process was fenced."""
+
+    steps_run: int
+
+    @property
+    def engine(self) -> StepSettings: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def store(self) -> ShardStore: ...
+    @property
+    def timers(self) -> Timers: ...
+    @property
+    def durability(self) -> Durability: ...
+    @property
+    def outbox(self) -> Outbox: ...
+    def now_ms(self) -> int: ...
+    def stop(self, error: FuseeError) -> None: ...
 
 
 class Steps:
@@ -41,7 +79,7 @@ class Steps:
     a task, or on the engine's step threads), their retries and timeouts, timers, waits
     and messages."""
 
-    def __init__(self, shard: Shard) -> None:
+    def __init__(self, shard: StepHost) -> None:
         self.shard = shard
 
     def start_op(self, run: RunState, op: Op) -> None:
@@ -232,8 +270,6 @@ class Steps:
         return retry_at
 
     def token(self, run: RunState, op: StepOp) -> str:
-        from fusee.engine.engine import make_token
-
         return make_token(run.wid, run.run_no, op.seq, op.attempt, run.started.seed)
 
 
@@ -260,13 +296,11 @@ async def _attempt(awaitable: Any, op: StepOp) -> Any:
     try:
         return await asyncio.wait_for(awaitable, timeout_ms / 1000)
     except TimeoutError:
-        from fusee._errors import TimeoutError as FuseeTimeout
-
         # A thread cannot be stopped: it keeps its step thread until its function returns
         # (docs/engine.md); its step context tells it to give up.
         if op.context is not None:
             op.context.cancelled = True
-        raise FuseeTimeout(f"the attempt took longer than its timeout ({timeout_ms} ms)") from None
+        raise errors.TimeoutError(f"the attempt took longer than its timeout ({timeout_ms} ms)") from None
 
 
 FENCED = "this worker was stopped longer than the server waits: its leases are gone"

@@ -9,19 +9,42 @@ come due); the heap is rebuilt once stale entries are the majority.
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING, Any
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, Protocol
+
+from fusee._clock import Clock
+from fusee.engine.index import RunIndex
 
 if TYPE_CHECKING:
     from fusee.engine.run import RunState
-    from fusee.engine.shard import Shard
 
 TICK = -4  # a heap entry's position for the shard's sweep (parking, resends, checkpoints)
 
 Entry = tuple[int, int, str, int, int]  # due, order, workflow ID, run, position
 
 
+class TimerHost(Protocol):
+    """What the timers need of their shard: its clock, its loaded runs and index to check
+    an entry against, and what to call when one comes due."""
+
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def runs(self) -> dict[str, RunState]: ...
+    @property
+    def index_entries(self) -> RunIndex: ...
+    def now_ms(self) -> int: ...
+    def poke(self) -> None: ...
+    def sweep(self, now: int) -> None: ...
+    def timer_due(self, run: RunState, seq: int) -> None: ...
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
+    async def wake(self, keys: list[int]) -> None: ...
+
+
 class Timers:
-    def __init__(self, shard: Shard) -> None:
+    def __init__(self, shard: TimerHost) -> None:
         self.shard = shard
         self.heap: list[Entry] = []
         self.count = 0

@@ -1,4 +1,4 @@
-"""The worker side of invoked mode (spec: Invoked workers): the request's signature, the
+"""The worker side of invoked mode (docs/invoke.md): the request's signature, the
 run until idle or until the budget, the IDLE reports, and the entry points (ASGI, AWS
 Lambda, any framework through `invoke`). docs/invoke.md says how to deploy it."""
 

@@ -76,7 +76,7 @@ def _take_cold() -> bool:
 
 
 class InvocationHandler:
-    """Runs the invocations a `fusee server` POSTs (spec: Invoked workers). Keeps only its
+    """Runs the invocations a `fusee server` POSTs (docs/invoke.md). Keeps only its
     settings: each invocation connects, opens a fresh engine and closes both."""
 
     def __init__(

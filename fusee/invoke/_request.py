@@ -1,4 +1,4 @@
-"""What crosses HTTP in invoked mode (spec: Invoked workers, *The request*): the body the
+"""What crosses HTTP in invoked mode (docs/invoke.md, *One request*): the body the
 server POSTs, and the JSON summary the handler answers with.
 
 The request is decoded strictly on types and leniently on keys: a field of the wrong type,
@@ -64,7 +64,8 @@ class ShardSummary(msgspec.Struct, kw_only=True, rename="camel"):
     still running were handed back); lost lease: it stopped before it could be reported
     (the connection went, or the server refused a write)."""
     runs_advanced: int | None
-    """Runs that recorded something here; None until the engine's IdleReport carries it."""
+    """Runs that recorded something here: not counted by the engine yet, so always None
+    (null in the answer, whose fields stay as the server reads them)."""
     steps_run: int
     open_ms: float
     work_left: bool = False

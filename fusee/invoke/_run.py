@@ -1,5 +1,5 @@
-"""One invocation, from the lease to the report (spec: Invoked workers, *What the invoked
-process does*, *Idle*, *The time budget*).
+"""One invocation, from the lease to the report (docs/invoke.md, *One request*, steps 3
+to 8; the Idle rule: docs/engine.md, *Idle, for invoked workers*).
 
 Connect with `invocation=<id>` (the server grants that invocation's shards, each under a
 new epoch, or refuses an unknown or finished invocation), open a fresh engine for exactly
@@ -15,11 +15,11 @@ import asyncio
 import sys
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
-from fusee._errors import ConnectionError, LeaseLostError
+from fusee import _errors as errors
 from fusee.engine.engine import Engine
 from fusee.engine.idle import IdleReport
 from fusee.invoke._request import Exit, Invocation, ShardSummary, Summary
@@ -27,9 +27,6 @@ from fusee.protocol import messages as m
 from fusee.protocol.address import Address
 from fusee.storage.remote import RemoteStorage
 from fusee.workflow.definitions import Workflow
-
-if TYPE_CHECKING:
-    from fusee.engine.shard import Shard
 
 IDLE_GRACE_S = 0.1  # every shard idle this long on end: a trickle of calls shares one invocation
 PARK_AFTER = "50ms"  # runs park soon after they suspend: the engine is closed soon after anyway
@@ -96,7 +93,7 @@ async def run(
     loop = asyncio.get_running_loop()
     try:
         storage = await RemoteStorage.connect(msgspec.structs.replace(address, invocation=request.invocation))
-    except ConnectionError as error:
+    except errors.ConnectionError as error:
         raise Unavailable(str(error)) from None
     # The lease says how much of the budget is left once the server granted it; the
     # platform (Lambda's context) may allow less than the budget the server was told.
@@ -118,14 +115,14 @@ async def run(
             park_after=PARK_AFTER,
             **engine_options,
         )
-    except (ConnectionError, LeaseLostError) as error:
+    except (errors.ConnectionError, errors.LeaseLostError) as error:
         # Engine.open let go of what it took (the storage is closed).
         raise Unavailable(f"the connection went while the shards were opening: {error}") from None
     shards = dict(engine.by_index)
     trace("opened", open_ms={i: round(s.open_ms, 1) for i, s in shards.items()})
     try:
         idle = await _until_idle(engine, storage, budget, trace)
-        summaries = await _leave(engine, storage, shards, "idle" if idle else "budget", budget, trace)
+        summaries = await _leave(engine, storage, sorted(shards), "idle" if idle else "budget", budget, trace)
     finally:
         if not engine.closed:  # an error of ours on the way: nothing more is sent
             engine.abandon()
@@ -156,7 +153,7 @@ async def _until_idle(engine: Engine, storage: RemoteStorage, budget: Budget, tr
             await storage.drain(held)
     except TimeoutError:
         return False
-    except ConnectionError:
+    except errors.ConnectionError:
         return True  # the shards heard of it and stopped
     trace("drained")
     # What arrived just before the echo has been handed to its shard by now (its task runs
@@ -168,7 +165,7 @@ async def _until_idle(engine: Engine, storage: RemoteStorage, budget: Budget, tr
 async def _leave(
     engine: Engine,
     storage: RemoteStorage,
-    shards: dict[int, Shard],
+    granted: list[int],
     exit: Exit,
     budget: Budget,
     trace: Trace,
@@ -184,35 +181,35 @@ async def _leave(
     # a lease already released closes the connection, and the shard counts as left
     # without a report, backing off). Frames keep their order, so the records a shard
     # still had to send reach the server before it is released all the same.
-    reports: dict[int, IdleReport] = {}
+    reports: dict[int, IdleReport] = {}  # the ones sent
+    taken: dict[int, IdleReport] = {}
     for index in held:
-        report = shards[index].report(budget_ended=exit == "budget")
+        taken[index] = report = engine.report(index, budget_ended=exit == "budget")
         if storage.lost is None:
             storage.idle(_idle_message(report))
             reports[index] = report
     deadline = budget.close_deadline_s()
     # Detached rather than closed with the engine: Engine.close closes the storage too.
+    # A shard that fails to close is dropped by `detach` as a crash drops it.
     results = await asyncio.gather(*(engine.detach(i, deadline) for i in held), return_exceptions=True)
     summaries: dict[int, ShardSummary] = {}
     for index, result in zip(held, results, strict=True):
-        shard = shards[index]
-        if isinstance(result, BaseException):
-            if not isinstance(result, Exception):
-                raise result
-            shard.abandon()  # as Engine.close does with a shard that failed to close
-            shard.store.abandon()
+        if isinstance(result, BaseException) and not isinstance(result, Exception):
+            raise result
         sent = reports.get(index)
         if sent is None:
-            summaries[index] = _lost(shard, str(storage.lost or result))
+            # As it was let go (the report its close made), or as it was reported here.
+            left = result if isinstance(result, IdleReport) else taken[index]
+            summaries[index] = _lost(left, str(storage.lost or result))
             continue
         if isinstance(result, IdleReport):
             summaries[index] = _reported(sent, exit, result.handed_back)
         else:  # reported, but not let go of cleanly: its next holder recovers from the log
             summaries[index] = _reported(sent, exit, [])
             summaries[index].error = str(result)
-    for index, shard in shards.items():
+    for index in granted:
         if index not in summaries:  # stopped while running: a lost lease or a refused write
-            summaries[index] = _lost(shard, str(shard.stop_error or "stopped"))
+            summaries[index] = _lost(engine.report(index), str(engine.stop_error(index) or "stopped"))
     for summary in summaries.values():
         trace(
             "left",
@@ -239,19 +236,12 @@ def _idle_message(report: IdleReport) -> m.Idle:
     )
 
 
-def _runs_advanced(report: IdleReport) -> int | None:
-    # IdleReport.runs_advanced is to come from the engine (a count per shard of the runs
-    # that recorded something under this holder); until then the summary says null.
-    value = getattr(report, "runs_advanced", None)
-    return value if isinstance(value, int) else None
-
-
 def _reported(report: IdleReport, exit: Exit, handed_back: list[str]) -> ShardSummary:
     return ShardSummary(
         shard=report.shard,
         epoch=report.epoch,
         exit=exit,
-        runs_advanced=_runs_advanced(report),
+        runs_advanced=None,  # not counted: see ShardSummary.runs_advanced
         steps_run=report.steps_run,
         open_ms=round(report.open_ms, 3),
         work_left=report.work_left,
@@ -261,14 +251,14 @@ def _reported(report: IdleReport, exit: Exit, handed_back: list[str]) -> ShardSu
     )
 
 
-def _lost(shard: Shard, error: str) -> ShardSummary:
+def _lost(report: IdleReport, error: str) -> ShardSummary:
     return ShardSummary(
-        shard=shard.index,
-        epoch=shard.store.epoch,
+        shard=report.shard,
+        epoch=report.epoch,
         exit="lost lease",
         runs_advanced=None,
-        steps_run=shard.steps_run,
-        open_ms=round(shard.open_ms, 3),
+        steps_run=report.steps_run,
+        open_ms=round(report.open_ms, 3),
         work_left=True,
         error=error,
     )

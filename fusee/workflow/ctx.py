@@ -26,6 +26,7 @@ from fusee.workflow.definitions import (
     signal_of,
     update_of,
 )
+from fusee.workflow.driver import current_step, inline_step
 from fusee.workflow.durations import Duration, at_ms, to_ms
 from fusee.workflow.ops import (
     AllOp,
@@ -41,8 +42,6 @@ from fusee.workflow.ops import (
     TimerOp,
     WaitOp,
     WatchOp,
-    current_step,
-    inline_step,
 )
 
 if TYPE_CHECKING:

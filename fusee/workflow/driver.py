@@ -2,18 +2,20 @@
 
 The engine's run (`fusee.engine.run.RunState`) is the one implementation; this protocol is
 what keeps `fusee.workflow` from importing the engine (imports point one way: the engine
-uses the workflow layer, never the reverse).
+uses the workflow layer, never the reverse). With it, the slots that say which step's
+function runs now, and in which run (`ctx.key()` reads them; the engine sets them).
 """
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from fusee import journal as R
     from fusee.workflow.definitions import Retry, Workflow
-    from fusee.workflow.ops import Op, WaitOp, WatchOp
+    from fusee.workflow.ops import Op, StepOp, WaitOp, WatchOp
 
 
 class Driver(Protocol):
@@ -54,3 +56,11 @@ class Driver(Protocol):
     def now_ms(self) -> int: ...
 
     def workflow_named(self, name: str) -> Workflow[Any] | None: ...
+
+
+# The step whose function runs: a context variable for step functions on tasks and
+# threads, a plain slot for synchronous ones (they run on the loop, one at a time).
+current_step: contextvars.ContextVar[tuple[Driver, StepOp] | None] = contextvars.ContextVar(
+    "fusee_step", default=None
+)
+inline_step: list[tuple[Driver, StepOp] | None] = [None]

@@ -7,21 +7,12 @@ here touches asyncio: workflow code runs under the run's own deterministic sched
 
 from __future__ import annotations
 
-import contextvars
 import enum
 from collections.abc import Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fusee.workflow.definitions import Retry
-    from fusee.workflow.driver import Driver
-
-# The step whose function runs: a context variable for step functions on tasks and
-# threads, a plain slot for synchronous ones (they run on the loop, one at a time).
-current_step: contextvars.ContextVar[tuple[Driver, StepOp] | None] = contextvars.ContextVar(
-    "fusee_step", default=None
-)
-inline_step: list[tuple[Driver, StepOp] | None] = [None]
 
 
 class ContinueAsNew(BaseException):

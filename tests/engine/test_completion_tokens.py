@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 
 import fusee
-from fusee.engine.engine import make_token, parse_token
+from fusee.engine.tokens import make_token, parse_token
 
 tokens: list[str] = []
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import fusee
 from fusee import journal as R
-from fusee.engine.engine import parse_token
 from fusee.engine.index import BUCKET_MS
+from fusee.engine.tokens import parse_token
 
 from .harness import CALL_TIMEOUT_S, IDS, STOPPED, Harness, Violation, Waiter
 from .journal import live_due, read

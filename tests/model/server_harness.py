@@ -31,7 +31,7 @@ from typing import Any
 
 import fusee
 from fusee import journal as R
-from fusee.engine.engine import parse_token
+from fusee.engine.tokens import parse_token
 
 from .calls import Calls
 from .harness import Violation
