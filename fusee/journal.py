@@ -294,6 +294,29 @@ else:
 ISSUED = (TimerStarted, WaitStarted, Drawn, ChildRequested, SignalSent, CancelSent)
 
 
+def op_of(rec: Any) -> tuple[str, str]:
+    """The operation (kind, identity) a record stands for: what replay compares with the
+    operation the code calls at the same position (`Op.ident`; docs/engine.md, *Runs,
+    journals and replay*), and what a determinism error names."""
+    if isinstance(rec, (StepDone, Attempt, StepFailed)):
+        return ("step", rec.name)
+    if isinstance(rec, TimerStarted):
+        return ("sleep", rec.name)
+    if isinstance(rec, WaitStarted):
+        return ("wait_for", rec.signal)
+    if isinstance(rec, Drawn):
+        return (rec.op, rec.op)
+    if isinstance(rec, (ChildRequested,)):
+        return ("child", f"{rec.type} {rec.id}")
+    if isinstance(rec, SignalSent):
+        return ("signal_workflow", f"{rec.name} to {rec.target}")
+    if isinstance(rec, CancelSent):
+        return ("cancel_workflow", rec.target)
+    if isinstance(rec, (CompletionSent,)):
+        return ("await_completion", rec.name)
+    return (type(rec).__name__, str(getattr(rec, "seq", "")))
+
+
 class Entry(msgspec.Struct, array_like=True):
     """One log record: a run's record, or a shard record (`wid` "")."""
 

@@ -22,8 +22,9 @@ from fusee._errors import (
     error_from,
     failure_from,
 )
+from fusee.engine.loader import StoredRun
 from fusee.engine.run import RunState
-from fusee.engine.shard import Shard, StoredRun
+from fusee.engine.shard import Shard
 from fusee.journal import ENDED, STATUS_OF, Status
 from fusee.workflow.definitions import Query, Signal, Update, Workflow, query_of, signal_of, update_of
 

@@ -169,7 +169,7 @@ class RunState:
         for rec in records:
             seq = getattr(rec, "seq", None)
             if seq is not None:
-                self.expected.setdefault(seq, _op_of(rec))
+                self.expected.setdefault(seq, R.op_of(rec))
                 if isinstance(rec, R.ISSUED):
                     self.issued[seq] = rec
         try:
@@ -451,7 +451,7 @@ class RunState:
     def _verify(self, rec: Any) -> Op | None:
         op = self.ops.get(rec.seq)
         if op is None:
-            kind, name = _op_of(rec)
+            kind, name = R.op_of(rec)
             self._stuck(
                 f"the journal recorded {kind} '{name}' at position {rec.seq} but the code did not call it"
             )
@@ -730,28 +730,6 @@ for _cls in (
 ):
     _snake = "".join("_" + c.lower() if c.isupper() else c for c in _cls.__name__).lstrip("_")
     _APPLY[_cls] = "_apply_" + _snake
-
-
-def _op_of(rec: Any) -> tuple[str, str]:
-    """The operation (kind, identity) a record stands for: what replay compares with the
-    operation the code calls at the same position (`Op.ident`), and what messages name."""
-    if isinstance(rec, (R.StepDone, R.Attempt, R.StepFailed)):
-        return ("step", rec.name)
-    if isinstance(rec, R.TimerStarted):
-        return ("sleep", rec.name)
-    if isinstance(rec, R.WaitStarted):
-        return ("wait_for", rec.signal)
-    if isinstance(rec, R.Drawn):
-        return (rec.op, rec.op)
-    if isinstance(rec, (R.ChildRequested,)):
-        return ("child", f"{rec.type} {rec.id}")
-    if isinstance(rec, R.SignalSent):
-        return ("signal_workflow", f"{rec.name} to {rec.target}")
-    if isinstance(rec, R.CancelSent):
-        return ("cancel_workflow", rec.target)
-    if isinstance(rec, (R.CompletionSent,)):
-        return ("await_completion", rec.name)
-    return (type(rec).__name__, str(getattr(rec, "seq", "")))
 
 
 def _same_op(recorded: tuple[str, str], called: tuple[str, str]) -> bool:

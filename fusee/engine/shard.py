@@ -14,8 +14,6 @@ import secrets
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-import msgspec
-
 from fusee import journal as R
 from fusee._clock import Clock
 from fusee._errors import (
@@ -32,8 +30,8 @@ from fusee.engine.delivery import Delivery
 from fusee.engine.durability import Durability
 from fusee.engine.idle import IdleReport
 from fusee.engine.index import RunIndex, key_of
+from fusee.engine.loader import RunLoader
 from fusee.engine.outbox import RESEND_MS, Outbox
-from fusee.engine.reads import RunReads
 from fusee.engine.run import RunState, stop_step
 from fusee.engine.steps import Steps
 from fusee.engine.timers import TICK, Timers
@@ -51,18 +49,6 @@ _RUNNING = Status.RUNNING  # read for every loaded run at every sweep
 
 def _closed() -> ClosedError:
     return ClosedError("the engine is closed; open a new one")
-
-
-class StoredRun(msgspec.Struct):
-    """A run read back from the run store, not loaded."""
-
-    wid: str
-    run_no: int
-    type: str
-    status: str
-    journal: list[R.Rec]
-    outcome: R.Finished | R.ContinuedAsNew | None
-    stuck_error: None = None
 
 
 class ShardHost(Protocol):
@@ -121,8 +107,15 @@ class Shard:
         self.stop_error: FuseeError | None = None  # what callers get once it stopped
         self.timers = Timers(self)
         self.ticking = False  # the sweep is scheduled
-        self.loading: dict[str, asyncio.Future[RunState | None]] = {}
-        self.reads = RunReads(lambda: self.store)  # a loop turn's loads read together
+        self.loader = RunLoader(self)
+        self.loading = self.loader.loading  # the same dict: what idleness and a stop read
+        # Bound once, as `when_durable`: what callers, timers and recovery call.
+        self.load = self.loader.load
+        self.wake = self.loader.wake
+        self.revive = self.loader.revive
+        self.resume_type = self.loader.resume_type
+        self.finished_run = self.loader.finished_run
+        self.indexed = self.loader.indexed
         self.result_waiters: dict[str, list[asyncio.Future[RunState]]] = {}
         self.update_waiters: dict[tuple[str, str], list[asyncio.Future[R.UpdateDone]]] = {}
         self.ready: set[RunState] = set()
@@ -456,7 +449,7 @@ class Shard:
     def report(self, *, budget_ended: bool = False, handed_back: Sequence[str] = ()) -> IdleReport:
         return idle.report(self, budget_ended=budget_ended, handed_back=handed_back)
 
-    # -- runs: start, load, end ----------------------------------------------------------------
+    # -- runs: start and end (loading them: fusee/engine/loader.py) --------------------------
 
     def find(self, wid: str) -> RunState | IndexEntry | None:
         return self.runs.get(wid) or self.index_entries.get(wid)
@@ -543,154 +536,6 @@ class Shard:
         self.schedule(run)
         return run
 
-    async def load(self, wid: str) -> RunState | None:
-        """The run of `wid` in memory, loading (replaying) a parked one first. None only
-        if, when it returns, `wid` has no run in memory and none parked: it ended (its
-        index entry says how), or never ran here.
-
-        Race: while the frame is read, the run's timer may wake it (a load of its own),
-        and the run may finish or park again (a new frame) before this read is back. The
-        frame in hand then describes a run that is gone, and the load looks again: a
-        caller told "no run" would refuse a running run as not found, wait on a finished
-        one for ever, or drop a child's result meant for its parent."""
-        while True:
-            run = self.runs.get(wid)
-            if run is not None:
-                return run
-            entry = self.index_entries.get(wid)
-            if entry is None or entry.status not in (Status.PARKED, Status.WAITING_FOR_CODE):
-                return None
-            run = await self._load_entry(entry, wid)
-            if run is not None:
-                return run
-            now = self.index_entries.get(wid)
-            if now is not None and now.ref == entry.ref and now.status == entry.status:
-                return None  # unchanged: its hash is another ID's, this one has no parked run
-
-    async def _load_entry(self, entry: IndexEntry, wid: str) -> RunState | None:
-        return (await self._load_entries([(entry, wid)]))[0]
-
-    async def _load_entries(self, wanted: list[tuple[IndexEntry, str]]) -> list[RunState | None]:
-        """Load parked runs, their frames read in one batch (a mass wake-up makes one
-        round trip to the run store, not one per run). A run already being loaded is
-        waited for, not read twice."""
-        self.check()
-        loop = asyncio.get_running_loop()
-        results: list[RunState | None] = [None] * len(wanted)
-        mine: list[tuple[int, IndexEntry, str, str, asyncio.Future[RunState | None]]] = []
-        others: list[tuple[int, asyncio.Future[RunState | None]]] = []
-        for i, (entry, wid) in enumerate(wanted):
-            name = wid or str(entry.key)
-            waiting = self.loading.get(name)
-            if waiting is not None:
-                others.append((i, waiting))
-            else:
-                fut = self.loading[name] = loop.create_future()
-                mine.append((i, entry, wid, name, fut))
-        try:
-            if mine:
-                try:
-                    data = await self.reads.read([entry.ref for _, entry, _, _, _ in mine])
-                    frames = [R.decode_frame(frame) for frame in data]
-                except Exception as error:  # noqa: BLE001 - an unreadable frame stops the shard
-                    if self.closed or self.stop_error is not None:
-                        # Closed or stopped while the read waited for its batch to leave:
-                        # the store is gone, which is no damage worth a log line.
-                        raise self.stopped_error() from None
-                    log.error(
-                        "shard %d: a run-store frame cannot be read, the shard stops: %s", self.index, error
-                    )
-                    self.fail(error, "stopped after a run-store frame could not be read")
-                    raise self.stopped_error() from None
-                if self.closed:
-                    raise self.stopped_error()
-                for (i, entry, wid, _, fut), frame in zip(mine, frames, strict=True):
-                    results[i] = run = self._loaded(entry, wid, frame)
-                    if not fut.done():
-                        fut.set_result(run)
-        except BaseException as error:
-            for _, _, _, _, fut in mine:
-                if not fut.done():
-                    fut.set_exception(error)
-                    fut.exception()  # retrieved: the caller that raised reports it
-            raise
-        finally:
-            for _, _, _, name, _ in mine:
-                del self.loading[name]
-            self.poke()
-        for i, waiting in others:
-            results[i] = await waiting
-        return results
-
-    def _loaded(self, entry: IndexEntry, wid: str, frame: R.Frame) -> RunState | None:
-        if wid and frame.wid != wid:
-            return None  # the hash belongs to another ID: this one has no parked run
-        if frame.wid in self.runs:
-            return self.runs[frame.wid]
-        current = self.index_entries.get(frame.wid)
-        if current is None or current.ref != entry.ref or current.status != entry.status:
-            return self.runs.get(frame.wid)  # loaded, finished or re-parked meanwhile
-        self.index_entries.pop(frame.wid)
-        return self.revive(frame.wid, frame.run, frame.records)
-
-    async def wake(self, keys: list[int]) -> None:
-        """Load parked runs whose timers came due (a task of their own), in one batch. A
-        stopped or closed shard has nothing to wake; due times stay in its index and
-        checkpoint."""
-        wanted = []
-        for key in keys:
-            entry = self.index_entries.get_key(key)
-            if entry is not None and entry.status == Status.PARKED:
-                wanted.append((entry, ""))
-        if not wanted:
-            return
-        try:
-            await self._load_entries(wanted)
-        except FuseeError:
-            pass
-
-    def revive(self, wid: str, run_no: int, records: list[R.Rec]) -> RunState:
-        """Rebuild a run from its journal: replay, then start what was left unfinished."""
-        started = records[0]
-        assert isinstance(started, R.Started)
-        run = RunState(self, wid, run_no, started)
-        run.last_lsn = self.appended
-        run.last_active_ms = self.now_ms()
-        self.runs[wid] = run
-        self.start_ticks()
-        if run.workflow is None:
-            run.journal = list(records)
-            run.status = Status.WAITING_FOR_CODE
-            self.types_without_code.add(started.type)
-            if started.deadline and not any(isinstance(r, (R.Finished, R.ContinuedAsNew)) for r in records):
-                run.timers[-1] = started.deadline
-                self.timers.add(started.deadline, run, -1)
-            return run
-        run.replay(records)
-        if run.final:
-            return run
-        if run.status == Status.STUCK:
-            return run
-        if started.deadline:
-            self.timers.add(started.deadline, run, -1)
-        run.go_live()
-        return run
-
-    async def resume_type(self, type_: str) -> None:
-        """Code for `type_` was registered: its runs waiting for code replay and go on,
-        whether loaded or only in the index."""
-        waiting = [r for r in self.runs.values() if r.status == Status.WAITING_FOR_CODE and r.type == type_]
-        for run in waiting:
-            if self.runs.get(run.wid) is run and not self.closed:
-                del self.runs[run.wid]
-                run.close_fibers()
-                self.revive(run.wid, run.run_no, run.journal)
-        for entry in list(self.index_entries.entries()):
-            if entry.status == Status.WAITING_FOR_CODE and entry.type == type_ and not self.closed:
-                await self._load_entry(entry, "")
-        if not any(r.status == Status.WAITING_FOR_CODE and r.type == type_ for r in self.runs.values()):
-            self.types_without_code.discard(type_)
-
     def run_finished(self, run: RunState) -> None:
         """The run ended (live): answer its callers once the end is durable; a run that
         continued as new is followed by its next run in the same batch."""
@@ -758,30 +603,6 @@ class Shard:
         for fut in self.result_waiters.get(run.wid, []) if self.engine.profile == "dev" else []:
             if not fut.done():
                 fut.set_result(run)
-
-    async def finished_run(self, wid: str) -> StoredRun | None:
-        """A run the index holds (finished, parked or waiting for code), read back from
-        the run store without loading it: its journal and, if it ended, its end."""
-        entry = self.index_entries.get(wid)
-        if entry is None:
-            return None
-        frame = R.decode_frame((await self.reads.read([entry.ref]))[0])
-        if frame.wid != wid:
-            return None
-        last = frame.records[-1]
-        outcome = last if isinstance(last, (R.Finished, R.ContinuedAsNew)) else None
-        return StoredRun(wid, frame.run, entry.type, entry.status, frame.records, outcome)
-
-    async def indexed(self) -> list[tuple[str, IndexEntry]]:
-        """Every index entry with its workflow ID, read from its frame (for listings): one
-        batch of run-store reads."""
-        entries = list(self.index_entries.entries())
-        out = []
-        for entry, data in zip(entries, await self.store.get_runs([e.ref for e in entries]), strict=True):
-            frame = R.decode_frame(data)
-            entry.wid = frame.wid
-            out.append((frame.wid, entry))
-        return out
 
     # -- checkpoints and close --------------------------------------------------------------
 
