@@ -26,6 +26,7 @@ from fusee._errors import (
     UnknownWorkflowError,
     failure_from,
 )
+from fusee.engine import idle
 from fusee.engine.handle import Run, RunSummary, listed_status
 from fusee.engine.idle import IdleReport
 from fusee.engine.recovery import recover
@@ -366,51 +367,7 @@ class Engine:
         shard's next due time comes within 250 ms: nothing is polled."""
         _seconds(grace, "grace")
         _seconds(timeout, "timeout")
-        loop = asyncio.get_running_loop()
-        give_up = None if timeout is None else loop.time() + timeout
-        idle_since: float | None = None
-        self.idle_waiters += 1
-        try:
-            while True:
-                self.activity.clear()
-                now = loop.time()
-                if self.idle():
-                    idle_since = now if idle_since is None else idle_since
-                    wait = idle_since + grace - now
-                    if wait <= 0:
-                        return True
-                    due = self._next_busy_in()
-                    if due is not None:
-                        wait = min(wait, due)
-                else:
-                    if not all(shard.idle(housekeeping=True) for shard in self.shards):
-                        # Progress, not a checkpoint of parked runs: the grace restarts.
-                        # (A checkpoint taken because every run parked would otherwise add
-                        # a whole grace to every invocation.)
-                        idle_since = None
-                    wait = self._next_busy_in() or 3600.0
-                if give_up is not None:
-                    if now >= give_up:
-                        return False
-                    wait = min(wait, give_up - now)
-                try:
-                    await asyncio.wait_for(self.activity.wait(), max(wait, 0.001))
-                except TimeoutError:
-                    pass
-        finally:
-            self.idle_waiters -= 1
-
-    def _next_busy_in(self) -> float | None:
-        """Seconds until a shard's next due time comes within 250 ms, or an unanswered
-        message stops holding its shard (None: neither)."""
-        soonest: int | None = None
-        for shard in self.shards:
-            at = shard.next_change_ms()
-            if at and (soonest is None or at < soonest):
-                soonest = at
-        if soonest is None:
-            return None
-        return max(0.0, (soonest - self.clock.now_ms()) / 1000)
+        return await idle.wait_idle(self, grace, timeout)
 
     def drain(self, indexes: Sequence[int] | None = None) -> None:
         """Route nothing new to these shards (all, by default) and answer what was already

@@ -3,11 +3,13 @@ and what a shard reports when an invoked worker lets it go (IDLE)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol
 
 import msgspec
 
+from fusee._clock import Clock
 from fusee.engine.outbox import ANSWER_WAIT_MS, Outbox
 from fusee.engine.run import RunState
 from fusee.journal import Status
@@ -139,3 +141,70 @@ def report(shard: IdleView, *, budget_ended: bool = False, handed_back: Sequence
         types_without_code=sorted(shard.types_without_code),
         handed_back=list(handed_back),
     )
+
+
+class Watched(Protocol):
+    """What waiting for idleness needs of the engine: its shards, the event their changes
+    set while someone waits (`idle_waiters` says so, so nobody else pays for it), and
+    its clock."""
+
+    idle_waiters: int
+
+    @property
+    def shards(self) -> Sequence[IdleView]: ...
+    @property
+    def activity(self) -> asyncio.Event: ...
+    @property
+    def clock(self) -> Clock: ...
+
+
+async def wait_idle(engine: Watched, grace: float, timeout: float | None) -> bool:
+    """`Engine.wait_idle`: True once every shard has been idle for `grace` seconds on end,
+    False if `timeout` seconds pass first. Woken by the shards' own changes and by the
+    clock when a shard's next due time comes within 250 ms: nothing is polled."""
+    loop = asyncio.get_running_loop()
+    give_up = None if timeout is None else loop.time() + timeout
+    idle_since: float | None = None
+    engine.idle_waiters += 1
+    try:
+        while True:
+            engine.activity.clear()
+            now = loop.time()
+            if all(is_idle(shard) for shard in engine.shards):
+                idle_since = now if idle_since is None else idle_since
+                wait = idle_since + grace - now
+                if wait <= 0:
+                    return True
+                due = _next_busy_in(engine)
+                if due is not None:
+                    wait = min(wait, due)
+            else:
+                if not all(is_idle(shard, housekeeping=True) for shard in engine.shards):
+                    # Progress, not a checkpoint of parked runs: the grace restarts.
+                    # (A checkpoint taken because every run parked would otherwise add
+                    # a whole grace to every invocation.)
+                    idle_since = None
+                wait = _next_busy_in(engine) or 3600.0
+            if give_up is not None:
+                if now >= give_up:
+                    return False
+                wait = min(wait, give_up - now)
+            try:
+                await asyncio.wait_for(engine.activity.wait(), max(wait, 0.001))
+            except TimeoutError:
+                pass
+    finally:
+        engine.idle_waiters -= 1
+
+
+def _next_busy_in(engine: Watched) -> float | None:
+    """Seconds until a shard's next due time comes within 250 ms, or an unanswered
+    message stops holding its shard (None: neither)."""
+    soonest: int | None = None
+    for shard in engine.shards:
+        at = next_change_ms(shard)
+        if at and (soonest is None or at < soonest):
+            soonest = at
+    if soonest is None:
+        return None
+    return max(0.0, (soonest - engine.clock.now_ms()) / 1000)

@@ -438,9 +438,6 @@ class Shard:
     def idle(self, *, housekeeping: bool = False) -> bool:
         return idle.is_idle(self, housekeeping=housekeeping)
 
-    def next_change_ms(self) -> int:
-        return idle.next_change_ms(self)
-
     def poke(self) -> None:
         """Something changed that may change `idle()`: wake `Engine.wait_idle`."""
         if self.engine.idle_waiters:
