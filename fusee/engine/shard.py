@@ -22,10 +22,10 @@ from fusee._errors import (
     Failure,
     FuseeError,
     IoError,
-    RejectedError,
 )
 from fusee.engine import checkpoint as checkpoints
 from fusee.engine import idle
+from fusee.engine.callers import Callers
 from fusee.engine.delivery import Delivery
 from fusee.engine.durability import Durability
 from fusee.engine.idle import IdleReport
@@ -116,8 +116,14 @@ class Shard:
         self.resume_type = self.loader.resume_type
         self.finished_run = self.loader.finished_run
         self.indexed = self.loader.indexed
-        self.result_waiters: dict[str, list[asyncio.Future[RunState]]] = {}
-        self.update_waiters: dict[tuple[str, str], list[asyncio.Future[R.UpdateDone]]] = {}
+        self.callers = Callers(self)
+        # The same dicts (idleness reads the updates waited for); bound once, as above.
+        self.result_waiters = self.callers.results
+        self.update_waiters = self.callers.updates
+        self.result_waiter = self.callers.result_waiter
+        self.update_waiter = self.callers.update_waiter
+        self.update_finished = self.callers.update_finished
+        self.run_stuck = self.callers.run_stuck
         self.ready: set[RunState] = set()
         self.pump_scheduled = False
         self.steps_run = 0
@@ -224,45 +230,6 @@ class Shard:
         self.durability.gates.clear()
         self.engine.shard_stopped(self)
         self.poke()
-
-    def _fail_waiting(self) -> None:
-        """Fail every caller still waiting on the shard (for a result, an update's answer,
-        a durable position, a load) with why it let go: nothing would answer them now."""
-        error = self.stopped_error()
-        waiting: list[asyncio.Future[Any]] = [*self.durability.waiting, *self.loading.values()]
-        for results in self.result_waiters.values():
-            waiting.extend(results)
-        for updates in self.update_waiters.values():
-            waiting.extend(updates)
-        for fut in waiting:
-            if not fut.done():
-                fut.set_exception(error)
-                fut.exception()  # a loader nobody awaits must not be reported as unretrieved
-        self.durability.waiting.clear()
-        self.result_waiters.clear()
-        self.update_waiters.clear()
-
-    def result_waiter(self, wid: str) -> asyncio.Future[RunState]:
-        """A future the end of `wid`'s current run (or of the run it continues as) resolves.
-        The caller must have seen, with no await since, that the run has not ended: a
-        waiter added for a run that ended before is answered by nothing."""
-        self._check_waitable()
-        fut: asyncio.Future[RunState] = asyncio.get_running_loop().create_future()
-        self.result_waiters.setdefault(wid, []).append(fut)
-        return fut
-
-    def update_waiter(self, wid: str, update_id: str) -> asyncio.Future[R.UpdateDone]:
-        """A future the update's durable answer resolves (or its run's end refuses)."""
-        self._check_waitable()
-        fut: asyncio.Future[R.UpdateDone] = asyncio.get_running_loop().create_future()
-        self.update_waiters.setdefault((wid, update_id), []).append(fut)
-        return fut
-
-    def _check_waitable(self) -> None:
-        # A shard that stopped or closed while the caller awaited (a read, a load) has
-        # failed the waiters it had, once: one added after that would wait for ever.
-        if self.closed:
-            raise self.stopped_error()
 
     # -- scheduling runs -------------------------------------------------------------------
 
@@ -537,11 +504,7 @@ class Shard:
         """The run ended (live): answer its callers once the end is durable; a run that
         continued as new is followed by its next run in the same batch."""
         rec = run.outcome
-        for key in [k for k in self.update_waiters if k[0] == run.wid]:
-            if key[1] not in run.update_results:
-                for fut in self.update_waiters.pop(key):
-                    if not fut.done():
-                        fut.set_exception(RejectedError("the workflow ended before the update finished"))
+        self.callers.refuse_updates(run)
         if isinstance(rec, R.ContinuedAsNew):
             # The deadline (a start's `timeout=` or the definition's) is the workflow ID's:
             # it bounds the whole chain of runs, as the caller of `result()` sees one.
@@ -557,18 +520,10 @@ class Shard:
             self._begin(run.wid, run.run_no + 1, started)
             return
 
-        # Taken now (a new run of the ID may get waiters of its own before this end is
-        # durable), and held where a shard that stops before then fails them: otherwise
-        # they would wait for a gate that never opens.
-        waiters = self.result_waiters.pop(run.wid, [])
-        waiting = self.durability.waiting
-        waiting.update(waiters)
+        waiters = self.callers.take_results(run)
 
         def release() -> None:
-            waiting.difference_update(waiters)
-            for fut in waiters:
-                if not fut.done():
-                    fut.set_result(run)
+            self.callers.answer_results(run, waiters)
             key = key_of(run.wid)  # hashed once for both uses (a BLAKE2 per call)
             if self.runs.get(run.wid) is run and not self.index_entries.holds_key(key):
                 ref = self.put_frame(run)
@@ -582,24 +537,6 @@ class Shard:
                 self.timers.forget(run)
 
         self.when_durable(run.last_lsn, release)
-
-    def update_finished(self, run: RunState, rec: R.UpdateDone) -> None:
-        key = (run.wid, rec.id)
-        if key in self.update_waiters:
-            # Answered once the result is durable; until then the waiters stay registered,
-            # so a shard that stops first fails them instead of leaving them waiting.
-            def release() -> None:
-                for fut in self.update_waiters.pop(key, []):
-                    if not fut.done():
-                        fut.set_result(rec)
-
-            self.when_durable(run.last_lsn, release)
-
-    def run_stuck(self, run: RunState) -> None:
-        """Under the dev profile a caller waiting for the result learns at once."""
-        for fut in self.result_waiters.get(run.wid, []) if self.engine.profile == "dev" else []:
-            if not fut.done():
-                fut.set_result(run)
 
     # -- checkpoints and close --------------------------------------------------------------
 
@@ -639,7 +576,7 @@ class Shard:
         waiting on the shard hear that it closed (or why it stopped), as a caller of a
         shard let go or lost hears it: none is left waiting on a shard that runs nothing."""
         self.closed = True
-        self._fail_waiting()
+        self.callers.fail_all(self.loading.values())
         self.timers.cancel()
         for task in list(self.tasks):
             task.cancel()  # its task group goes with it (one running this, at its next await)
