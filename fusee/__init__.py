@@ -27,8 +27,8 @@ from fusee._errors import (
     WorkflowError,
 )
 from fusee.engine.engine import Engine
-from fusee.engine.handle import Run, RunDescription, RunSummary
 from fusee.engine.replay import Replayer
+from fusee.engine.run_handle import Run, RunDescription, RunSummary
 from fusee.storage import Durability
 from fusee.workflow.ctx import ChildHandle, Completion, Ctx, StepContext
 from fusee.workflow.definitions import (

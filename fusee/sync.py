@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 from fusee._errors import Failure
 from fusee.client import Client as AsyncClient
 from fusee.client import ClientRun as AsyncRun
-from fusee.engine.handle import RunDescription, RunSummary
+from fusee.engine.run_handle import RunDescription, RunSummary
 from fusee.workflow.definitions import Query, Signal, Update, Workflow
 from fusee.workflow.durations import Duration
 

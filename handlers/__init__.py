@@ -30,7 +30,7 @@ from typing import Any
 from fusee import FuseeError, Workflow, _secrets
 from fusee.invoke import InvocationHandler
 from fusee.invoke._body import BODY_TIMEOUT_S, BODY_WAITS_MAX
-from fusee.invoke._handler import check_files
+from fusee.invoke._entry_points import check_files
 from fusee.protocol.address import Address
 from fusee.protocol.address import parse as parse_address
 

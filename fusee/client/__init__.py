@@ -35,7 +35,7 @@ from fusee import _names as names
 from fusee import journal as R
 from fusee._errors import ConnectionError, Failure, FuseeError, NoHolderError, failure_from
 from fusee.client._link import Link
-from fusee.engine.handle import RunDescription, RunSummary, listed_status
+from fusee.engine.run_handle import RunDescription, RunSummary, listed_status
 from fusee.protocol import messages as m
 from fusee.protocol.address import parse
 from fusee.protocol.connection import ClientConnection

@@ -27,10 +27,10 @@ from fusee._errors import (
     failure_from,
 )
 from fusee.engine import idle
-from fusee.engine.handle import Run, RunSummary, listed_status
 from fusee.engine.idle import IdleReport
 from fusee.engine.recovery import recover
 from fusee.engine.run import RunState
+from fusee.engine.run_handle import Run, RunSummary, listed_status
 from fusee.engine.shard import Shard
 from fusee.engine.tokens import make_token, parse_token
 from fusee.journal import STATUS_OF, Ack, Msg, Status
@@ -159,7 +159,7 @@ class Engine:
                 await abandon()
             raise
         if getattr(storage, "durability", None) is Durability.SERVER:
-            from fusee.engine.serve import CallServer  # the cold path imports no wire code
+            from fusee.engine.remote_calls import CallServer  # the cold path imports no wire code
 
             CallServer(engine, storage)  # type: ignore[arg-type]
         return engine

@@ -14,8 +14,8 @@ import msgspec
 from fusee import journal as R
 from fusee._errors import FuseeError
 from fusee.engine.index import RunIndex
-from fusee.engine.reads import RunReads
 from fusee.engine.run import RunHost, RunState
+from fusee.engine.run_reads import RunReads
 from fusee.engine.timers import Timers
 from fusee.journal import IndexEntry, Status
 from fusee.storage.contract import ShardStore

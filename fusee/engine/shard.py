@@ -26,13 +26,13 @@ from fusee._errors import (
 from fusee.engine import checkpoint as checkpoints
 from fusee.engine import idle
 from fusee.engine.callers import Callers
-from fusee.engine.delivery import Delivery
 from fusee.engine.durability import Durability
 from fusee.engine.idle import IdleReport
 from fusee.engine.index import RunIndex, key_of
 from fusee.engine.loader import RunLoader
 from fusee.engine.outbox import RESEND_MS, Outbox
 from fusee.engine.run import RunState, stop_step
+from fusee.engine.shard_messages import Delivery
 from fusee.engine.steps import Steps
 from fusee.engine.timers import TICK, Timers
 from fusee.journal import FINAL, Ack, IndexEntry, Msg, Status

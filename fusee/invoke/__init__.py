@@ -2,7 +2,7 @@
 run until idle or until the budget, the IDLE reports, and the entry points (ASGI, AWS
 Lambda, any framework through `invoke`). docs/invoke.md says how to deploy it."""
 
-from fusee.invoke._handler import InvocationHandler, invocation_handler
+from fusee.invoke._entry_points import InvocationHandler, invocation_handler
 from fusee.invoke._request import Invocation, ShardSummary, Summary
 
 __all__ = ["Invocation", "InvocationHandler", "ShardSummary", "Summary", "invocation_handler"]

@@ -13,8 +13,8 @@ from fusee import journal as R
 from fusee._clock import VirtualClock
 from fusee._errors import DeterminismError, NotFoundError
 from fusee.engine.engine import Engine
-from fusee.engine.handle import Run
 from fusee.engine.replay import Replayer, journal_to_json
+from fusee.engine.run_handle import Run
 from fusee.storage import MemoryStorage, Storage
 from fusee.testing.crash_everywhere import Case, crash_everywhere
 from fusee.workflow.definitions import Workflow

@@ -19,7 +19,7 @@ class Answer(NamedTuple):
     meaning: str | None = None  # what the status means here, when it is not what MEANINGS says
 
 
-# What the handler (fusee/invoke/_handler.py) or the platform in front of it means by each
+# What the handler (fusee/invoke/_entry_points.py) or the platform in front of it means by each
 # status, said as what to check.
 MEANINGS = {
     400: "the handler could not read the request (is it a fusee handler of this version?)",

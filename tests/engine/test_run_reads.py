@@ -1,5 +1,5 @@
 """A burst of calls for parked runs reads their frames in one run-store request per loop
-turn (fusee/engine/reads.py): a client waiting on many results, or an invocation opening
+turn (fusee/engine/run_reads.py): a client waiting on many results, or an invocation opening
 while calls wait at the server, would otherwise make one round trip per run. Each caller
 still gets its own run, and a caller that gives up leaves the others their answers."""
 

@@ -94,7 +94,7 @@ def test_the_image_holds_the_handler_the_app_and_fusee_and_nothing_else(image: I
 
 def test_the_build_context_is_what_the_dockerfile_copies() -> None:
     rules = ignore_rules(HERE / "Dockerfile.dockerignore")
-    copied = ["pyproject.toml", "README.md", "fusee/__init__.py", "fusee/invoke/_handler.py"]
+    copied = ["pyproject.toml", "README.md", "fusee/__init__.py", "fusee/invoke/_entry_points.py"]
     copied += ["handlers/asgi.py", "examples/orders/orders.py"]
     assert all(included(path, rules) for path in copied)
     left_out = [".venv/bin/python", "server/fusee_server/server.py", "server/target/release/x.so"]

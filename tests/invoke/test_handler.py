@@ -13,7 +13,7 @@ import pytest
 import fusee
 import fusee.invoke
 from fusee.invoke import InvocationHandler, invocation_handler
-from fusee.invoke._run import Budget
+from fusee.invoke._invocation import Budget
 from fusee.protocol.address import parse
 from fusee.protocol.signature import sign
 from tests.invoke import events, flows

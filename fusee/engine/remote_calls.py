@@ -31,7 +31,7 @@ from fusee._errors import (
     RejectedError,
     _FailureError,
 )
-from fusee.engine.handle import Run, RunSummary
+from fusee.engine.run_handle import Run, RunSummary
 from fusee.engine.shard import Shard
 from fusee.protocol import messages as m
 from fusee.protocol.frames import FrameError

@@ -42,7 +42,7 @@ from fusee import _secrets as secrets_
 from fusee._errors import RejectedError
 from fusee.invoke import _request as request_
 from fusee.invoke._body import BODY_TIMEOUT_S, BODY_WAITS_MAX, Bodies, Refused
-from fusee.invoke._run import Trace, Unavailable, run
+from fusee.invoke._invocation import Trace, Unavailable, run
 from fusee.protocol import signature
 from fusee.protocol.address import Address
 from fusee.protocol.address import parse as parse_address
