@@ -20,39 +20,10 @@ _ACTIVE, _WAITING_FOR_CODE = Status.ACTIVE, Status.WAITING_FOR_CODE
 async def recover(shard: Shard) -> None:
     """Rebuild a shard from its store: the newest checkpoint, then the log after it, read
     page by page; run frames are read in one batch."""
-    store = shard.store
-    latest = await store.latest_checkpoint()
-    active: list[IndexEntry] = []
-    if latest is not None:
-        checkpoint = R.decode_checkpoint(latest[1])
-        shard.durability.reset(checkpoint.position)
-        shard.checkpoint_position = checkpoint.position
-        shard.outbox.next_msg = checkpoint.next_msg
-        for msg, wid, run_no in checkpoint.outbox:
-            shard.outbox._add(msg, wid, run_no)
-        for src, number, failure in checkpoint.received:
-            shard.outbox.received[(src, number)] = failure
-        workflows = shard.engine.workflows
-        for entry in checkpoint.runs:
-            # A run that waited for its code is loaded when this engine has that code.
-            if entry.status == _ACTIVE or (entry.status == _WAITING_FOR_CODE and entry.type in workflows):
-                active.append(entry)
-                continue
-            shard.index_entries.put_key(entry.key, entry)
-            if entry.status == _WAITING_FOR_CODE:
-                shard.types_without_code.add(entry.type)
-
-    # The log after the checkpoint, grouped by workflow ID in order of first appearance.
-    tails: dict[str, list[tuple[int, R.Rec]]] = {}
-    start = position = shard.appended
-    while page := await store.records(position):
-        for data in page:
-            position += 1
-            logged = R.decode_entry(data)
-            if logged.wid == "":
-                shard.outbox.note("", 0, logged.rec, None)
-            else:
-                tails.setdefault(logged.wid, []).append((logged.run, logged.rec))
+    latest = await shard.store.latest_checkpoint()
+    active = _from_checkpoint(shard, R.decode_checkpoint(latest[1])) if latest is not None else []
+    start = shard.appended
+    tails, position = await _log_after(shard, start)
     shard.durability.reset(position)
 
     # Runs that were loaded at the checkpoint are loaded again (a step may have been in
@@ -91,6 +62,45 @@ async def recover(shard: Shard) -> None:
     due = shard.index_entries.next_due_ms()
     if due:
         shard.timers.arm_for(due)
+
+
+def _from_checkpoint(shard: Shard, checkpoint: R.Checkpoint) -> list[IndexEntry]:
+    """Take the checkpoint's position, outbox and index; the entries of the runs that were
+    loaded when it was taken (to be loaded again), in its order."""
+    shard.durability.reset(checkpoint.position)
+    shard.checkpoint_position = checkpoint.position
+    shard.outbox.next_msg = checkpoint.next_msg
+    for msg, wid, run_no in checkpoint.outbox:
+        shard.outbox._add(msg, wid, run_no)
+    for src, number, failure in checkpoint.received:
+        shard.outbox.received[(src, number)] = failure
+    active: list[IndexEntry] = []
+    workflows = shard.engine.workflows
+    for entry in checkpoint.runs:
+        # A run that waited for its code is loaded when this engine has that code.
+        if entry.status == _ACTIVE or (entry.status == _WAITING_FOR_CODE and entry.type in workflows):
+            active.append(entry)
+            continue
+        shard.index_entries.put_key(entry.key, entry)
+        if entry.status == _WAITING_FOR_CODE:
+            shard.types_without_code.add(entry.type)
+    return active
+
+
+async def _log_after(shard: Shard, position: int) -> tuple[dict[str, list[tuple[int, R.Rec]]], int]:
+    """The log after `position`, read page by page: each run's records grouped by workflow
+    ID in order of first appearance (the shard's own records go to its outbox), and the
+    position after the last record."""
+    tails: dict[str, list[tuple[int, R.Rec]]] = {}
+    while page := await shard.store.records(position):
+        for data in page:
+            position += 1
+            logged = R.decode_entry(data)
+            if logged.wid == "":
+                shard.outbox.note("", 0, logged.rec, None)
+            else:
+                tails.setdefault(logged.wid, []).append((logged.run, logged.rec))
+    return tails, position
 
 
 async def _frames(shard: Shard, entries: list[IndexEntry]) -> list[R.Frame]:
