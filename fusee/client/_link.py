@@ -123,7 +123,7 @@ class Link:
             try:
                 async with asyncio.timeout(RECONNECT_WAIT_S):
                     await self.up.wait()
-            except TimeoutError:
+            except TimeoutError:  # the builtin, asyncio.timeout's
                 last = f" (last attempt: {self.last_attempt.message})" if self.last_attempt else ""
                 lost = self.lost.message if self.lost is not None else "the connection was lost"
                 raise errors.ConnectionError(

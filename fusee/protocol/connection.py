@@ -304,10 +304,11 @@ async def _connect(
             "name= in the address (the server takes TLS 1.3 only and, when started with --tls-ca, "
             "a client certificate signed by that CA)"
         ) from None
-    except TimeoutError:
+    except TimeoutError:  # the builtin, asyncio.timeout's
         raise errors.ConnectionError(
             f"the server at {where} did not complete the connection within {CONNECT_TIMEOUT_S:g} s"
         ) from None
+    # The builtin ConnectionError among them; fusee's (from `conn.ready`) is no OSError.
     except OSError as error:
         raise errors.ConnectionError(
             f"cannot connect to the server at {where}: {error.strerror or error}"
