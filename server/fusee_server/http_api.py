@@ -108,26 +108,26 @@ class StateCollector(Collector):
         yield GaugeMetricFamily(
             "fusee_shards_held",
             "Shards a worker (long-lived or invoked) holds a lease on.",
-            value=sum(1 for slot in server.slots if slot.holder is not None),
+            value=sum(1 for lease in server.leases.table if lease.holder is not None),
         )
         workers = GaugeMetricFamily(
             "fusee_workers_connected",
             "Workers connected: long-lived ones (standbys included) and invoked ones.",
             labels=["kind"],
         )
-        invoked = sum(1 for conn in server.connections if conn.invocation is not None)
-        workers.add_metric(["long_lived"], len(server.workers))
+        invoked = sum(1 for conn in server.leases.connections if conn.invocation is not None)
+        workers.add_metric(["long_lived"], len(server.leases.workers))
         workers.add_metric(["invoked"], invoked)
         yield workers
         yield GaugeMetricFamily(
             "fusee_connections_open",
             "Connections open: workers, their pingers and clients.",
-            value=len(server.connections),
+            value=len(server.leases.connections),
         )
         yield GaugeMetricFamily(
             "fusee_calls_in_flight",
             "Client calls relayed to a worker and not answered yet.",
-            value=len(server.calls),
+            value=len(server.relay.calls),
         )
         yield GaugeMetricFamily(
             "fusee_calls_waiting",

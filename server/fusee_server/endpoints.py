@@ -1,5 +1,5 @@
 """Invocation endpoints as `fusee server` is told of them: `--invoke URL` (or
-`--invoke lambda:FUNCTION[:QUALIFIER]`, see lambda_invoke.py) starts one and
+`--invoke lambda:FUNCTION[:QUALIFIER]`, see lambda_client.py) starts one and
 the `--invoke-*` options after it apply to it, or `--invoke-config FILE` holds them as
 JSON (spec: Invoked workers, *Configuration*). A wrong setting stops the start, naming
 it; unknown keys in the file are refused, so a misspelt one never goes unnoticed."""
@@ -17,7 +17,8 @@ from urllib.parse import urlsplit
 import msgspec
 
 from fusee import _secrets
-from fusee_server import lambda_invoke
+from fusee._errors import SettingError
+from fusee_server import lambda_client
 
 logger = logging.getLogger("fusee.invoker")
 
@@ -56,10 +57,6 @@ class Endpoint(EndpointSettings, kw_only=True):
 
 class EndpointsFile(msgspec.Struct, forbid_unknown_fields=True):
     endpoints: list[EndpointSettings]
-
-
-class ConfigError(Exception):
-    """A wrong setting: the message names it."""
 
 
 class InvokeAction(argparse.Action):
@@ -115,13 +112,13 @@ def _int(value: Any, option: str, low: int, high: int) -> int:
     try:
         number = int(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"{option} {value!r}: expected a whole number") from None
+        raise SettingError(f"{option} {value!r}: expected a whole number") from None
     if not low <= number <= high:
-        raise ConfigError(f"{option} {number}: expected {low} to {high}")
+        raise SettingError(f"{option} {number}: expected {low} to {high}")
     return number
 
 
-def endpoints(args: argparse.Namespace) -> list[Endpoint]:
+def from_args(args: argparse.Namespace) -> list[Endpoint]:
     """The endpoints the options and the config file name, checked, secrets read."""
     found: list[tuple[Endpoint, str]] = []
     for given in args.endpoints:
@@ -140,7 +137,7 @@ def endpoints(args: argparse.Namespace) -> list[Endpoint]:
         where = f"--invoke-config {args.invoke_config}"
         listed = _read_file(args.invoke_config)
         if not listed:
-            raise ConfigError(
+            raise SettingError(
                 f'{where}: "endpoints" is empty: list at least one endpoint, or leave --invoke-config out '
                 "(a server without endpoints invokes nothing)"
             )
@@ -157,18 +154,18 @@ def _read_file(path: str) -> list[EndpointSettings]:
     try:
         return msgspec.json.decode(Path(path).read_bytes(), type=EndpointsFile).endpoints
     except OSError as error:
-        raise ConfigError(f"{where}: {error.strerror or error}") from None
+        raise SettingError(f"{where}: {error.strerror or error}") from None
     except msgspec.ValidationError as error:
         if "unknown field `secret`" in str(error):
             # A secret written into the config file would skip the checks its file gets
             # (16 bytes at least), and sits in a file made to be shared and reviewed.
-            raise ConfigError(
+            raise SettingError(
                 f'{where}: an inline "secret" is not accepted ({error}): put the secret in a file of '
                 'its own (at least 16 bytes; chmod 600) and name it with "secretFile"'
             ) from None
-        raise ConfigError(f"{where}: {error}") from None
+        raise SettingError(f"{where}: {error}") from None
     except msgspec.DecodeError as error:
-        raise ConfigError(f"{where}: not JSON: {error}") from None
+        raise SettingError(f"{where}: not JSON: {error}") from None
 
 
 def check(endpoint: Endpoint, where: str | None = None) -> None:
@@ -176,12 +173,12 @@ def check(endpoint: Endpoint, where: str | None = None) -> None:
     in range, TLS files that go together, a secret file that is long enough. `where`
     names the option that gave it."""
     where = where or f"--invoke {endpoint.url}"
-    if lambda_invoke.is_lambda(endpoint.url):
+    if lambda_client.is_lambda(endpoint.url):
         _check_lambda(endpoint, where)
     else:
         _check_url(endpoint.url, where)
         if endpoint.region is not None:
-            raise ConfigError(f"{where}: --invoke-region is for lambda: endpoints")
+            raise SettingError(f"{where}: --invoke-region is for lambda: endpoints")
     for name, low, high in (
         ("concurrency", 1, 10_000),
         ("budget_ms", 1000, BUDGET_MS_MAX),
@@ -190,17 +187,17 @@ def check(endpoint: Endpoint, where: str | None = None) -> None:
     ):
         _int(getattr(endpoint, name), f"{where}: {name}", low, high)
     if (endpoint.cert is None) != (endpoint.key is None):
-        raise ConfigError(f"{where}: --invoke-cert and --invoke-key go together")
+        raise SettingError(f"{where}: --invoke-cert and --invoke-key go together")
     if endpoint.key is not None:
         _secrets.check_private(endpoint.key, f"{where}: --invoke-key")
     if (endpoint.ca or endpoint.cert) and urlsplit(endpoint.url).scheme != "https":
-        raise ConfigError(f"{where}: --invoke-ca/--invoke-cert need an https:// URL")
+        raise SettingError(f"{where}: --invoke-ca/--invoke-cert need an https:// URL")
     if endpoint.secret_file is not None:
         try:
             endpoint.secret = _secrets.load(endpoint.secret_file, "--invoke-secret-file")
         except _secrets.SecretError as error:
-            raise ConfigError(f"{where}: {error}") from None
-    elif lambda_invoke.is_lambda(endpoint.url):
+            raise SettingError(f"{where}: {error}") from None
+    elif lambda_client.is_lambda(endpoint.url):
         logger.warning(
             "%s has no --invoke-secret-file: its invocations are unsigned, so whoever IAM lets "
             "invoke the function can make it run one",
@@ -222,16 +219,16 @@ def _check_url(url: str, where: str) -> None:
     the start here rather than costing a failed POST, a backoff and a log line each."""
     expected = "expected an http:// or https:// URL, or lambda:FUNCTION[:QUALIFIER]"
     if any(c.isspace() or not c.isprintable() for c in url):
-        raise ConfigError(f"{where}: a URL has no spaces or control characters ({expected})")
+        raise SettingError(f"{where}: a URL has no spaces or control characters ({expected})")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"{where}: {expected}")
+        raise SettingError(f"{where}: {expected}")
     try:
         port = parts.port
     except ValueError:
         port = -1
     if port is not None and not 1 <= port <= 65535:
-        raise ConfigError(f"{where}: the port is not one from 1 to 65535")
+        raise SettingError(f"{where}: the port is not one from 1 to 65535")
     host = parts.hostname
     try:
         ipaddress.ip_address(host)
@@ -241,17 +238,17 @@ def _check_url(url: str, where: str) -> None:
     try:
         ascii_host = host.encode("idna").decode("ascii")
     except UnicodeError:
-        raise ConfigError(f"{where}: {host!r} is not a host name") from None
+        raise SettingError(f"{where}: {host!r} is not a host name") from None
     labels = ascii_host.removesuffix(".").split(".")
     if len(ascii_host) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels):
-        raise ConfigError(f"{where}: {host!r} is not a host name (letters, digits, - and . only)")
+        raise SettingError(f"{where}: {host!r} is not a host name (letters, digits, - and . only)")
 
 
 def _check_lambda(endpoint: Endpoint, where: str) -> None:
     """The function parses and a region is known, now: a wrong one fails the start, not
     every invocation. boto3 is imported here, only when such an endpoint is configured."""
     try:
-        target = lambda_invoke.parse(endpoint.url)
-        endpoint.region = lambda_invoke.region(endpoint.region, target)
+        target = lambda_client.parse(endpoint.url)
+        endpoint.region = lambda_client.region(endpoint.region, target)
     except ValueError as error:
-        raise ConfigError(f"{where}: {error}") from None
+        raise SettingError(f"{where}: {error}") from None
