@@ -4,8 +4,9 @@ module of fusee or fusee_server may use it.
 
 The trace (`FUSEE_INVOKE_TRACE`) is one line per invocation event, on standard error, as
 it is (the application's log format does not wrap it, so scripts and tests can read its
-`key=value` fields): docs/invoke.md and docs/server.md, *Trace*. It is on unless the
-variable is unset, empty or `0`, the one rule both sides read it with.
+`key=value` fields): docs/invoke.md, *In an application*, and docs/server.md, *Invoking
+workers*, **Trace**. It is on unless the variable is unset, empty or `0`, the one rule
+both sides read it with.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ thread (group commit, as in local mode: `store.py`), and the disk work that may 
 (recovery reads, run-store reads, checkpoints, log retirement) on executors. Only what is
 known to be small is read on the loop (INLINE_READ_BYTES: a thread hop costs more).
 Every write here comes after its lease was checked (`Leases.held`) in the same step of
-the loop: no other frame can move the lease between them (docs/server.md, *Leases*).
+the loop: no other frame can move the lease between them (docs/server.md, *Leases and
+liveness*; *The disk and the event loop*).
 """
 
 from __future__ import annotations

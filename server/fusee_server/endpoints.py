@@ -1,7 +1,7 @@
 """Invocation endpoints as `fusee server` is told of them: `--invoke URL` (or
 `--invoke lambda:FUNCTION[:QUALIFIER]`, see lambda_client.py) starts one and
 the `--invoke-*` options after it apply to it, or `--invoke-config FILE` holds them as
-JSON (spec: Invoked workers, *Configuration*). A wrong setting stops the start, naming
+JSON (docs/server.md, *Invoking workers*). A wrong setting stops the start, naming
 it; unknown keys in the file are refused, so a misspelt one never goes unnoticed."""
 
 from __future__ import annotations

@@ -40,8 +40,8 @@ ANSWER_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0
 # A shard's open is its recovery: a fraction of a millisecond for a small shard, seconds
 # for one holding hundreds of thousands of runs.
 OPEN_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-# How an invocation ended, as `EndpointState.counts` names it (spec: Invoked workers,
-# *Metrics*); a throttle (429, 503) is counted apart from a failure, as the invoker treats it.
+# How an invocation ended, as `EndpointState.counts` names it (docs/server.md, *Invoking
+# workers*, **Metrics**); a throttle (429, 503) is counted apart from a failure, as the invoker treats it.
 OUTCOMES = ("succeeded", "failed", "timed_out", "without_lease", "throttled")
 NOT_OUTCOMES = {"sent", "shards", "steps"}  # the other keys of `EndpointState.counts`
 SHUTDOWN_S = 1.0  # a scrape is answered at once: no need to wait long for one in flight

@@ -1,6 +1,7 @@
 """The invoker: when a shard has work and no worker, POST a signed request to an
-endpoint whose handler opens an engine for it (spec: Invoked workers), or hand the same
-request to the Lambda Invoke API for a `lambda:` endpoint (lambda_client.py).
+endpoint whose handler opens an engine for it (docs/server.md, *Invoking workers*; the
+handler's side in docs/invoke.md), or hand the same request to the Lambda Invoke API for
+a `lambda:` endpoint (lambda_client.py).
 
 A shard is due when no worker holds it and a call or a message waits for it, its last
 holder's reported next due time comes, its holder left without reporting, or the server

@@ -6,7 +6,8 @@ up to its `max-shards` when it connects and waits as a standby for the others; a
 let go of (its holder released it, closed, or went silent) goes to the first standby with
 room. Every write names its shard's epoch and is refused unless the connection holds that
 lease (`Leases.held`); a refused write closes the connection (a worker that writes under
-a lease it lost is out of step, and all its leases go with it). docs/server.md, *Leases*.
+a lease it lost is out of step, and all its leases go with it): docs/server.md, *Leases
+and liveness*.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ A message for a shard nobody holds waits (the newest RELAY_FRAMES_MAX, RELAY_BYT
 its sender resending it every second until acknowledged. A call for such a shard fails at
 once (NoHolder) unless an invoker may bring a holder: then it waits up to CALL_WAIT_S and
 makes its shard due. A call its worker answered MOVED, or never answered because it left,
-goes to the shard's next holder as if it arrived then (docs/server.md, *Calls*).
+goes to the shard's next holder as if it arrived then (docs/server.md, *Calls and
+messages*).
 """
 
 from __future__ import annotations
