@@ -118,6 +118,47 @@ class Invocation:
         return max(0, int(self.endpoint.config.budget_ms - (now - self.sent) * 1000))
 
 
+class HttpTransport:
+    """POSTs to one endpoint's URL, as `LambdaTransport` calls a function: what it answered,
+    as an `Answer`, so the outcome is decided in one place for both kinds of endpoint."""
+
+    def __init__(self, config: Endpoint) -> None:
+        self.config = config
+        self.session: aiohttp.ClientSession | None = None  # made at the first request
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self.session is None:
+            context: ssl.SSLContext | bool = True
+            config = self.config
+            if config.ca is not None or config.cert is not None:
+                context = ssl.create_default_context(cafile=config.ca)
+                if config.cert is not None:
+                    context.load_cert_chain(config.cert, config.key)
+            self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context))
+        return self.session
+
+    async def send(self, headers: dict[str, str], body: bytes) -> Answer:
+        """What the endpoint's URL answered a POST."""
+        config = self.config
+        timeout = aiohttp.ClientTimeout(total=(config.budget_ms + config.grace_ms) / 1000)
+        # No redirect is followed: the signed request would go to whatever origin the
+        # Location names (https to http included). A 3xx is a failed answer.
+        async with self._session().post(
+            config.url, data=body, headers=headers, timeout=timeout, allow_redirects=False
+        ) as response:
+            data = await response.read()
+            return Answer(
+                response.status,
+                response.headers.get("retry-after"),
+                data[:500].decode(errors="replace"),
+                response.headers.get("location"),
+            )
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+
 class EndpointState:
     def __init__(self, config: Endpoint) -> None:
         self.config = config
@@ -143,10 +184,11 @@ class EndpointState:
         self.max_ms = 0.0  # ...and at most
         self.answer_ms: list[float] = []  # the last 256 times from sending to the answer
         self.ready_s: list[float] = []  # the last 64 times from sending to an engine being open
-        self.session: aiohttp.ClientSession | None = None
         # A lambda: endpoint calls the Invoke API instead of POSTing (boto3 loads here, at
         # the start, so the first invocations do not wait for it).
-        self.transport = LambdaTransport(config) if lambda_client.is_lambda(config.url) else None
+        self.transport: LambdaTransport | HttpTransport = (
+            LambdaTransport(config) if lambda_client.is_lambda(config.url) else HttpTransport(config)
+        )
 
     def lead_s(self) -> float:
         """How much before a timer to invoke for it: the time this endpoint usually takes
@@ -432,34 +474,6 @@ class Invoker:
         task.add_done_callback(self.tasks.discard)
         return invocation
 
-    def _session(self, endpoint: EndpointState) -> aiohttp.ClientSession:
-        if endpoint.session is None:
-            context: ssl.SSLContext | bool = True
-            config = endpoint.config
-            if config.ca is not None or config.cert is not None:
-                context = ssl.create_default_context(cafile=config.ca)
-                if config.cert is not None:
-                    context.load_cert_chain(config.cert, config.key)
-            endpoint.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context))
-        return endpoint.session
-
-    async def _post_http(self, endpoint: EndpointState, headers: dict[str, str], body: bytes) -> Answer:
-        """What the endpoint's URL answered a POST."""
-        config = endpoint.config
-        timeout = aiohttp.ClientTimeout(total=(config.budget_ms + config.grace_ms) / 1000)
-        # No redirect is followed: the signed request would go to whatever origin the
-        # Location names (https to http included). A 3xx is a failed answer.
-        async with self._session(endpoint).post(
-            config.url, data=body, headers=headers, timeout=timeout, allow_redirects=False
-        ) as response:
-            data = await response.read()
-            return Answer(
-                response.status,
-                response.headers.get("retry-after"),
-                data[:500].decode(errors="replace"),
-                response.headers.get("location"),
-            )
-
     async def _post(self, invocation: Invocation) -> None:
         endpoint = invocation.endpoint
         config = endpoint.config
@@ -479,10 +493,7 @@ class Invoker:
         retry_after: float | None = None
         status = 0
         try:
-            if endpoint.transport is not None:
-                answer = await endpoint.transport.send(headers, body)
-            else:
-                answer = await self._post_http(endpoint, headers, body)
+            answer = await endpoint.transport.send(headers, body)
             status = answer.status
             if 200 <= status < 300:
                 outcome = "succeeded" if invocation.leased else "without_lease"
@@ -711,9 +722,9 @@ class Invoker:
         for task in list(self.tasks):
             task.cancel()
         for endpoint in self.endpoints:
-            if endpoint.session is not None:
-                await endpoint.session.close()
-            if endpoint.transport is not None:
+            if isinstance(endpoint.transport, HttpTransport):
+                await endpoint.transport.close()
+            else:
                 endpoint.transport.close()
 
 
