@@ -141,6 +141,12 @@ class TerminatedError(_FailureError):
     code = "Terminated"
 
 
+class SettingError(RuntimeError):
+    """A missing or wrong setting (an option, an environment variable, a key of a config
+    file): the message names it, so a start that could never work stops saying why. Not
+    a FuseeError: it is raised before anything runs, never across the wire."""
+
+
 class Fatal(Exception):
     """An application failure that no retry policy retries."""
 
