@@ -1,7 +1,7 @@
 """Fusee's errors and the failure envelope.
 
-Every error carries the spec's `code` and `docs` (a link to its section of the error
-reference). A failure raised by application code travels as a `Failure` envelope so its
+Every error carries its `code` and `docs`, a link to its section of the error reference
+(docs/errors.md). A failure raised by application code travels as a `Failure` envelope so its
 type, code, details and cause survive the journal and any number of nesting levels.
 """
 
@@ -139,6 +139,12 @@ class TimeoutError(_FailureError):
 
 class TerminatedError(_FailureError):
     code = "Terminated"
+
+
+class SettingError(RuntimeError):
+    """A missing or wrong setting (an option, an environment variable, a key of a config
+    file): the message names it, so a start that could never work stops saying why. Not
+    a FuseeError: it is raised before anything runs, never across the wire."""
 
 
 class Fatal(Exception):

@@ -28,6 +28,7 @@ import os
 from typing import Any
 
 from fusee import FuseeError, Workflow, _secrets
+from fusee import _errors as errors
 from fusee.invoke import InvocationHandler
 from fusee.invoke._body import BODY_TIMEOUT_S, BODY_WAITS_MAX
 from fusee.invoke._entry_points import check_files
@@ -35,8 +36,9 @@ from fusee.protocol.address import Address
 from fusee.protocol.address import parse as parse_address
 
 
-class SettingError(RuntimeError):
-    """A missing or bad environment setting; the message names it."""
+class SettingError(errors.SettingError):
+    """A missing or bad environment setting; the message names it. Fusee's one
+    SettingError, named after this package so that a failed import says where to look."""
 
 
 def from_environment(environ: dict[str, str] | None = None) -> InvocationHandler:

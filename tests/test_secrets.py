@@ -15,11 +15,12 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from fusee_server import invoke_config, main
+from fusee_server import endpoints, main
 
 import fusee
 import handlers
 from fusee import _secrets
+from fusee._errors import SettingError
 from fusee.invoke import invocation_handler
 from fusee.protocol import messages as m
 from fusee.protocol.address import parse
@@ -128,7 +129,7 @@ def test_the_server_reads_its_tokens_and_invocation_secrets_through_the_loader(t
     invoke = secret_file(tmp_path, "invoke", mode=0o644)
     with caplog.at_level(logging.WARNING):
         tokens = main._tokens(server_args("--token-file", worker, "--read-token-file", reader))
-        [endpoint] = invoke_config.endpoints(
+        [endpoint] = endpoints.from_args(
             server_args("--invoke", "http://127.0.0.1:9/", "--invoke-secret-file", invoke)
         )
     for path in (worker, reader, invoke):
@@ -136,8 +137,8 @@ def test_the_server_reads_its_tokens_and_invocation_secrets_through_the_loader(t
     assert endpoint.secret == VALUE.encode() and VALUE not in repr(endpoint)
     assert tokens.worker == VALUE.encode() and VALUE not in repr(tokens.scoped)
     short = secret_file(tmp_path, "short", value="short")
-    with pytest.raises(invoke_config.ConfigError, match=r"--invoke-secret-file .*: 5 bytes, at least 16"):
-        invoke_config.endpoints(server_args("--invoke", "http://127.0.0.1:9/", "--invoke-secret-file", short))
+    with pytest.raises(SettingError, match=r"--invoke-secret-file .*: 5 bytes, at least 16"):
+        endpoints.from_args(server_args("--invoke", "http://127.0.0.1:9/", "--invoke-secret-file", short))
     with pytest.raises(main.SettingError, match=r"--client-token-file .*: 5 bytes, at least 16"):
         main._tokens(server_args("--token-file", worker, "--client-token-file", short))
 
@@ -175,7 +176,7 @@ async def test_tls_private_keys_others_can_read_are_warned_about(tmp_path, caplo
     copy.write_bytes(Path(made.client.key).read_bytes())
     copy.chmod(0o644)
     with caplog.at_level(logging.WARNING):
-        invoke_config.endpoints(
+        endpoints.from_args(
             server_args(
                 "--invoke",
                 "https://127.0.0.1:9/",

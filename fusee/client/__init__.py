@@ -33,7 +33,7 @@ from fusee import _codec as codec
 from fusee import _errors as errors
 from fusee import _names as names
 from fusee import journal as R
-from fusee._errors import ConnectionError, Failure, FuseeError, NoHolderError, failure_from
+from fusee._errors import Failure, FuseeError, NoHolderError, failure_from
 from fusee.client._link import Link
 from fusee.engine.run_handle import RunDescription, RunSummary, listed_status
 from fusee.protocol import messages as m
@@ -173,7 +173,7 @@ class Client:
         return cls(link)
 
     @property
-    def lost(self) -> ConnectionError | None:
+    def lost(self) -> errors.ConnectionError | None:
         """Why the connection is down, while it is (it is being made again)."""
         return self.link.lost
 
@@ -362,7 +362,7 @@ class ClientRun(Generic[Out]):
             try:
                 value = await self.client.call("result", self.shard, id=self.id)
                 break
-            except (NoHolderError, ConnectionError):
+            except (NoHolderError, errors.ConnectionError):
                 if self.client.closed:
                     raise
             await asyncio.sleep(pause)
@@ -388,7 +388,7 @@ class ClientRun(Generic[Out]):
                     "signal", self.shard, id=self.id, name=name, value=value, signal_id=signal_id
                 )
                 return
-            except (NoHolderError, ConnectionError):
+            except (NoHolderError, errors.ConnectionError):
                 # A closed client says so at once; a lost connection is being made again.
                 if self.client.closed or asyncio.get_running_loop().time() + pause > deadline:
                     raise

@@ -14,8 +14,9 @@ import asyncio
 import logging
 from typing import Any
 
+from fusee import _errors as errors
 from fusee._backoff import Backoff
-from fusee._errors import ClosedError, ConnectionError, FuseeError
+from fusee._errors import ClosedError, FuseeError
 from fusee.protocol import messages as m
 from fusee.protocol.address import Address
 from fusee.protocol.connection import ClientConnection, connect
@@ -37,7 +38,7 @@ class Link:
         self.shards = 0
         self.rids = 0
         self.pending: dict[int, asyncio.Future[m.Answer]] = {}
-        self.lost: ConnectionError | None = None
+        self.lost: errors.ConnectionError | None = None
         self.closed = False
         self.up = asyncio.Event()  # set while connected, and once closed (waiters wake)
         self.reconnecting: asyncio.Task[None] | None = None
@@ -67,7 +68,7 @@ class Link:
             if future is not None and not future.done():
                 future.set_result(message)
 
-    def on_lost(self, error: ConnectionError) -> None:
+    def on_lost(self, error: errors.ConnectionError) -> None:
         # `conn` stays the last connection (closed now): `up` says whether it may be used.
         if not self.closed:
             self.up.clear()
@@ -81,10 +82,10 @@ class Link:
             if not future.done():
                 future.set_exception(self._in_flight(error))
 
-    def _in_flight(self, error: ConnectionError) -> FuseeError:
+    def _in_flight(self, error: errors.ConnectionError) -> FuseeError:
         if self.closed:
             return ClosedError("the client was closed before the call was answered")
-        return ConnectionError(
+        return errors.ConnectionError(
             f"{error.message}; the call may or may not have taken effect: retry it with the same "
             "workflow, update or signal ID (the client connects again by itself)"
         )
@@ -101,7 +102,7 @@ class Link:
                     conn, welcome = await connect(self.address, self._opening(), self)
                 except Exception as error:  # noqa: BLE001 - any failed attempt is tried again
                     self.last_attempt = (
-                        error if isinstance(error, FuseeError) else ConnectionError(repr(error))
+                        error if isinstance(error, FuseeError) else errors.ConnectionError(repr(error))
                     )
                     continue
                 finally:
@@ -122,10 +123,10 @@ class Link:
             try:
                 async with asyncio.timeout(RECONNECT_WAIT_S):
                     await self.up.wait()
-            except TimeoutError:
+            except TimeoutError:  # the builtin, asyncio.timeout's
                 last = f" (last attempt: {self.last_attempt.message})" if self.last_attempt else ""
                 lost = self.lost.message if self.lost is not None else "the connection was lost"
-                raise ConnectionError(
+                raise errors.ConnectionError(
                     f"{lost}; not connected again within {RECONNECT_WAIT_S:g} s{last}; retry"
                 ) from None
         if self.closed:

@@ -624,7 +624,7 @@ class Engine:
 async def _local_storage(dir: str, shards: int | None) -> Storage:
     """Local mode needs the disk path of the fusee-server distribution."""
     try:
-        from fusee_server.local import LocalStorage
+        from fusee_server.store import LocalStorage
     except ImportError:
         raise RejectedError(
             "local mode (Engine.open(dir)) needs the fusee-server distribution, which holds the "

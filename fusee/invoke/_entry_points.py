@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import ssl
 import threading
 import time
@@ -40,6 +39,7 @@ from typing import Any
 
 from fusee import _secrets as secrets_
 from fusee._errors import RejectedError
+from fusee._log import RateLimit, rate_limited, trace_enabled
 from fusee.invoke import _request as request_
 from fusee.invoke._body import BODY_TIMEOUT_S, BODY_WAITS_MAX, Bodies, Refused
 from fusee.invoke._invocation import Trace, Unavailable, run
@@ -59,10 +59,11 @@ Send = Callable[[Message], Awaitable[None]]
 
 # What Engine.open takes besides what an invocation decides itself (the storage, the
 # shards, park_after): the rest would contradict it.
+REFUSALS_EVERY_S = 10.0
 ENGINE_OPTIONS = ("retention", "profile", "record_stacks", "retry", "clock")
 _JSON = [("content-type", "application/json")]
 _CLOSE = ("connection", "close")
-# The key of a direct Lambda invocation's event (fusee_server/lambda_invoke.py sends it).
+# The key of a direct Lambda invocation's event (fusee_server/lambda_client.py sends it).
 DIRECT = "fusee"
 DIRECT_SHAPE = 'a direct invocation is {"fusee": {"headers": {name: value}, "body": "<JSON text>"}}'
 
@@ -106,10 +107,14 @@ class InvocationHandler:
                 f"engine on the shards it was granted (engine options it takes: {', '.join(ENGINE_OPTIONS)})"
             )
         self.engine_options = engine_options
-        self.trace = os.environ.get("FUSEE_INVOKE_TRACE", "") not in ("", "0") if trace is None else trace
+        self.trace = trace_enabled() if trace is None else trace
         self._lambda: Any = None
         self._loops = threading.local()
-        self._refusals = _Refusals()
+        # Refused requests are logged with their reason, at most one line every ten
+        # seconds (with how many were refused meanwhile): a flood of bad requests does not
+        # flood the log.
+        self._refusals = RateLimit(REFUSALS_EVERY_S, "refused")
+        self._refused = rate_limited(logger, self._refusals)
 
     # -- any framework -------------------------------------------------------------------
 
@@ -124,7 +129,7 @@ class InvocationHandler:
             try:
                 signature.verify(_signature_header(headers), body, self.secrets)
             except signature.SignatureError as error:
-                self._refusals.log(str(error))
+                self._refused.warning("refused a request: %s", str(error))
                 trace("refused", status=401, why=repr(str(error)))
                 return _answer(401, {"error": "unauthorized"})
         try:
@@ -177,7 +182,9 @@ class InvocationHandler:
             if data is Refused.CUT:
                 # Nobody to answer, and a prefix of a body is not a request: checked and run
                 # as if whole, it could be one the server never sent (a valid JSON prefix).
-                self._refusals.log("the peer disconnected before the whole body arrived")
+                self._refused.warning(
+                    "refused a request: %s", "the peer disconnected before the whole body arrived"
+                )
                 Trace(self.trace)("dropped", why="'the peer disconnected before the whole body arrived'")
                 return
             if isinstance(data, Refused):
@@ -208,7 +215,7 @@ class InvocationHandler:
         else:
             error = f"more than {self.bodies.waits_max} requests were waiting for their body"
         if refused is not Refused.TOO_LARGE:
-            self._refusals.log(error)
+            self._refused.warning("refused a request: %s", error)
         Trace(self.trace)("refused", status=refused.value, why=repr(error))
         status, headers, body = _answer(refused.value, {"error": error})
         headers.append(_CLOSE)
@@ -358,27 +365,6 @@ def _secrets(secret: bytes | str | Sequence[bytes | str] | None) -> list[bytes]:
     if not values:
         raise RejectedError("secret=: give the secret (or several, while one is rotated), or None")
     return [secrets_.given(value, "secret=") for value in values]
-
-
-class _Refusals:
-    """Refused signatures are logged with their reason, at most one line every ten
-    seconds (with how many were refused meanwhile): a flood of bad requests does not
-    flood the log."""
-
-    EVERY_S = 10.0
-
-    def __init__(self) -> None:
-        self.last = -self.EVERY_S
-        self.quiet = 0
-
-    def log(self, reason: str) -> None:
-        now = time.monotonic()
-        if now - self.last < self.EVERY_S:
-            self.quiet += 1
-            return
-        more = f" ({self.quiet} more refused since the last line)" if self.quiet else ""
-        logger.warning("refused a request: %s%s", reason, more)
-        self.last, self.quiet = now, 0
 
 
 def _signature_header(headers: Headers) -> str | None:

@@ -12,7 +12,6 @@ engine, the connection and its pinger are opened and closed here.
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import msgspec
 
 from fusee import _errors as errors
+from fusee._log import trace_logger
 from fusee.engine.engine import Engine
 from fusee.engine.idle import IdleReport
 from fusee.invoke._request import Exit, Invocation, ShardSummary, Summary
@@ -32,6 +32,8 @@ IDLE_GRACE_S = 0.1  # every shard idle this long on end: a trickle of calls shar
 PARK_AFTER = "50ms"  # runs park soon after they suspend: the engine is closed soon after anyway
 MARGIN_MAX_S = 5.0
 
+_trace = trace_logger("fusee.invoke.trace")
+
 
 class Unavailable(Exception):
     """The server could not be reached, refused the connection (an unknown or finished
@@ -39,7 +41,8 @@ class Unavailable(Exception):
 
 
 class Trace:
-    """`FUSEE_INVOKE_TRACE=1`: one line per invocation event on standard error."""
+    """`FUSEE_INVOKE_TRACE=1`: one line per invocation event on standard error
+    (fusee/_log.py's trace logger)."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
@@ -51,11 +54,7 @@ class Trace:
             return
         elapsed_ms = (time.monotonic() - self.began) * 1000
         details = "".join(f" {key}={value}" for key, value in fields.items())
-        print(
-            f"fusee invoke {self.invocation} +{elapsed_ms:.1f}ms {event}{details}",
-            file=sys.stderr,
-            flush=True,
-        )
+        _trace.info("fusee invoke %s +%.1fms %s%s", self.invocation, elapsed_ms, event, details)
 
 
 class Budget:

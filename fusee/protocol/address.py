@@ -1,4 +1,4 @@
-"""Server addresses as workers and clients write them (spec: Security):
+"""Server addresses as workers and clients write them (docs/server.md, *Addresses*):
 `host:port?option=value&...`, `[::1]:7600`, `unix:/path.sock?...`.
 
 An unknown or repeated option is an error naming it, so a misspelt option never turns
@@ -18,7 +18,13 @@ import msgspec
 
 from fusee._errors import RejectedError
 
-OPTIONS = ("ca", "cert", "key", "name", "token-file", "max-shards", "shm", "invocation")
+OPTIONS = ("ca", "cert", "key", "name", "token-file", "max-shards", "invocation")
+# Options of the design that nothing here implements yet: refused by name, with why, rather
+# than accepted and ignored (a worker asking for shared memory would silently get the socket).
+NOT_BUILT = {
+    "shm": "the shared-memory ring between a worker and the server is not built yet; leave shm out "
+    "(records go over the socket)",
+}
 TLS_OPTIONS = ("ca", "cert", "key", "name")
 
 
@@ -32,7 +38,6 @@ class Address(msgspec.Struct, frozen=True, kw_only=True):
     name: str | None = None  # the name to verify in the server's certificate
     token_file: str | None = None
     max_shards: int | None = None  # a worker holds at most this many shards
-    shm: bool = False  # a worker on a unix: address sends records through shared memory
     invocation: str | None = None  # an invoked worker's invocation ID
 
     def __post_init__(self) -> None:
@@ -80,8 +85,6 @@ def parse(text: str) -> Address:
             raise RejectedError(f"address {text!r}: unix: needs a socket path")
         return _address(text, options, unix=path)
     host, port = _host_port(text, where)
-    if "shm" in options:
-        raise RejectedError(f"address {text!r}: shm=1 works on a unix: address only")
     return _address(text, options, host=host, port=port)
 
 
@@ -94,6 +97,8 @@ def _options(text: str, query: str) -> dict[str, str]:
         raise RejectedError(f"address {text!r}: options go as name=value&name=value") from None
     options: dict[str, str] = {}
     for name, value in pairs:
+        if name in NOT_BUILT:
+            raise RejectedError(f"address {text!r}: option {name!r}: {NOT_BUILT[name]}")
         if name not in OPTIONS:
             raise RejectedError(f"address {text!r}: unknown option {name!r} (known: {', '.join(OPTIONS)})")
         if name in options:
@@ -128,8 +133,6 @@ def _address(text: str, options: dict[str, str], **where: str | int) -> Address:
         if not value.isascii() or not value.isdigit() or not 1 <= int(value) <= 1 << 16:
             raise RejectedError(f"address {text!r}: max-shards must be a number from 1 to 65536")
         max_shards = int(value)
-    if options.get("shm", "1") != "1":
-        raise RejectedError(f"address {text!r}: shm takes 1 (it is off unless given)")
     try:
         return Address(
             **where,  # type: ignore[arg-type]
@@ -139,7 +142,6 @@ def _address(text: str, options: dict[str, str], **where: str | int) -> Address:
             name=options.get("name"),
             token_file=options.get("token-file"),
             max_shards=max_shards,
-            shm="shm" in options,
             invocation=options.get("invocation"),
         )
     except RejectedError as error:  # a TLS option that does not fit (Address.__post_init__)

@@ -8,9 +8,10 @@ touches nothing else. The first frame sent during a turn of the event loop leave
 once; the rest of that turn's frames leave together in one socket write, so the records
 of several shards, their run-store frames and a relayed message share a system call.
 
-The connecting side runs the token exchange (spec: Security) before its first protocol
-frame: it proves the token, then verifies the server's proof, and only then sends OPEN,
-so it never talks to a party without the token.
+The connecting side runs the token exchange (docs/FORMAT.md, "The token exchange") before
+its first protocol frame, through the state machine it shares with the pinger
+(opening.py): it proves the token, then verifies the server's proof, and only then sends
+OPEN, so it never talks to a party without the token.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, cast
 
+from fusee import _errors as errors
 from fusee import _secrets
-from fusee._errors import ConnectionError
 from fusee.protocol import handshake
 from fusee.protocol.address import Address
-from fusee.protocol.frames import HANDSHAKE_BYTES_MAX, Decoder, FrameError, Kind, encode
+from fusee.protocol.frames import HANDSHAKE_BYTES_MAX, Decoder, FrameError, encode
 from fusee.protocol.messages import Open, Welcome, decode, payload
+from fusee.protocol.opening import ClientSetup, Outgoing, Refused, State
 
 logger = logging.getLogger("fusee.wire")
 
@@ -133,75 +135,52 @@ class FramedConnection(asyncio.BufferedProtocol):
 
 class Handler(Protocol):
     def on_message(self, message: Any) -> None: ...
-    def on_lost(self, error: ConnectionError) -> None: ...
+    def on_lost(self, error: errors.ConnectionError) -> None: ...
 
 
 class ClientConnection(FramedConnection):
-    """The connecting side: token exchange, OPEN, then messages to its handler."""
+    """The connecting side: the setup (token exchange and OPEN, opening.ClientSetup), then
+    messages to its handler."""
 
     def __init__(self, token: bytes | None, opening: Open, handler: Handler, where: str) -> None:
         super().__init__()
         self.token = token
-        self.opening = opening
+        self.setup = ClientSetup(token, opening)
         self.handler = handler
         self.where = where
-        self.state = "closed"
-        self.hello_body = b""
-        self.transcript = b""
         self.ready: asyncio.Future[Welcome] = asyncio.get_running_loop().create_future()
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.given_up = False  # connect() failed with it: its close is nobody's news
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        if self.token is None:
-            self._open()
-            return
-        self.hello_body = handshake.hello(handshake.nonce())
-        self.state = "hello"
-        self.send_frame(Kind.HELLO, self.hello_body)
+        # Called once TLS is up (asyncio's SSL protocol calls it after its handshake), so
+        # the server's certificate, which the proofs are bound to, is known here.
+        tls = transport.get_extra_info("ssl_object") if self.token is not None else None
+        binding = handshake.tls_binding(tls.getpeercert(binary_form=True)) if tls is not None else b""
+        self._send_setup(self.setup.start(binding))
 
-    def _binding(self) -> bytes:
-        assert self.transport is not None
-        tls = self.transport.get_extra_info("ssl_object")
-        if tls is None:
-            return b""
-        return handshake.tls_binding(tls.getpeercert(binary_form=True))
-
-    def _open(self) -> None:
-        self.decoder.limit = Decoder().limit
-        self.state = "open"
-        self.send(self.opening)
+    def _send_setup(self, frames: list[Outgoing]) -> None:
+        # Raised as soon as OPEN is sent: the server's WELCOME and what follows it may be
+        # large and may arrive in the same read.
+        self.decoder.limit = self.setup.frame_limit
+        for kind, body in frames:
+            self.send_frame(kind, body)
 
     def frame_received(self, kind: int, body: bytes) -> None:
-        if self.state == "ready":
+        if self.setup.state is State.READY:
             self.handler.on_message(decode(kind, body))
             return
-        if kind == Kind.REFUSED:
-            reason = body.decode("utf-8", "replace")
-            self._refused(f"the server at {self.where} refused the connection: {reason}")
-            return
         try:
-            if self.state == "hello" and kind == Kind.CHALLENGE:
-                assert self.token is not None
-                server_hello = body
-                handshake.read_challenge(server_hello)
-                self.transcript = handshake.transcript(self.hello_body, server_hello, self._binding())
-                self.send_frame(Kind.PROOF, handshake.proof(self.token, self.transcript))
-                self.state = "proof"
-            elif self.state == "proof" and kind == Kind.ACCEPT:
-                assert self.token is not None
-                handshake.verify(handshake.accept(self.token, self.transcript), body)
-                self._open()
-            elif self.state == "open" and kind == Kind.WELCOME:
-                welcome = decode(kind, body)
-                self.state = "ready"
-                if not self.ready.done():
-                    self.ready.set_result(welcome)
-            else:
-                raise FrameError(f"frame kind {kind} during the connection's setup ({self.state})")
+            self._send_setup(self.setup.receive(kind, body))
+        except Refused as refused:
+            self._refused(f"the server at {self.where} refused the connection: {refused.reason}")
+            return
         except (FrameError, handshake.HandshakeError) as error:
             self._refused(f"the server at {self.where} broke the handshake: {error}")
+            return
+        if self.setup.welcome is not None and not self.ready.done():
+            self.ready.set_result(self.setup.welcome)
 
     async def aclose(self, timeout: float = 1.0) -> None:
         """Close and wait until the transport is gone (a TLS close takes a round trip);
@@ -222,7 +201,7 @@ class ClientConnection(FramedConnection):
 
     def _refused(self, message: str) -> None:
         if not self.ready.done():
-            self.ready.set_exception(ConnectionError(message))
+            self.ready.set_exception(errors.ConnectionError(message))
         self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -245,11 +224,13 @@ class ClientConnection(FramedConnection):
             else:
                 hint = " (if the server uses TLS, add ca=PATH)"
             self.ready.set_exception(
-                ConnectionError(f"the server at {self.where} closed the connection during setup{why}{hint}")
+                errors.ConnectionError(
+                    f"the server at {self.where} closed the connection during setup{why}{hint}"
+                )
             )
             return
         self.handler.on_lost(
-            ConnectionError(
+            errors.ConnectionError(
                 f"the connection to the server at {self.where} was lost" + (f": {exc}" if exc else "")
             )
         )
@@ -264,7 +245,7 @@ def client_tls(address: Address) -> ssl.SSLContext | None:
             _secrets.check_private(address.key or address.cert, "key=")
             context.load_cert_chain(address.cert, address.key)
     except (OSError, ssl.SSLError) as error:
-        raise ConnectionError(f"TLS settings (ca=, cert=, key=): {error}") from None
+        raise errors.ConnectionError(f"TLS settings (ca=, cert=, key=): {error}") from None
     context.minimum_version = ssl.TLSVersion.TLSv1_3
     return context
 
@@ -318,15 +299,18 @@ async def _connect(
                 _, conn = await loop.create_connection(factory, host, port)
             welcome = await conn.ready
     except ssl.SSLError as error:
-        raise ConnectionError(
+        raise errors.ConnectionError(
             f"TLS with the server at {where} failed: {error.reason or error}; check ca=, cert=, key= and "
             "name= in the address (the server takes TLS 1.3 only and, when started with --tls-ca, "
             "a client certificate signed by that CA)"
         ) from None
-    except TimeoutError:
-        raise ConnectionError(
+    except TimeoutError:  # the builtin, asyncio.timeout's
+        raise errors.ConnectionError(
             f"the server at {where} did not complete the connection within {CONNECT_TIMEOUT_S:g} s"
         ) from None
+    # The builtin ConnectionError among them; fusee's (from `conn.ready`) is no OSError.
     except OSError as error:
-        raise ConnectionError(f"cannot connect to the server at {where}: {error.strerror or error}") from None
+        raise errors.ConnectionError(
+            f"cannot connect to the server at {where}: {error.strerror or error}"
+        ) from None
     return conn, welcome

@@ -28,13 +28,13 @@ import google_crc32c
 MAGIC = b"FSE1"
 HEADER = struct.Struct("<4sHHII")
 HEADER_BYTES = HEADER.size  # 16
-HANDSHAKE_BYTES_MAX = 1024  # the token exchange's frames (spec: Security)
+HANDSHAKE_BYTES_MAX = 1024  # the token exchange's frames (docs/FORMAT.md, *The token exchange*)
 PAYLOAD_BYTES_MAX = (64 << 20) + (64 << 10)  # a section of records up to the log's limit, and room
 
 
 class Kind(enum.IntEnum):
-    """Frame kinds. The token exchange's are the spec's (Security); the others follow as
-    the server issue defines them."""
+    """Frame kinds: the messages of docs/FORMAT.md (*Messages*), and the token exchange's
+    (*The token exchange*)."""
 
     OPEN = 1  # a worker's or client's first frame: its role, how many shards it wants
     WELCOME = 2  # the server's answer: shard count, the leases granted at once, liveness

@@ -1,18 +1,18 @@
-"""The token exchange that opens every connection (spec: Security), as pure functions over
-bytes: both sides prove they hold the shared token with HMAC-SHA256, over fresh nonces,
-before either sends a protocol frame.
+"""The token exchange that opens every connection (docs/FORMAT.md, *The token exchange*),
+as pure functions over bytes: both sides prove they hold the shared token with
+HMAC-SHA256, over fresh nonces, before either sends a protocol frame.
 
-    worker -> HELLO      version 1, purpose (1 server, 2 replica), sender u8, nonce [32]
+    worker -> HELLO      version 1, purpose (1 server), sender u8, nonce [32]
     server -> CHALLENGE  version 1, nonce [32]
     worker -> PROOF      HMAC(token, "fusee auth v1 initiator" + T)
     server -> ACCEPT     HMAC(token, "fusee auth v1 responder" + T), or REFUSED: a reason
     T = hello body + challenge body + binding length u8 + binding
 
 `binding` ties the proofs to the TLS session so a proof cannot be relayed into another
-one. The spec binds to 32 bytes of TLS exporter output; Python's `ssl` has no exporter, so
-here the binding is the SHA-256 of the server's certificate (DER), which both sides know
-under TLS (a relay into a session with another certificate fails); without TLS it is
-empty. The token never crosses the wire; MACs are compared in constant time.
+one. The design binds to 32 bytes of TLS exporter output; Python's `ssl` has no exporter,
+so here the binding is the SHA-256 of the server's certificate (DER), which both sides
+know under TLS (a relay into a session with another certificate fails); without TLS it is
+empty (docs/FORMAT.md says why). The token never crosses the wire; MACs are compared in constant time.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ from typing import NamedTuple
 from fusee._errors import RejectedError
 
 VERSION = 1
-PURPOSE_SERVER = 1
-PURPOSE_REPLICA = 2
+PURPOSE_SERVER = 1  # 2 is reserved for a replica, refused until replicated servers exist
 NONCE_BYTES = 32
 DEADLINE_S = 10.0  # TLS and the exchange finish within this, or the connection closes
 _HELLO = struct.Struct("<BBB32s")
@@ -51,12 +50,8 @@ def nonce() -> bytes:
 
 
 def hello(nonce: bytes, purpose: int = PURPOSE_SERVER, sender: int = 0) -> bytes:
-    if (
-        len(nonce) != NONCE_BYTES
-        or purpose not in (PURPOSE_SERVER, PURPOSE_REPLICA)
-        or not 0 <= sender <= 255
-    ):
-        raise HandshakeError("hello: a 32-byte nonce, purpose 1 or 2, a sender from 0 to 255")
+    if len(nonce) != NONCE_BYTES or purpose != PURPOSE_SERVER or not 0 <= sender <= 255:
+        raise HandshakeError("hello: a 32-byte nonce, purpose 1, a sender from 0 to 255")
     return _HELLO.pack(VERSION, purpose, sender, nonce)
 
 
@@ -66,8 +61,8 @@ def read_hello(body: bytes) -> Hello:
     version, purpose, sender, nonce_ = _HELLO.unpack(body)
     if version != VERSION:
         raise HandshakeError(f"hello version {version}: this side speaks version {VERSION}")
-    if purpose not in (PURPOSE_SERVER, PURPOSE_REPLICA):
-        raise HandshakeError(f"hello purpose {purpose} (1: server, 2: replica)")
+    if purpose != PURPOSE_SERVER:
+        raise HandshakeError(f"hello purpose {purpose} (1: server; 2, a replica, is not built)")
     return Hello(purpose, sender, nonce_)
 
 

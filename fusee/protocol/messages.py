@@ -40,7 +40,7 @@ class Open(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     version: int
     role: str  # ROLE_WORKER or ROLE_CLIENT
     max_shards: int | None = None  # a worker holds at most this many shards
-    invocation: str | None = None  # an invoked worker's invocation ID (next issue)
+    invocation: str | None = None  # an invoked worker's invocation ID (docs/invoke.md)
     liveness: bool = True  # the worker pings; the server may revoke a silent lease
     session: bytes = b""  # a pinger: the worker session (from its WELCOME) it keeps alive
 

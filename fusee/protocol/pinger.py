@@ -17,21 +17,14 @@ import ssl
 import threading
 import time
 
+from fusee import _errors as errors
 from fusee import _secrets
-from fusee._errors import ConnectionError, FuseeError
 from fusee.protocol import handshake
 from fusee.protocol.address import Address
 from fusee.protocol.connection import CONNECT_TIMEOUT_S, client_tls
-from fusee.protocol.frames import (
-    HANDSHAKE_BYTES_MAX,
-    PAYLOAD_BYTES_MAX,
-    Decoder,
-    Frame,
-    FrameError,
-    Kind,
-    encode,
-)
-from fusee.protocol.messages import ROLE_PINGER, VERSION, Open, Ping, Welcome, decode, payload
+from fusee.protocol.frames import HANDSHAKE_BYTES_MAX, Decoder, Frame, FrameError, encode
+from fusee.protocol.messages import ROLE_PINGER, VERSION, Open, Ping, Welcome, payload
+from fusee.protocol.opening import ClientSetup, Outgoing, Refused, State
 
 logger = logging.getLogger("fusee.wire")
 
@@ -79,8 +72,10 @@ class Pinger:
                         self.sock.sendall(ping)
                         self.last_beat = time.monotonic()
                         self.stopped.wait(self.interval_s)
-            except (OSError, FrameError, FuseeError) as error:
-                if isinstance(error, ConnectionError) and "session" in str(error):
+            except (OSError, FrameError, errors.FuseeError) as error:
+                # (OSError here is the builtin family of socket failures; the session's end
+                # comes as fusee's own ConnectionError, a FuseeError.)
+                if isinstance(error, errors.ConnectionError) and "session" in str(error):
                     return  # the worker's connection is gone: nothing left to keep alive
                 logger.debug("pinger: %s", error)
                 self.stopped.wait(RETRY_S)
@@ -89,7 +84,8 @@ class Pinger:
 
 
 def open_blocking(address: Address, opening: Open) -> tuple[socket.socket, Welcome]:
-    """A blocking connection through the token exchange and OPEN, for a thread."""
+    """A blocking connection through the token exchange and OPEN (opening.ClientSetup, the
+    same state machine as the asyncio connection's), for a thread."""
     if address.unix is not None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(CONNECT_TIMEOUT_S)
@@ -104,42 +100,34 @@ def open_blocking(address: Address, opening: Open) -> tuple[socket.socket, Welco
             sock = context.wrap_socket(sock, server_hostname=address.name or address.host)
             assert isinstance(sock, ssl.SSLSocket)
             binding = handshake.tls_binding(sock.getpeercert(binary_form=True) or b"")
-        frames = _Frames(sock)
-        if address.token_file is not None:
-            token = _secrets.load(address.token_file, "token-file=")
-            hello = handshake.hello(handshake.nonce())
-            sock.sendall(encode(Kind.HELLO, hello))
-            challenge = frames.expect(Kind.CHALLENGE)
-            t = handshake.transcript(hello, challenge, binding)
-            sock.sendall(encode(Kind.PROOF, handshake.proof(token, t)))
-            handshake.verify(handshake.accept(token, t), frames.expect(Kind.ACCEPT))
-        sock.sendall(encode(*payload(opening)))
-        frames.decoder.limit = PAYLOAD_BYTES_MAX
-        welcome: Welcome = decode(Kind.WELCOME, frames.expect(Kind.WELCOME))
+        token = _secrets.load(address.token_file, "token-file=") if address.token_file is not None else None
+        setup = ClientSetup(token, opening)
+        _drive(sock, setup, setup.start(binding))
+        assert setup.welcome is not None
         sock.settimeout(None)
-        return sock, welcome
+        return sock, setup.welcome
     except BaseException:
         sock.close()
         raise
 
 
-class _Frames:
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.decoder = Decoder(max(HANDSHAKE_BYTES_MAX, 4096))
-        self.ready: list[Frame] = []
-
-    def expect(self, kind: int) -> bytes:
-        while not self.ready:
-            data = self.sock.recv(4096)
+def _drive(sock: socket.socket, setup: ClientSetup, frames: list[Outgoing]) -> None:
+    """Send and read until the setup is READY."""
+    decoder = Decoder(HANDSHAKE_BYTES_MAX)
+    ready: list[Frame] = []
+    while True:
+        decoder.limit = setup.frame_limit
+        for kind, body in frames:
+            sock.sendall(encode(kind, body))
+        if setup.state is State.READY:
+            return
+        while not ready:
+            data = sock.recv(4096)
             if not data:
-                raise ConnectionError("the server closed the pinger's connection during setup")
-            self.ready.extend(self.decoder.feed(data))
-        frame = self.ready.pop(0)
-        if frame.kind == Kind.REFUSED:
-            raise ConnectionError(
-                f"the server refused the pinger: {frame.payload.decode('utf-8', 'replace')}"
-            )
-        if frame.kind != kind:
-            raise ConnectionError(f"the server sent frame kind {frame.kind} where {kind} was due")
-        return frame.payload
+                raise errors.ConnectionError("the server closed the pinger's connection during setup")
+            ready.extend(decoder.feed(data))
+        frame = ready.pop(0)
+        try:
+            frames = setup.receive(frame.kind, frame.payload)
+        except Refused as refused:
+            raise errors.ConnectionError(f"the server refused the pinger: {refused.reason}") from None

@@ -1,4 +1,4 @@
-"""The signature on an invocation request (spec: Invoked workers, *The request*):
+"""The signature on an invocation request (docs/invoke.md, *One request*):
 `fusee-signature: t=<unix ms>,v1=<hex>`, where `v1` is HMAC-SHA256 with the endpoint's
 secret over `<t>.<body>` (the exact body bytes).
 

@@ -1,5 +1,5 @@
 """Storage: the contract every backend keeps, and the memory backend. Local mode lives in
-`fusee_server.local`; the remote backend (server mode) joins here."""
+`fusee_server.store`; the remote backend (server mode) joins here."""
 
 from fusee.storage.contract import PAGE_BYTES, Durability, Receive, Report, ShardStore, Storage
 from fusee.storage.memory import MemoryLease, MemoryShardStore, MemoryStorage

@@ -31,8 +31,9 @@ from typing import Any, Self
 
 import msgspec
 
+from fusee import _errors as errors
 from fusee._backoff import Backoff
-from fusee._errors import ConnectionError, FuseeError, IoError, LeaseLostError
+from fusee._errors import FuseeError, IoError, LeaseLostError
 from fusee.journal import Ack, Msg
 from fusee.protocol import messages as m
 from fusee.protocol.address import Address
@@ -78,7 +79,7 @@ class RemoteStorage:
         self.pending: dict[int, asyncio.Future[Any]] = {}
         self.rids = 0
         self.relayed = Relay()  # messages for granted shards not attached yet wait here
-        self.lost: ConnectionError | None = None
+        self.lost: errors.ConnectionError | None = None
         self.on_lease: Callable[[int], None] | None = None  # a standby was granted a shard
         self.on_call: Callable[[m.Call], None] | None = None
         self.ticker: asyncio.TimerHandle | None = None
@@ -113,7 +114,7 @@ class RemoteStorage:
             raise wire.lost
         if self.connections and welcome.shards != self.shards:
             conn.close()
-            raise ConnectionError(
+            raise errors.ConnectionError(
                 f"the server at {conn.where} has {welcome.shards} shards, not the {self.shards} this "
                 "worker opened with (another data directory?)"
             )
@@ -237,10 +238,10 @@ class RemoteStorage:
         pinger = self.pinger
         silent = time.monotonic() - max(self.last_tick, pinger.last_beat if pinger is not None else 0.0)
         self.conn.close()  # its close, reported later, is this loss (the wire drops it)
-        self.on_lost(ConnectionError(f"this worker sent nothing for {silent:.1f} s (was it stopped?)"))
+        self.on_lost(errors.ConnectionError(f"this worker sent nothing for {silent:.1f} s (was it stopped?)"))
         return True
 
-    def on_lost(self, error: ConnectionError) -> None:
+    def on_lost(self, error: errors.ConnectionError) -> None:
         if self.lost is not None:
             return
         self.lost = error
@@ -409,7 +410,7 @@ class _Wire:
     def __init__(self, storage: RemoteStorage) -> None:
         self.storage = storage
         self.early: list[Any] | None = []  # frames before the storage took it up
-        self.lost: ConnectionError | None = None
+        self.lost: errors.ConnectionError | None = None
 
     def on_message(self, message: Any) -> None:
         if self.early is not None:
@@ -417,7 +418,7 @@ class _Wire:
         elif self.storage.wire is self:
             self.storage.on_message(message)
 
-    def on_lost(self, error: ConnectionError) -> None:
+    def on_lost(self, error: errors.ConnectionError) -> None:
         self.lost = error
         if self.early is None and self.storage.wire is self:
             self.storage.on_lost(error)
@@ -550,7 +551,7 @@ class RemoteShardStore:
         if self.stopped is None and self.storage.lost is None:
             try:
                 await self.storage.request("release", self)
-            except (IoError, ConnectionError):
+            except (IoError, errors.ConnectionError):
                 pass  # the connection went: the lease went with it
         self.dropped = True
         self.storage.let_go(self)

@@ -69,7 +69,7 @@ class TestEngine:
 
     async def _open(self) -> None:
         if self.dir is not None:
-            from fusee_server.local import LocalStorage
+            from fusee_server.store import LocalStorage
 
             self.storage = await LocalStorage.open(self.dir, self.shards)
         self.engine = await Engine.open(

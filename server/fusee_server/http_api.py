@@ -40,8 +40,8 @@ ANSWER_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0
 # A shard's open is its recovery: a fraction of a millisecond for a small shard, seconds
 # for one holding hundreds of thousands of runs.
 OPEN_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-# How an invocation ended, as `EndpointState.counts` names it (spec: Invoked workers,
-# *Metrics*); a throttle (429, 503) is counted apart from a failure, as the invoker treats it.
+# How an invocation ended, as `EndpointState.counts` names it (docs/server.md, *Invoking
+# workers*, **Metrics**); a throttle (429, 503) is counted apart from a failure, as the invoker treats it.
 OUTCOMES = ("succeeded", "failed", "timed_out", "without_lease", "throttled")
 NOT_OUTCOMES = {"sent", "shards", "steps"}  # the other keys of `EndpointState.counts`
 SHUTDOWN_S = 1.0  # a scrape is answered at once: no need to wait long for one in flight
@@ -108,26 +108,26 @@ class StateCollector(Collector):
         yield GaugeMetricFamily(
             "fusee_shards_held",
             "Shards a worker (long-lived or invoked) holds a lease on.",
-            value=sum(1 for slot in server.slots if slot.holder is not None),
+            value=sum(1 for lease in server.leases.table if lease.holder is not None),
         )
         workers = GaugeMetricFamily(
             "fusee_workers_connected",
             "Workers connected: long-lived ones (standbys included) and invoked ones.",
             labels=["kind"],
         )
-        invoked = sum(1 for conn in server.connections if conn.invocation is not None)
-        workers.add_metric(["long_lived"], len(server.workers))
+        invoked = sum(1 for conn in server.leases.connections if conn.invocation is not None)
+        workers.add_metric(["long_lived"], len(server.leases.workers))
         workers.add_metric(["invoked"], invoked)
         yield workers
         yield GaugeMetricFamily(
             "fusee_connections_open",
             "Connections open: workers, their pingers and clients.",
-            value=len(server.connections),
+            value=len(server.leases.connections),
         )
         yield GaugeMetricFamily(
             "fusee_calls_in_flight",
             "Client calls relayed to a worker and not answered yet.",
-            value=len(server.calls),
+            value=len(server.relay.calls),
         )
         yield GaugeMetricFamily(
             "fusee_calls_waiting",

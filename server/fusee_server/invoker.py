@@ -1,6 +1,7 @@
 """The invoker: when a shard has work and no worker, POST a signed request to an
-endpoint whose handler opens an engine for it (spec: Invoked workers), or hand the same
-request to the Lambda Invoke API for a `lambda:` endpoint (lambda_invoke.py).
+endpoint whose handler opens an engine for it (docs/server.md, *Invoking workers*; the
+handler's side in docs/invoke.md), or hand the same request to the Lambda Invoke API for
+a `lambda:` endpoint (lambda_client.py).
 
 A shard is due when no worker holds it and a call or a message waits for it, its last
 holder's reported next due time comes, its holder left without reporting, or the server
@@ -21,33 +22,30 @@ import asyncio
 import enum
 import logging
 import math
-import os
-import random
 import secrets
 import ssl
-import sys
 from collections import Counter, deque
 from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 import msgspec
 
+from fusee._backoff import Backoff
+from fusee._log import trace_enabled, trace_logger
 from fusee.protocol import messages as m
 from fusee.protocol.signature import HEADER, sign
-from fusee_server import lambda_invoke
+from fusee_server import lambda_client
+from fusee_server.endpoints import Endpoint
 from fusee_server.invoke_answer import Answer, describe
-from fusee_server.invoke_config import Endpoint
-from fusee_server.lambda_invoke import LambdaTransport
+from fusee_server.lambda_client import LambdaTransport
 
 if TYPE_CHECKING:
     from fusee_server.listener import ServerConnection
-    from fusee_server.server import Server
 
 logger = logging.getLogger("fusee.invoker")
 
 BACKOFF_FIRST_S = 0.1
 BACKOFF_MAX_S = 30.0
-JITTER = 0.2  # a fifth
 THROTTLE_PAUSE_S = 1.0  # a throttle without Retry-After pauses the endpoint at least this
 PROBE_EVERY_S = 1.0  # calls probe an endpoint in backoff at most this often
 # A call waiting for a holder fails, saying why, once an invocation sent for its shard after
@@ -65,14 +63,7 @@ LEAD_MIN_S = 0.005
 LEAD_MAX_S = 0.2  # under the worker's 250 ms: it stays for a timer this close
 
 
-def trace(event: str, **fields: Any) -> None:
-    if os.environ.get("FUSEE_INVOKE_TRACE") == "1":
-        detail = " ".join(f"{k}={v}" for k, v in fields.items())
-        print(f"fusee invoke: {event} {detail}", file=sys.stderr, flush=True)
-
-
-def jittered(delay: float) -> float:
-    return delay * (1 + random.uniform(-JITTER, JITTER))
+_trace = trace_logger("fusee.invoker.trace")
 
 
 class Reason(enum.StrEnum):
@@ -98,11 +89,11 @@ class Due:
         self.sent_reasons: set[Reason] = set()
         self.types: set[str] = set()  # workflow types it has work of (start calls, no code)
         self.backoff_until = 0.0
-        self.backoff_s = 0.0  # its invoked holder left without reporting (doubles)
-        # The invocation whose crash last stepped `backoff_s`: a crashed invocation is
+        self.backoff = Backoff(BACKOFF_FIRST_S, BACKOFF_MAX_S)  # its invoked holders left without reporting
+        # The invocation whose crash last stepped `backoff`: a crashed invocation is
         # seen twice (its connection closes, then its request fails) and is one failure.
         self.failed: str | None = None
-        self.stalled_s = 0.0  # invocations without progress (doubles)
+        self.stalled = Backoff(NO_PROGRESS_FIRST_S, NO_PROGRESS_MAX_S)  # invocations without progress
         self.invocation: Invocation | None = None
         self.last_endpoint: EndpointState | None = None
         self.reported = False  # its last invoked holder sent IDLE for its lease
@@ -127,13 +118,54 @@ class Invocation:
         return max(0, int(self.endpoint.config.budget_ms - (now - self.sent) * 1000))
 
 
+class HttpTransport:
+    """POSTs to one endpoint's URL, as `LambdaTransport` calls a function: what it answered,
+    as an `Answer`, so the outcome is decided in one place for both kinds of endpoint."""
+
+    def __init__(self, config: Endpoint) -> None:
+        self.config = config
+        self.session: aiohttp.ClientSession | None = None  # made at the first request
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self.session is None:
+            context: ssl.SSLContext | bool = True
+            config = self.config
+            if config.ca is not None or config.cert is not None:
+                context = ssl.create_default_context(cafile=config.ca)
+                if config.cert is not None:
+                    context.load_cert_chain(config.cert, config.key)
+            self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context))
+        return self.session
+
+    async def send(self, headers: dict[str, str], body: bytes) -> Answer:
+        """What the endpoint's URL answered a POST."""
+        config = self.config
+        timeout = aiohttp.ClientTimeout(total=(config.budget_ms + config.grace_ms) / 1000)
+        # No redirect is followed: the signed request would go to whatever origin the
+        # Location names (https to http included). A 3xx is a failed answer.
+        async with self._session().post(
+            config.url, data=body, headers=headers, timeout=timeout, allow_redirects=False
+        ) as response:
+            data = await response.read()
+            return Answer(
+                response.status,
+                response.headers.get("retry-after"),
+                data[:500].decode(errors="replace"),
+                response.headers.get("location"),
+            )
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+
 class EndpointState:
     def __init__(self, config: Endpoint) -> None:
         self.config = config
         self.in_flight: set[Invocation] = set()
         self.concurrency = config.concurrency  # lowered by throttles, climbing back
         self.successes = 0
-        self.backoff_s = 0.0
+        self.backoff = Backoff(BACKOFF_FIRST_S, BACKOFF_MAX_S)  # failures and throttles in a row
         self.backoff_until = 0.0
         self.backoff_set_at = -1.0  # when the backoff last grew (loop time)
         self.throttled_until = 0.0  # the part of the backoff a throttle asked for: no probe then
@@ -152,10 +184,11 @@ class EndpointState:
         self.max_ms = 0.0  # ...and at most
         self.answer_ms: list[float] = []  # the last 256 times from sending to the answer
         self.ready_s: list[float] = []  # the last 64 times from sending to an engine being open
-        self.session: aiohttp.ClientSession | None = None
         # A lambda: endpoint calls the Invoke API instead of POSTing (boto3 loads here, at
         # the start, so the first invocations do not wait for it).
-        self.transport = LambdaTransport(config) if lambda_invoke.is_lambda(config.url) else None
+        self.transport: LambdaTransport | HttpTransport = (
+            LambdaTransport(config) if lambda_client.is_lambda(config.url) else HttpTransport(config)
+        )
 
     def lead_s(self) -> float:
         """How much before a timer to invoke for it: the time this endpoint usually takes
@@ -221,8 +254,27 @@ class Observer(Protocol):
     def opened(self, endpoint: str, seconds: float) -> None: ...
 
 
+class Shards(Protocol):
+    """What the invoker asks of the server (`fusee_server.server.Server`): who holds a
+    shard, what waits for one, and the two things it does to them."""
+
+    shards: int
+
+    def holder(self, index: int) -> ServerConnection | None: ...
+
+    def calls_wait(self, index: int) -> bool:
+        """Calls (or listings) wait at the server for `index`'s holder."""
+        ...
+
+    def calls_waiting(self) -> int: ...
+
+    def revoke(self, conn: ServerConnection, why: str) -> None: ...
+
+    def fail_waiting(self, index: int, before: float, why: str) -> None: ...
+
+
 class Invoker:
-    def __init__(self, server: Server, endpoints: list[Endpoint]) -> None:
+    def __init__(self, server: Shards, endpoints: list[Endpoint]) -> None:
         self.server = server
         self.endpoints = [EndpointState(e) for e in endpoints]
         self.due = [Due() for _ in range(server.shards)]
@@ -233,6 +285,11 @@ class Invoker:
         self.tasks: set[asyncio.Task[None]] = set()
         self.loop = asyncio.get_running_loop()
         self.observer: Observer | None = None
+        self.tracing = trace_enabled()  # FUSEE_INVOKE_TRACE: a line per invocation sent and done
+
+    def _trace(self, event: str, **fields: Any) -> None:
+        if self.tracing:
+            _trace.info("fusee invoke: %s %s", event, " ".join(f"{k}={v}" for k, v in fields.items()))
 
     def start(self) -> None:
         """A starting server invokes every shard once: their due times lived in the
@@ -295,18 +352,18 @@ class Invoker:
             # costs one invocation per backoff period, not a loop.
             self.counts["no_progress"] += 1
             self.counts["handbacks"] += 1
-            due.stalled_s = min(NO_PROGRESS_MAX_S, due.stalled_s * 2 or NO_PROGRESS_FIRST_S)
-            due.backoff_until = now + due.stalled_s
+            stalled_s = due.stalled.step()  # not spread: one shard's own pace
+            due.backoff_until = now + stalled_s
             logger.warning(
                 "shard %d: an invocation's budget ended before any step finished; next try in %.0f s",
                 index,
-                due.stalled_s,
+                stalled_s,
             )
             self.make_due(index, Reason.HANDBACK)
             return
-        due.backoff_s = 0.0
+        due.backoff.reset()
         if report.steps:
-            due.stalled_s = 0.0
+            due.stalled.reset()
         if report.budget_ended or report.work_left:
             self.counts["handbacks"] += 1
             self.make_due(index, Reason.HANDBACK)
@@ -349,7 +406,7 @@ class Invoker:
         probes: dict[EndpointState, list[int]] = {}
         wake: float | None = None
         for index, due in enumerate(self.due):
-            if due.at is None or due.invocation is not None or self.server.slots[index].holder is not None:
+            if due.at is None or due.invocation is not None or self.server.holder(index) is not None:
                 continue
             at = max(due.at, due.backoff_until)
             if at <= now:
@@ -359,7 +416,7 @@ class Invoker:
                     continue
                 at = endpoint.backoff_until
                 probe_at = endpoint.probe_at()
-                if self._calls_wait(index) and endpoint.throttled_until <= now and probe_at is not None:
+                if self.server.calls_wait(index) and endpoint.throttled_until <= now and probe_at is not None:
                     if probe_at <= now:
                         probes.setdefault(endpoint, []).append(index)
                         continue
@@ -389,9 +446,6 @@ class Invoker:
         if wake is not None:
             self.timer = self.loop.call_at(wake, self.kick)
 
-    def _calls_wait(self, index: int) -> bool:
-        return bool(self.server.slots[index].calls_waiting or self.server.listings_waiting)
-
     def _send(self, endpoint: EndpointState, shards: list[int], now: float) -> Invocation:
         why = {reason for index in shards for reason in self.due[index].reasons}
         reasons = [reason for reason in Reason if reason in why]
@@ -408,7 +462,7 @@ class Invoker:
         endpoint.in_flight.add(invocation)
         endpoint.counts["sent"] += 1
         endpoint.counts["shards"] += len(shards)
-        trace(
+        self._trace(
             "send",
             invocation=invocation.id,
             url=endpoint.config.url,
@@ -419,34 +473,6 @@ class Invoker:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         return invocation
-
-    def _session(self, endpoint: EndpointState) -> aiohttp.ClientSession:
-        if endpoint.session is None:
-            context: ssl.SSLContext | bool = True
-            config = endpoint.config
-            if config.ca is not None or config.cert is not None:
-                context = ssl.create_default_context(cafile=config.ca)
-                if config.cert is not None:
-                    context.load_cert_chain(config.cert, config.key)
-            endpoint.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context))
-        return endpoint.session
-
-    async def _post_http(self, endpoint: EndpointState, headers: dict[str, str], body: bytes) -> Answer:
-        """What the endpoint's URL answered a POST."""
-        config = endpoint.config
-        timeout = aiohttp.ClientTimeout(total=(config.budget_ms + config.grace_ms) / 1000)
-        # No redirect is followed: the signed request would go to whatever origin the
-        # Location names (https to http included). A 3xx is a failed answer.
-        async with self._session(endpoint).post(
-            config.url, data=body, headers=headers, timeout=timeout, allow_redirects=False
-        ) as response:
-            data = await response.read()
-            return Answer(
-                response.status,
-                response.headers.get("retry-after"),
-                data[:500].decode(errors="replace"),
-                response.headers.get("location"),
-            )
 
     async def _post(self, invocation: Invocation) -> None:
         endpoint = invocation.endpoint
@@ -467,10 +493,7 @@ class Invoker:
         retry_after: float | None = None
         status = 0
         try:
-            if endpoint.transport is not None:
-                answer = await endpoint.transport.send(headers, body)
-            else:
-                answer = await self._post_http(endpoint, headers, body)
+            answer = await endpoint.transport.send(headers, body)
             status = answer.status
             if 200 <= status < 300:
                 outcome = "succeeded" if invocation.leased else "without_lease"
@@ -518,9 +541,9 @@ class Invoker:
         # The ID dies with its request: a process that wakes up later cannot use it.
         del self.invocations[invocation.id]
         now = self.loop.time()
-        trace("done", invocation=invocation.id, outcome=outcome, status=status, steps=invocation.steps)
+        self._trace("done", invocation=invocation.id, outcome=outcome, status=status, steps=invocation.steps)
         if outcome == "succeeded":
-            endpoint.backoff_s = 0.0
+            endpoint.backoff.reset()
             # A failure's backoff ends with the first success (a probe's, say), so the
             # shards that wait for it go now; a throttle's pause still running stays.
             endpoint.backoff_until = min(endpoint.backoff_until, endpoint.throttled_until)
@@ -544,7 +567,7 @@ class Invoker:
             due = self.due[index]
             if due.invocation is invocation:
                 due.invocation = None
-                if self.server.slots[index].holder is None and not due.reported:
+                if self.server.holder(index) is None and not due.reported:
                     # Neither held nor reported: due again for what it was sent for (a
                     # crash of its worker made it due for recovery already, backing off).
                     for reason in due.sent_reasons or {Reason.RECOVERY}:
@@ -559,10 +582,10 @@ class Invoker:
         server's start) are one step, not N. True when this one took a step."""
         stepped = invocation.sent >= endpoint.backoff_set_at
         if stepped:
-            endpoint.backoff_s = min(BACKOFF_MAX_S, endpoint.backoff_s * 2 or BACKOFF_FIRST_S)
+            endpoint.backoff.step()
             endpoint.backoff_set_at = now
         # (Never shorter than a pause still running, a throttle's Retry-After included.)
-        pause = max(at_least_s, jittered(endpoint.backoff_s))
+        pause = max(at_least_s, endpoint.backoff.jittered())
         endpoint.backoff_until = max(endpoint.backoff_until, now + pause)
         return stepped
 
@@ -612,7 +635,7 @@ class Invoker:
                 invocation.id,
                 endpoint.config.url,
                 endpoint.errors[-1][1],
-                endpoint.backoff_s,
+                endpoint.backoff.delay_s,
             )
         if endpoint.failed_rounds >= FAILED_ROUNDS_FOR_CALLS:
             why = f"invocations of {endpoint.config.url} fail: {endpoint.failing(now)}"
@@ -624,8 +647,7 @@ class Invoker:
         """One backoff step for the shard per crashed invocation."""
         if due.failed != invocation:
             due.failed = invocation
-            due.backoff_s = min(BACKOFF_MAX_S, due.backoff_s * 2 or BACKOFF_FIRST_S)
-            due.backoff_until = max(due.backoff_until, now + jittered(due.backoff_s))
+            due.backoff_until = max(due.backoff_until, now + due.backoff.next())
 
     def why_no_worker(self, index: int) -> str:
         """What a call that waited in vain for `index` is told: how its endpoint's last
@@ -683,7 +705,7 @@ class Invoker:
         them: a lost wake-up made visible."""
         count = 0
         for index, d in enumerate(self.due):
-            if d.at is None or d.invocation is not None or self.server.slots[index].holder is not None:
+            if d.at is None or d.invocation is not None or self.server.holder(index) is not None:
                 continue
             endpoint = self._choose(d)
             if (
@@ -700,9 +722,9 @@ class Invoker:
         for task in list(self.tasks):
             task.cancel()
         for endpoint in self.endpoints:
-            if endpoint.session is not None:
-                await endpoint.session.close()
-            if endpoint.transport is not None:
+            if isinstance(endpoint.transport, HttpTransport):
+                await endpoint.transport.close()
+            else:
                 endpoint.transport.close()
 
 

@@ -14,14 +14,15 @@ is checked against its scope before the server sees it.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import ssl
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import msgspec
 
+from fusee._log import RateLimit, rate_limited
 from fusee.protocol import handshake
 from fusee.protocol.connection import FramedConnection
 from fusee.protocol.frames import FrameError, Kind
@@ -29,20 +30,16 @@ from fusee.protocol.messages import ROLE_CLIENT, ROLE_PINGER, ROLE_WORKER, VERSI
 from fusee_server import access
 from fusee_server.access import Scope, Tokens
 
-if TYPE_CHECKING:
-    from fusee_server.server import Server
-
 logger = logging.getLogger("fusee.server")
 
 REFUSAL_LOG_EVERY_S = 10.0
-_last_refusal_log = [0.0]
+# One line every ten seconds at most, saying how many were refused meanwhile: a scanner's
+# connections must not fill the log.
+_refusals = rate_limited(logger, RateLimit(REFUSAL_LOG_EVERY_S, "refused"))
 
 
 def log_refusal(peer: str, reason: str) -> None:
-    now = time.monotonic()
-    if now - _last_refusal_log[0] >= REFUSAL_LOG_EVERY_S:
-        _last_refusal_log[0] = now
-        logger.warning("refused a connection from %s: %s", peer, reason)
+    _refusals.warning("refused a connection from %s: %s", peer, reason)
 
 
 def server_tls(cert: str, key: str, ca: str | None) -> tuple[ssl.SSLContext, bytes]:
@@ -63,16 +60,39 @@ def server_tls(cert: str, key: str, ca: str | None) -> tuple[ssl.SSLContext, byt
     return context, handshake.tls_binding(der)
 
 
+class Receiver(Protocol):
+    """What a connection hands its frames to (`fusee_server.server.Server`)."""
+
+    frame_limit: int
+
+    def opened(self, conn: ServerConnection) -> str | None:
+        """The connection is OPEN: None, or why it is refused."""
+        ...
+
+    def received(self, conn: ServerConnection, message: Any) -> None: ...
+
+    def lost(self, conn: ServerConnection) -> None: ...
+
+
+class State(enum.Enum):
+    """Where a connection is in its setup; frames go to the server only when READY."""
+
+    HELLO = enum.auto()  # the server has tokens: waiting for the peer's HELLO
+    PROOF = enum.auto()  # CHALLENGE sent: waiting for the PROOF of a token
+    OPEN = enum.auto()  # accepted (or no token needed): waiting for OPEN
+    READY = enum.auto()  # opened: every frame goes to the server, checked against its scope
+
+
 class ServerConnection(FramedConnection):
     """One worker or client, as the server sees it."""
 
-    def __init__(self, server: Server, tokens: Tokens, binding: bytes) -> None:
+    def __init__(self, server: Receiver, tokens: Tokens, binding: bytes) -> None:
         super().__init__()
         self.server = server
         self.tokens = tokens
         self.scope = Scope.WORKER  # until a proof says otherwise: a server without tokens
         self.binding = binding
-        self.state = "hello" if tokens.worker is not None else "open"
+        self.state = State.HELLO if tokens.worker is not None else State.OPEN
         self.hello_body = b""
         self.transcript = b""
         self.role = ""
@@ -92,12 +112,12 @@ class ServerConnection(FramedConnection):
         self.deadline = asyncio.get_running_loop().call_later(handshake.DEADLINE_S, self._too_slow)
 
     def _too_slow(self) -> None:
-        if self.state != "ready":
+        if self.state is not State.READY:
             log_refusal(self.peer, f"no OPEN within {handshake.DEADLINE_S:g} s")
             self.close()
 
     def fail(self, reason: str) -> None:
-        if self.state != "ready":
+        if self.state is not State.READY:
             log_refusal(self.peer, reason)  # a scanner's bytes must not fill the log
             self.close()
         else:
@@ -109,7 +129,7 @@ class ServerConnection(FramedConnection):
         self.close()
 
     def frame_received(self, kind: int, body: bytes) -> None:
-        if self.state == "ready":
+        if self.state is State.READY:
             try:
                 message = decode(kind, body)
             except FrameError as error:
@@ -125,7 +145,7 @@ class ServerConnection(FramedConnection):
                         self.fail(refusal)
                     return
             self.server.received(self, message)
-        elif self.state == "hello":
+        elif self.state is State.HELLO:
             if kind != Kind.HELLO:
                 self.refuse("this server requires a token: add token-file=PATH to the address")
                 return
@@ -138,8 +158,8 @@ class ServerConnection(FramedConnection):
             challenge = handshake.challenge(handshake.nonce())
             self.transcript = handshake.transcript(body, challenge, self.binding)
             self.send_frame(Kind.CHALLENGE, challenge)
-            self.state = "proof"
-        elif self.state == "proof":
+            self.state = State.PROOF
+        elif self.state is State.PROOF:
             matched = None
             if kind == Kind.PROOF:
                 matched = self.tokens.match(
@@ -153,8 +173,8 @@ class ServerConnection(FramedConnection):
                 return
             self.scope, token = matched
             self.send_frame(Kind.ACCEPT, handshake.accept(token, self.transcript))
-            self.state = "open"
-        elif self.state == "open":
+            self.state = State.OPEN
+        elif self.state is State.OPEN:
             if kind == Kind.HELLO:
                 self.refuse(
                     "this server has no token: remove token-file= from the address, or start the "
@@ -189,7 +209,7 @@ class ServerConnection(FramedConnection):
         self.liveness = opening.liveness
         self.session = opening.session
         self.decoder.limit = self.server.frame_limit
-        self.state = "ready"
+        self.state = State.READY
         if self.deadline is not None:
             self.deadline.cancel()
         refusal = self.server.opened(self)
@@ -212,7 +232,7 @@ class ServerConnection(FramedConnection):
         self.closed = True
         if self.deadline is not None:
             self.deadline.cancel()
-        if self.state == "ready":
+        if self.state is State.READY:
             self.server.lost(self)
 
     def __repr__(self) -> str:

@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 from fusee import _secrets
-from fusee._errors import FuseeError
+from fusee._errors import FuseeError, SettingError
 from fusee.protocol import handshake
-from fusee_server import invoke_config
+from fusee_server import endpoints
 from fusee_server.access import Tokens
 from fusee_server.http_api import HttpApi
 from fusee_server.invoker import Invoker
@@ -66,11 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve /metrics (Prometheus) and /healthz over HTTP here (port 0: any free port, printed)",
     )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    invoke_config.add_arguments(parser)
-
-
-class SettingError(Exception):
-    """A wrong setting: the message names it."""
+    endpoints.add_arguments(parser)
 
 
 def _host_port(text: str, option: str) -> tuple[str, int]:
@@ -268,10 +264,7 @@ async def serve(args: argparse.Namespace) -> int:
     listen = _host_port(args.listen, "--listen") if args.listen is not None else None
     http = _host_port(args.http, "--http") if args.http is not None else None
     unix_mode = _unix_mode(args.unix_mode)
-    try:
-        endpoints = invoke_config.endpoints(args)
-    except invoke_config.ConfigError as error:
-        raise SettingError(str(error)) from None
+    invoked = endpoints.from_args(args)
     tokens, tls, binding = _security(args)
     _warn_exposed(listen, http, tokens.worker is not None, tls is not None)
     if args.unix is not None:
@@ -323,12 +316,12 @@ async def serve(args: argparse.Namespace) -> int:
         print(f"fusee server: metrics on {scheme}://{host}:{port}/metrics", file=sys.stderr, flush=True)
     print(f"fusee server: {server.shards} shards in {args.dir}, ready", file=sys.stderr, flush=True)
     server.start()
-    if endpoints:
-        server.invoker = Invoker(server, endpoints)
+    if invoked:
+        server.invoker = Invoker(server, invoked)
         if api is not None:
             api.metrics.watch(server.invoker)
         server.invoker.start()
-        for endpoint in endpoints:
+        for endpoint in invoked:
             print(f"fusee server: invoking {endpoint.url}", file=sys.stderr, flush=True)
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, server.stopped.set)

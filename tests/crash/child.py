@@ -72,7 +72,7 @@ async def wait_result(engine: fusee.Engine, wid: str) -> None:
 async def open_engine(args: argparse.Namespace) -> fusee.Engine:
     if not args.churn:
         return await fusee.Engine.open(args.dir, workflows=[crashy], shards=4, park_after=PARK_AFTER[mode])
-    from fusee_server.local import LocalStorage
+    from fusee_server.store import LocalStorage
 
     storage = await LocalStorage.open(args.dir, 4, segment_bytes_min=16 << 10, segment_bytes_max=64 << 10)
     engine = await fusee.Engine.open(workflows=[crashy], storage=storage, park_after=PARK_AFTER[mode])

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from fusee_server.invoke_config import BUDGET_MS, CONCURRENCY, GRACE_MS
+from fusee_server.endpoints import BUDGET_MS, CONCURRENCY, GRACE_MS
 
 import fusee
 from fusee.protocol.address import parse as parse_address

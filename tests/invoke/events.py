@@ -21,7 +21,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from fusee_server import lambda_invoke
+from fusee_server import lambda_client
 
 ACCOUNT = "123456789012"
 SOURCE_IP = "198.51.100.7"
@@ -192,7 +192,7 @@ def alb(headers: dict[str, str], body: bytes, b64: bool = False, multi_value: bo
 
 def direct(headers: dict[str, str], body: bytes) -> dict[str, Any]:
     """The server's own encoding, as the Lambda runtime hands it to the handler: parsed."""
-    event: dict[str, Any] = json.loads(lambda_invoke.event(headers, body))
+    event: dict[str, Any] = json.loads(lambda_client.event(headers, body))
     return event
 
 

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from fusee_server import invoke_config
 
+from fusee._errors import SettingError
 from tests.invoke.test_lambda_direct import endpoints
 from tests.server_mode.procs import ROOT, free_port
 from tests.server_mode.test_http_api import start_fails
@@ -30,7 +30,7 @@ def config(tmp_path: Path, *listed: dict[str, object]) -> str:
 def test_an_inline_secret_in_the_config_file_is_refused(tmp_path: Path, secret: str) -> None:
     """Short or long: a secret is read from `secretFile` only (its length checked there)."""
     path = config(tmp_path, {"url": "http://127.0.0.1:9/", "secret": secret})
-    with pytest.raises(invoke_config.ConfigError) as raised:
+    with pytest.raises(SettingError) as raised:
         endpoints("--invoke-config", path)
     message = str(raised.value)
     assert message.startswith(f'--invoke-config {path}: an inline "secret" is not accepted'), message
@@ -43,7 +43,7 @@ def test_a_secret_file_holds_at_least_16_bytes(tmp_path: Path) -> None:
     short = tmp_path / "short"
     short.write_text("x\n")
     path = config(tmp_path, {"url": "http://127.0.0.1:9/", "secretFile": str(short)})
-    with pytest.raises(invoke_config.ConfigError, match="1 bytes, at least 16"):
+    with pytest.raises(SettingError, match="1 bytes, at least 16"):
         endpoints("--invoke-config", path)
 
 
@@ -57,7 +57,7 @@ def test_the_secret_is_never_printed(tmp_path: Path) -> None:
 
 def test_an_empty_endpoint_list_is_refused(tmp_path: Path) -> None:
     path = config(tmp_path)
-    with pytest.raises(invoke_config.ConfigError, match=r'"endpoints" is empty: list at least one endpoint'):
+    with pytest.raises(SettingError, match=r'"endpoints" is empty: list at least one endpoint'):
         endpoints("--invoke-config", path)
     output = start_fails(tmp_path, "--listen", "127.0.0.1:0", "--invoke-config", path)
     assert f'--invoke-config {path}: "endpoints" is empty' in output, output
@@ -82,11 +82,11 @@ NEVER_WORK = {
 def test_an_endpoint_url_that_can_never_work_stops_the_start_naming_it(
     tmp_path: Path, url: str, why: str
 ) -> None:
-    with pytest.raises(invoke_config.ConfigError) as raised:
+    with pytest.raises(SettingError) as raised:
         endpoints("--invoke", url)
     assert str(raised.value).startswith(f"--invoke {url}: {why}"), raised.value
     path = config(tmp_path, {"url": "http://127.0.0.1:9/"}, {"url": url})
-    with pytest.raises(invoke_config.ConfigError) as raised:
+    with pytest.raises(SettingError) as raised:
         endpoints("--invoke-config", path)
     assert str(raised.value).startswith(f"--invoke-config {path}: endpoints[1] ({url}): {why}"), raised.value
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fusee_server import invoke_config, lambda_invoke
+from fusee_server import endpoints, lambda_client
 from fusee_server.invoke_answer import describe
 
 import fusee
@@ -114,8 +114,8 @@ async def test_the_lambda_invoke_api_client_follows_no_redirect(monkeypatch: pyt
     redirect = Flaky(free_port(), 307, 10**9, headers={"location": f"http://{elsewhere.address}/"})
     await redirect.start()
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{redirect.port}")
-    transport = lambda_invoke.LambdaTransport(
-        invoke_config.Endpoint(url=f"lambda:{FUNCTION}", region=REGION, concurrency=2)
+    transport = lambda_client.LambdaTransport(
+        endpoints.Endpoint(url=f"lambda:{FUNCTION}", region=REGION, concurrency=2)
     )
     try:
         mark = elsewhere.mark()

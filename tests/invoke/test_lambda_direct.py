@@ -21,10 +21,12 @@ from typing import Any
 
 import boto3
 import pytest
-from fusee_server import invoke_config, lambda_invoke
-from fusee_server.lambda_invoke import Target
+from fusee_server import endpoints as endpoint_settings
+from fusee_server import lambda_client
+from fusee_server.lambda_client import Target
 
 import fusee
+from fusee._errors import SettingError
 from fusee.invoke import InvocationHandler
 from tests.invoke.conftest import in_thread
 from tests.invoke.procs import Listener
@@ -66,7 +68,7 @@ AWS = {
     ],
 )
 def test_a_lambda_target_is_a_name_or_an_arn_and_a_qualifier(url: str, target: Target) -> None:
-    assert lambda_invoke.parse(url) == target
+    assert lambda_client.parse(url) == target
 
 
 @pytest.mark.parametrize(
@@ -84,7 +86,7 @@ def test_a_lambda_target_is_a_name_or_an_arn_and_a_qualifier(url: str, target: T
 )
 def test_a_wrong_lambda_target_says_what_is_expected(url: str, why: str) -> None:
     with pytest.raises(ValueError, match=re.escape(why)):
-        lambda_invoke.parse(url)
+        lambda_client.parse(url)
 
 
 def test_the_documented_event_is_what_the_server_sends() -> None:
@@ -94,13 +96,13 @@ def test_the_documented_event_is_what_the_server_sends() -> None:
     block = re.search(r"```json lambda-event\n(.*?)\n```", text, re.S)
     assert block, "docs/invoke.md has no ```json lambda-event block"
     headers = {"content-type": "application/json", "fusee-signature": vector["header"].split(": ", 1)[1]}
-    assert lambda_invoke.event(headers, vector["body"].encode()).decode() == block.group(1)
+    assert lambda_client.event(headers, vector["body"].encode()).decode() == block.group(1)
 
 
-def endpoints(*argv: str) -> list[invoke_config.Endpoint]:
+def endpoints(*argv: str) -> list[endpoint_settings.Endpoint]:
     parser = argparse.ArgumentParser(allow_abbrev=False)
-    invoke_config.add_arguments(parser)
-    return invoke_config.endpoints(parser.parse_args(list(argv)))
+    endpoint_settings.add_arguments(parser)
+    return endpoint_settings.from_args(parser.parse_args(list(argv)))
 
 
 def test_the_region_comes_from_the_option_the_arn_or_the_environment(
@@ -142,7 +144,7 @@ def test_a_wrong_lambda_setting_stops_the_start_naming_it(
     argv: list[str], message: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
-    with pytest.raises(invoke_config.ConfigError) as raised:
+    with pytest.raises(SettingError) as raised:
         endpoints(*argv)
     assert str(raised.value).startswith(message), raised.value
 
@@ -151,7 +153,7 @@ def test_no_region_anywhere_names_the_option(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
     monkeypatch.delenv("AWS_REGION", raising=False)
     monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
-    with pytest.raises(invoke_config.ConfigError, match="no AWS region: give --invoke-region"):
+    with pytest.raises(SettingError, match="no AWS region: give --invoke-region"):
         endpoints("--invoke", f"lambda:{FUNCTION}")
 
 
@@ -159,14 +161,14 @@ def test_without_boto3_a_lambda_endpoint_stops_the_start(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setitem(sys.modules, "boto3", None)  # what `import boto3` does when it is not installed
-    with pytest.raises(invoke_config.ConfigError) as raised:
+    with pytest.raises(SettingError) as raised:
         endpoints("--invoke", f"lambda:{FUNCTION}")
     assert str(raised.value) == (
         f"--invoke lambda:{FUNCTION}: invoking Lambda directly needs boto3: pip install 'fusee-server[lambda]'"
     )
     config = tmp_path / "invoke.json"
     config.write_text(json.dumps({"endpoints": [{"url": f"lambda:{FUNCTION}", "regoin": "eu-west-1"}]}))
-    with pytest.raises(invoke_config.ConfigError, match="regoin"):  # unknown keys are still refused
+    with pytest.raises(SettingError, match="regoin"):  # unknown keys are still refused
         endpoints("--invoke-config", str(config))
 
 
@@ -199,8 +201,8 @@ async def test_no_connection_to_the_invoke_api_is_no_answer(
     for name, value in AWS.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens
-    transport = lambda_invoke.LambdaTransport(
-        invoke_config.Endpoint(url=f"lambda:{FUNCTION}", region=REGION, concurrency=2)
+    transport = lambda_client.LambdaTransport(
+        endpoint_settings.Endpoint(url=f"lambda:{FUNCTION}", region=REGION, concurrency=2)
     )
     try:
         with caplog.at_level(logging.INFO, "fusee.invoker"):

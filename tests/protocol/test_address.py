@@ -27,9 +27,7 @@ def test_the_documented_forms_parse():
     assert full.tls and not parse("h:1").tls
     assert parse("10.0.0.5:7600?max-shards=2").max_shards == 2
     assert parse("[::1]:7600") == Address(host="::1", port=7600)
-    assert parse("unix:/run/fusee.sock?shm=1&token-file=t") == Address(
-        unix="/run/fusee.sock", shm=True, token_file="t"
-    )
+    assert parse("unix:/run/fusee.sock?token-file=t") == Address(unix="/run/fusee.sock", token_file="t")
     assert parse("h:7600?invocation=inv-42").invocation == "inv-42"
     assert parse("h:7600?name=fusee.example.com&ca=ca.pem").name == "fusee.example.com"
 
@@ -51,8 +49,11 @@ def test_the_documented_forms_parse():
         ("user@h:7600", "is not a host name"),
         ("unix:", "needs a socket path"),
         ("unix:/s.sock?ca=ca.pem", "ca do not apply to a unix: socket"),
-        ("h:7600?shm=1", "unix: address only"),
-        ("unix:/s?shm=yes", "shm takes 1"),
+        (
+            "unix:/s?shm=1",
+            "option 'shm': the shared-memory ring between a worker and the server is not built",
+        ),
+        ("h:7600?shm=1", "option 'shm': the shared-memory ring"),
         ("h:7600?cert=c.pem", "cert= and key= go together"),
         ("h:7600?cert=c.pem&key=k.pem", "cert= and key= without ca= would connect without TLS"),
         ("h:7600?name=fusee.example.com", "name= without ca= would connect without TLS"),

@@ -53,6 +53,7 @@ def test_fresh_nonces_and_the_binding_make_every_transcript_different():
         (b"\x01\x01\x00" + bytes(31), hs.read_hello, "hello of 34 bytes"),
         (b"\x02\x01\x00" + bytes(32), hs.read_hello, "hello version 2"),
         (b"\x01\x03\x00" + bytes(32), hs.read_hello, "hello purpose 3"),
+        (b"\x01\x02\x00" + bytes(32), hs.read_hello, "purpose 2 .1: server; 2, a replica, is not built"),
         (b"\x01" + bytes(33), hs.read_challenge, "challenge of 34 bytes"),
         (b"\x09" + bytes(32), hs.read_challenge, "challenge version 9"),
     ],

@@ -67,7 +67,7 @@ async def build(data: Path, crash: bool) -> Acked:
     retired spares, two checkpoints per shard, and parked and finished runs' frames. Then
     a tail of records after the last checkpoints (a loaded run on each shard keeps them
     from checkpointing on going idle), and a clean close or a crash."""
-    from fusee_server.local import LocalStorage
+    from fusee_server.store import LocalStorage
 
     storage = await LocalStorage.open(
         data, SHARDS, segment_bytes_min=SEGMENT_BYTES_MIN, segment_bytes_max=SEGMENT_BYTES_MAX

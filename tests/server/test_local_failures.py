@@ -209,7 +209,7 @@ async def test_checkpoints_whose_positions_end_in_b_are_read_as_theirs(tmp_path:
     """`checkpoint-000000000000039b.fck` was read as the second copy of position 0x39:
     with both retained positions ending in b, both were declared damaged, the run store
     was cut to nothing and the log under them (retired) was gone."""
-    from fusee_server.local import LocalStorage
+    from fusee_server.store import LocalStorage
 
     data = tmp_path / "data"
     storage = await LocalStorage.open(
@@ -242,7 +242,7 @@ async def test_a_record_longer_than_recovery_reads_is_refused_and_the_longest_is
     """A record over 64 MiB was written and acknowledged, then lost at recovery (which
     reads no batch that long). Now staging it fails the flush, naming the limit; one of
     exactly RECORD_BYTES_MAX is written, acknowledged and recovered after a crash."""
-    from fusee_server.local import RECORD_BYTES_MAX, LocalStorage
+    from fusee_server.store import RECORD_BYTES_MAX, LocalStorage
 
     longest = bytes(range(256)) * (RECORD_BYTES_MAX // 256) + b"x" * (RECORD_BYTES_MAX % 256)
     data = tmp_path / "data"
@@ -320,7 +320,7 @@ async def written_dir(data: Path, crash: bool) -> dict[str, list[int]]:
     the process stops without a checkpoint (a held run keeps the shards busy), so the
     log holds every record in several live segments; else a clean close, after which
     checkpoints hold everything and the log moved to an empty segment."""
-    from fusee_server.local import LocalStorage
+    from fusee_server.store import LocalStorage
 
     storage = await LocalStorage.open(
         data, 2, segment_bytes_min=SEGMENT_BYTES_MIN, segment_bytes_max=SEGMENT_BYTES_MAX
@@ -452,7 +452,7 @@ async def test_more_shards_than_a_segment_header_holds_are_refused_at_creation(t
 async def test_a_shard_closed_during_its_checkpoint_still_gets_the_second_copy(tmp_path: Path) -> None:
     """A close that came while a checkpoint was being written saw no checkpoint yet and
     skipped the second copy: the log under it could not be retired at the close."""
-    from fusee_server.local import LocalStorage
+    from fusee_server.store import LocalStorage
 
     storage = await LocalStorage.open(tmp_path / "data", 1)
     store, reports = await open_store(storage, 0)

@@ -25,14 +25,11 @@ import logging
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgspec
 
 from fusee_server.invoke_answer import Answer
-
-if TYPE_CHECKING:
-    from fusee_server.invoke_config import Endpoint
 
 logger = logging.getLogger("fusee.invoker")
 
@@ -126,12 +123,27 @@ class _Answer(msgspec.Struct, rename="camel"):
     body: Any = ""  # the handler's JSON text; only its start is kept, to say why it failed
 
 
+class Settings(Protocol):
+    """What the transport reads of its endpoint's settings (`endpoints.Endpoint`)."""
+
+    @property
+    def url(self) -> str: ...
+    @property
+    def region(self) -> str | None: ...
+    @property
+    def concurrency(self) -> int: ...
+    @property
+    def budget_ms(self) -> int: ...
+    @property
+    def grace_ms(self) -> int: ...
+
+
 class LambdaTransport:
     """Calls one function through the Invoke API, at most `concurrency` at a time: boto3 is
     synchronous, so each call holds a thread of a pool that size (and a pooled connection)
     for as long as the function runs, as an aiohttp request holds a slot."""
 
-    def __init__(self, config: Endpoint) -> None:
+    def __init__(self, config: Settings) -> None:
         from botocore.config import Config
 
         self.target = parse(config.url)

@@ -1,7 +1,7 @@
 """Invocation endpoints as `fusee server` is told of them: `--invoke URL` (or
-`--invoke lambda:FUNCTION[:QUALIFIER]`, see lambda_invoke.py) starts one and
+`--invoke lambda:FUNCTION[:QUALIFIER]`, see lambda_client.py) starts one and
 the `--invoke-*` options after it apply to it, or `--invoke-config FILE` holds them as
-JSON (spec: Invoked workers, *Configuration*). A wrong setting stops the start, naming
+JSON (docs/server.md, *Invoking workers*). A wrong setting stops the start, naming
 it; unknown keys in the file are refused, so a misspelt one never goes unnoticed."""
 
 from __future__ import annotations
@@ -10,14 +10,17 @@ import argparse
 import ipaddress
 import logging
 import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 import msgspec
+from msgspec import Meta
 
 from fusee import _secrets
-from fusee_server import lambda_invoke
+from fusee._errors import SettingError
+from fusee_server import lambda_client
 
 logger = logging.getLogger("fusee.invoker")
 
@@ -35,10 +38,12 @@ class EndpointSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unkn
     url: str
     secret_file: str | None = None
     types: list[str] | None = None  # None: every workflow type
-    concurrency: int = CONCURRENCY
-    budget_ms: int = BUDGET_MS
-    shards: int = 0  # the most shards one invocation carries (0: no limit)
-    grace_ms: int = GRACE_MS
+    # The ranges are declared here only: an option's value and a file's key are both
+    # checked against them as they are converted (`_convert`, `_read_file`).
+    concurrency: Annotated[int, Meta(ge=1, le=10_000)] = CONCURRENCY
+    budget_ms: Annotated[int, Meta(ge=1000, le=BUDGET_MS_MAX)] = BUDGET_MS
+    shards: Annotated[int, Meta(ge=0, le=1 << 16)] = 0  # the most shards one invocation carries (0: no limit)
+    grace_ms: Annotated[int, Meta(ge=0, le=3_600_000)] = GRACE_MS
     ca: str | None = None
     cert: str | None = None
     key: str | None = None
@@ -56,10 +61,6 @@ class Endpoint(EndpointSettings, kw_only=True):
 
 class EndpointsFile(msgspec.Struct, forbid_unknown_fields=True):
     endpoints: list[EndpointSettings]
-
-
-class ConfigError(Exception):
-    """A wrong setting: the message names it."""
 
 
 class InvokeAction(argparse.Action):
@@ -111,36 +112,69 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(endpoints=[])
 
 
-def _int(value: Any, option: str, low: int, high: int) -> int:
+def _fields() -> tuple[dict[str, str], dict[str, tuple[str, int, int]]]:
+    """EndpointSettings' keys by attribute, and its whole numbers' ranges by key, as its
+    declaration gives them."""
+    info = msgspec.inspect.type_info(EndpointSettings)
+    assert isinstance(info, msgspec.inspect.StructType)
+    keys = {field.name: field.encode_name for field in info.fields}
+    ranges = {
+        field.encode_name: (field.name, field.type.ge, field.type.le)
+        for field in info.fields
+        if isinstance(field.type, msgspec.inspect.IntType)
+        and field.type.ge is not None
+        and field.type.le is not None
+    }
+    return keys, ranges
+
+
+_KEYS, _RANGES = _fields()
+_AT = re.compile(r" - at `\$(?:\.endpoints\[(\d+)\])?\.(\w+)`$")
+
+
+def _number_error(
+    error: msgspec.ValidationError,
+    given: Callable[[int | None], Mapping[str, Any]],
+    label: Callable[[int | None, str], str],
+) -> SettingError | None:
+    """A whole-number setting out of its range (or not a number) said as the option or
+    key that gave it: `LABEL VALUE: expected LOW to HIGH`. None for any other error.
+    `given(i)`: the settings of the endpoint the error is at (the i-th of a file)."""
+    found = _AT.search(str(error))
+    if found is None or found.group(2) not in _RANGES:
+        return None
+    index = int(found.group(1)) if found.group(1) is not None else None
+    name, low, high = _RANGES[found.group(2)]
+    value = given(index).get(found.group(2))
+    if type(value) is int or (isinstance(value, str) and re.fullmatch(r"-?\d+", value)):
+        return SettingError(f"{label(index, name)} {int(value)}: expected {low} to {high}")
+    return SettingError(f"{label(index, name)} {value!r}: expected a whole number")
+
+
+def _convert(given: dict[str, Any]) -> Endpoint:
+    """An endpoint from its `--invoke` options (strings), checked against its declaration."""
+    fields = {_KEYS[name]: value for name, value in given.items()}
     try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{option} {value!r}: expected a whole number") from None
-    if not low <= number <= high:
-        raise ConfigError(f"{option} {number}: expected {low} to {high}")
-    return number
+        return msgspec.convert(fields, Endpoint, strict=False)
+    except msgspec.ValidationError as error:
+        raise _number_error(
+            error, lambda _: fields, lambda _, name: "--invoke-" + name.replace("_", "-")
+        ) or SettingError(f"--invoke {given['url']}: {error}") from None
 
 
-def endpoints(args: argparse.Namespace) -> list[Endpoint]:
+def from_args(args: argparse.Namespace) -> list[Endpoint]:
     """The endpoints the options and the config file name, checked, secrets read."""
     found: list[tuple[Endpoint, str]] = []
     for given in args.endpoints:
         fields = {k: v for k, v in given.items() if k != "given"}
         if "types" in fields:
             fields["types"] = [t for t in fields["types"].split(",") if t]
-        for name, low, high in (
-            ("concurrency", 1, 10_000),
-            ("budget_ms", 1000, BUDGET_MS_MAX),
-            ("shards", 0, 1 << 16),
-        ):
-            if name in fields:
-                fields[name] = _int(fields[name], "--invoke-" + name.replace("_", "-"), low, high)
-        found.append((Endpoint(**fields), f"--invoke {fields['url']}"))
+        found.append((_convert(fields), f"--invoke {fields['url']}"))
     if args.invoke_config is not None:
         where = f"--invoke-config {args.invoke_config}"
         listed = _read_file(args.invoke_config)
         if not listed:
-            raise ConfigError(
+            raise SettingError(
                 f'{where}: "endpoints" is empty: list at least one endpoint, or leave --invoke-config out '
                 "(a server without endpoints invokes nothing)"
             )
@@ -155,52 +189,57 @@ def endpoints(args: argparse.Namespace) -> list[Endpoint]:
 def _read_file(path: str) -> list[EndpointSettings]:
     where = f"--invoke-config {path}"
     try:
-        return msgspec.json.decode(Path(path).read_bytes(), type=EndpointsFile).endpoints
+        data = Path(path).read_bytes()
+        return msgspec.json.decode(data, type=EndpointsFile).endpoints
     except OSError as error:
-        raise ConfigError(f"{where}: {error.strerror or error}") from None
+        raise SettingError(f"{where}: {error.strerror or error}") from None
     except msgspec.ValidationError as error:
+
+        def given(i: int | None) -> Mapping[str, Any]:
+            # Only for an error at endpoints[i]: the file is an object with that list.
+            return msgspec.json.decode(data)["endpoints"][i] if i is not None else {}
+
+        def label(i: int | None, name: str) -> str:
+            return f"{where}: endpoints[{i}] ({given(i).get('url')}): {name}"
+
+        number_error = _number_error(error, given, label)
+        if number_error is not None:
+            raise number_error from None
         if "unknown field `secret`" in str(error):
             # A secret written into the config file would skip the checks its file gets
             # (16 bytes at least), and sits in a file made to be shared and reviewed.
-            raise ConfigError(
+            raise SettingError(
                 f'{where}: an inline "secret" is not accepted ({error}): put the secret in a file of '
                 'its own (at least 16 bytes; chmod 600) and name it with "secretFile"'
             ) from None
-        raise ConfigError(f"{where}: {error}") from None
+        raise SettingError(f"{where}: {error}") from None
     except msgspec.DecodeError as error:
-        raise ConfigError(f"{where}: not JSON: {error}") from None
+        raise SettingError(f"{where}: not JSON: {error}") from None
 
 
 def check(endpoint: Endpoint, where: str | None = None) -> None:
-    """The endpoint can work: a URL the invoker can POST to (or a Lambda target), numbers
-    in range, TLS files that go together, a secret file that is long enough. `where`
+    """The endpoint can work: a URL the invoker can POST to (or a Lambda target), TLS
+    files that go together, a secret file that is long enough. `where`
     names the option that gave it."""
     where = where or f"--invoke {endpoint.url}"
-    if lambda_invoke.is_lambda(endpoint.url):
+    if lambda_client.is_lambda(endpoint.url):
         _check_lambda(endpoint, where)
     else:
         _check_url(endpoint.url, where)
         if endpoint.region is not None:
-            raise ConfigError(f"{where}: --invoke-region is for lambda: endpoints")
-    for name, low, high in (
-        ("concurrency", 1, 10_000),
-        ("budget_ms", 1000, BUDGET_MS_MAX),
-        ("shards", 0, 1 << 16),
-        ("grace_ms", 0, 3_600_000),
-    ):
-        _int(getattr(endpoint, name), f"{where}: {name}", low, high)
+            raise SettingError(f"{where}: --invoke-region is for lambda: endpoints")
     if (endpoint.cert is None) != (endpoint.key is None):
-        raise ConfigError(f"{where}: --invoke-cert and --invoke-key go together")
+        raise SettingError(f"{where}: --invoke-cert and --invoke-key go together")
     if endpoint.key is not None:
         _secrets.check_private(endpoint.key, f"{where}: --invoke-key")
     if (endpoint.ca or endpoint.cert) and urlsplit(endpoint.url).scheme != "https":
-        raise ConfigError(f"{where}: --invoke-ca/--invoke-cert need an https:// URL")
+        raise SettingError(f"{where}: --invoke-ca/--invoke-cert need an https:// URL")
     if endpoint.secret_file is not None:
         try:
             endpoint.secret = _secrets.load(endpoint.secret_file, "--invoke-secret-file")
         except _secrets.SecretError as error:
-            raise ConfigError(f"{where}: {error}") from None
-    elif lambda_invoke.is_lambda(endpoint.url):
+            raise SettingError(f"{where}: {error}") from None
+    elif lambda_client.is_lambda(endpoint.url):
         logger.warning(
             "%s has no --invoke-secret-file: its invocations are unsigned, so whoever IAM lets "
             "invoke the function can make it run one",
@@ -222,16 +261,16 @@ def _check_url(url: str, where: str) -> None:
     the start here rather than costing a failed POST, a backoff and a log line each."""
     expected = "expected an http:// or https:// URL, or lambda:FUNCTION[:QUALIFIER]"
     if any(c.isspace() or not c.isprintable() for c in url):
-        raise ConfigError(f"{where}: a URL has no spaces or control characters ({expected})")
+        raise SettingError(f"{where}: a URL has no spaces or control characters ({expected})")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"{where}: {expected}")
+        raise SettingError(f"{where}: {expected}")
     try:
         port = parts.port
     except ValueError:
         port = -1
     if port is not None and not 1 <= port <= 65535:
-        raise ConfigError(f"{where}: the port is not one from 1 to 65535")
+        raise SettingError(f"{where}: the port is not one from 1 to 65535")
     host = parts.hostname
     try:
         ipaddress.ip_address(host)
@@ -241,17 +280,17 @@ def _check_url(url: str, where: str) -> None:
     try:
         ascii_host = host.encode("idna").decode("ascii")
     except UnicodeError:
-        raise ConfigError(f"{where}: {host!r} is not a host name") from None
+        raise SettingError(f"{where}: {host!r} is not a host name") from None
     labels = ascii_host.removesuffix(".").split(".")
     if len(ascii_host) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels):
-        raise ConfigError(f"{where}: {host!r} is not a host name (letters, digits, - and . only)")
+        raise SettingError(f"{where}: {host!r} is not a host name (letters, digits, - and . only)")
 
 
 def _check_lambda(endpoint: Endpoint, where: str) -> None:
     """The function parses and a region is known, now: a wrong one fails the start, not
     every invocation. boto3 is imported here, only when such an endpoint is configured."""
     try:
-        target = lambda_invoke.parse(endpoint.url)
-        endpoint.region = lambda_invoke.region(endpoint.region, target)
+        target = lambda_client.parse(endpoint.url)
+        endpoint.region = lambda_client.region(endpoint.region, target)
     except ValueError as error:
-        raise ConfigError(f"{where}: {error}") from None
+        raise SettingError(f"{where}: {error}") from None
