@@ -23,10 +23,13 @@ impl Ring {
         Ok(Ring { ring })
     }
 
-    /// Submit the write of `submitted` with `RWF_DSYNC` (durable when it completes: the
-    /// data and what is needed to read it back, as `LogFile::write_durable`). Returns once
-    /// the kernel has taken it; the disk work runs in the kernel. On an error nothing was
-    /// submitted (the caller drops this ring, and with it the queued entry).
+    /// Submit the write of `submitted`. Returns once the kernel has taken it; the disk
+    /// work runs in the kernel. On an error nothing was submitted (the caller drops this
+    /// ring, and with it the queued entry).
+    ///
+    /// `RWF_DSYNC`: the write completes only once the batch, and whatever the filesystem
+    /// needs to read it back, is on stable storage, as `LogFile::write_durable`'s. Without
+    /// it a power loss after the loop answered DURABLE could lose an acknowledged batch.
     pub fn submit(&mut self, submitted: &Submitted) -> io::Result<()> {
         let buf = submitted.buf.as_slice();
         let write = opcode::Write::new(types::Fd(submitted.fd), buf.as_ptr(), buf.len() as u32)
