@@ -84,6 +84,11 @@ impl LogFile {
         self.direct
     }
 
+    /// The descriptor, for a write submitted elsewhere (see `log/submit.rs`).
+    pub fn raw_fd(&self) -> std::os::unix::io::RawFd {
+        self.file.as_raw_fd()
+    }
+
     /// Write `data` (whole blocks) at `offset` and return once it is durable.
     pub fn write_durable(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
         debug_assert!(data.len().is_multiple_of(BLOCK) && offset.is_multiple_of(BLOCK as u64));

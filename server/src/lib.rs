@@ -9,6 +9,7 @@ pub mod io;
 pub mod log;
 pub mod meta;
 pub mod recovery;
+pub mod ring;
 pub mod runstore;
 pub mod stall;
 pub mod tools;

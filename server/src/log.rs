@@ -14,8 +14,11 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+mod submit;
+pub use submit::{Begun, Ended, Submitted};
 
 #[derive(Clone, Debug)]
 pub struct LogOptions {
@@ -109,6 +112,9 @@ struct Writer {
     headerless: Vec<PathBuf>,
     next_id: u64,
     next_size: u64,
+    /// A batch the loop submitted (see `submit.rs`) is not yet complete: its place in the
+    /// segment and its sequence number are taken, so nothing else writes until it ends.
+    in_flight: bool,
 }
 
 /// What recovery found, for `fusee inspect` and the open's report.
@@ -129,6 +135,8 @@ pub struct SharedLog {
     nonce: u64,
     stage: Mutex<Vec<Stage>>,
     writer: Mutex<Writer>,
+    /// Signalled when a submitted batch ends (`Writer::in_flight` cleared).
+    idle: Condvar,
     /// The live segments and where each shard's records lie in them. Apart from `writer`
     /// (held across every write's durable flush) so that reads plan without waiting for
     /// a flush; taken after `writer` when both are held, never the other way round.
@@ -227,12 +235,14 @@ impl SharedLog {
             headerless,
             next_id,
             next_size,
+            in_flight: false,
         };
         Ok(SharedLog {
             wal: wal.to_owned(),
             nonce: now ^ ((std::process::id() as u64) << 40),
             stage: Mutex::new(known.iter().map(|k| Stage { next: k + 1, first: k + 1, records: Vec::new() }).collect()),
             writer: Mutex::new(writer),
+            idle: Condvar::new(),
             catalog: Mutex::new(catalog),
             durable: known.iter().map(|k| AtomicU64::new(*k)).collect(),
             recovered: Mutex::new(records),
@@ -395,23 +405,11 @@ impl SharedLog {
     /// Write every shard's staged records as one batch (several past the batch limit)
     /// with one durable flush each. Returns false when nothing was staged.
     pub fn write(&self) -> Result<bool, LogError> {
-        let mut w = self.writer.lock().expect("writer");
+        let mut w = self.writer_idle();
         if let Some(why) = self.failed.lock().expect("failed").clone() {
             return Err(LogError::Stopped(why));
         }
-        let sections: Vec<Section> = {
-            let mut stage = self.stage.lock().expect("stage");
-            stage
-                .iter_mut()
-                .enumerate()
-                .filter(|(_, s)| !s.records.is_empty())
-                .map(|(shard, s)| Section {
-                    shard: shard as u32,
-                    first: s.first,
-                    records: std::mem::take(&mut s.records),
-                })
-                .collect()
-        };
+        let sections = take_staged(&mut self.stage.lock().expect("stage"));
         if sections.is_empty() {
             return Ok(false);
         }
@@ -427,13 +425,28 @@ impl SharedLog {
                 // A test's stalled flush: written, not yet durable as far as anyone knows.
                 std::thread::sleep(stall);
             }
-            for section in &batch {
-                let last = section.first + section.records.len() as u64 - 1;
-                self.durable[section.shard as usize].fetch_max(last, Ordering::AcqRel);
-            }
+            self.raise_durable(&batch);
         }
         self.last_write_ns.store(began.elapsed().as_nanos() as u64, Ordering::Relaxed);
         Ok(true)
+    }
+
+    /// The writer, once no submitted batch is in flight (the loop ends it: see
+    /// `submit.rs`; only other threads wait here).
+    fn writer_idle(&self) -> MutexGuard<'_, Writer> {
+        let mut w = self.writer.lock().expect("writer");
+        while w.in_flight {
+            w = self.idle.wait(w).expect("writer");
+        }
+        w
+    }
+
+    /// The shards' durable positions, raised past the records of a batch now durable.
+    fn raise_durable(&self, batch: &[Section]) {
+        for section in batch {
+            let last = section.first + section.records.len() as u64 - 1;
+            self.durable[section.shard as usize].fetch_max(last, Ordering::AcqRel);
+        }
     }
 
     fn write_batch(&self, w: &mut Writer, sections: &[Section]) -> Result<(), LogError> {
@@ -447,15 +460,20 @@ impl SharedLog {
             self.roll(w, bytes.len() as u64)?;
         }
         w.file.as_mut().expect("segment open").write_durable(w.offset, &bytes)?;
-        // In the map once durable, before `write` raises the shards' durable positions: a
+        self.advance(w, bytes.len() as u64, crc, sections);
+        Ok(())
+    }
+
+    /// A batch of `disk` bytes at the writer's offset is durable: the writer moves past it.
+    fn advance(&self, w: &mut Writer, disk: u64, crc: u32, sections: &[Section]) {
+        // In the map once durable, before the shards' durable positions are raised: a
         // read that saw a position durable finds its batch in the map.
         let mut catalog = self.catalog.lock().expect("catalog");
-        catalog.segments.last_mut().expect("segment").add_batch(w.offset, bytes.len() as u64, w.seq, sections);
+        catalog.segments.last_mut().expect("segment").add_batch(w.offset, disk, w.seq, sections);
         drop(catalog);
-        w.offset += bytes.len() as u64;
+        w.offset += disk;
         w.seq += 1;
         w.prev = crc;
-        Ok(())
     }
 
     /// Start the next segment (reusing a spare when there is one). Its header, written
@@ -518,7 +536,7 @@ impl SharedLog {
     /// empty segment first, so every older one is retired and the next open reads one
     /// header and no batch, however long the log had grown.
     pub fn retire(&self, covered: &[u64], fresh: bool) -> Result<Vec<u64>, LogError> {
-        let mut w = self.writer.lock().expect("writer");
+        let mut w = self.writer_idle();
         for path in std::mem::take(&mut w.headerless) {
             let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
             let spare = self.wal.join(format!("spare-{name}"));
@@ -662,6 +680,26 @@ fn retire_file(wal: &Path, segment: &Segment) -> io::Result<PathBuf> {
     fs::rename(&segment.path, &spare)?;
     sync_dir(wal)?;
     Ok(spare)
+}
+
+/// Every shard's staged records, taken out of the stage.
+fn take_staged(stage: &mut [Stage]) -> Vec<Section> {
+    stage
+        .iter_mut()
+        .enumerate()
+        .filter(|(_, s)| !s.records.is_empty())
+        .map(|(shard, s)| Section { shard: shard as u32, first: s.first, records: std::mem::take(&mut s.records) })
+        .collect()
+}
+
+/// Put taken sections back in front of whatever was staged since, as if never taken.
+fn restore_staged(stage: &mut [Stage], sections: Vec<Section>) {
+    for section in sections {
+        let s = &mut stage[section.shard as usize];
+        let later = std::mem::replace(&mut s.records, section.records);
+        s.records.extend(later);
+        s.first = section.first;
+    }
 }
 
 /// Cut sections into batches of at most `BATCH_BYTES_MAX`, at record boundaries (one

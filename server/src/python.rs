@@ -5,7 +5,7 @@ use crate::log::{LogError, LogOptions, SharedLog};
 use crate::meta::{open_dir, DirError, DirLock};
 use crate::runstore::ShardFiles;
 use crate::stall::StallHook;
-use crate::writer::BackgroundWriter;
+use crate::writer::Writes;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -51,7 +51,17 @@ fn io_err(e: std::io::Error) -> PyErr {
 #[pyclass(frozen, module = "fusee_server._native")]
 struct Log {
     inner: Arc<SharedLog>,
-    writer: Mutex<Option<BackgroundWriter>>,
+    writer: Mutex<Option<Writes>>,
+}
+
+impl Log {
+    /// Reap the write that completed, if one did, and begin the next one asked for: what
+    /// the loop reads after the writes' eventfd fires is then up to date.
+    fn settle(&self) {
+        if let Some(writes) = self.writer.lock().expect("writer").as_ref() {
+            writes.settle();
+        }
+    }
 }
 
 #[pymethods]
@@ -89,30 +99,45 @@ impl Log {
     /// Write everything staged, with the GIL released. False when nothing was staged.
     fn write(&self, py: Python<'_>) -> PyResult<bool> {
         let log = Arc::clone(&self.inner);
-        py.detach(move || log.write()).map_err(log_err)
+        py.detach(|| {
+            if let Some(writes) = self.writer.lock().expect("writer").as_ref() {
+                writes.drain(); // one write in flight at a time
+            }
+            log.write()
+        })
+        .map_err(log_err)
     }
 
-    /// Start the writer thread; returns the eventfd it signals after each write.
-    fn start_writer(&self) -> PyResult<i32> {
+    /// Start the writes the event loop asks for (through io_uring when `io_uring` and
+    /// the kernel allow, else a writer thread: `write_path` says which); returns the
+    /// eventfd signalled after each write.
+    #[pyo3(signature = (io_uring=true))]
+    fn start_writer(&self, io_uring: bool) -> PyResult<i32> {
         let mut slot = self.writer.lock().expect("writer");
         if slot.is_none() {
-            *slot = Some(BackgroundWriter::start(Arc::clone(&self.inner)).map_err(io_err)?);
+            *slot = Some(Writes::start(Arc::clone(&self.inner), io_uring).map_err(io_err)?);
         }
         Ok(slot.as_ref().expect("started").eventfd())
     }
 
-    /// Ask the writer thread for a write of everything staged; returns at once.
+    /// "io_uring" or "thread" once the writes started, else None.
+    #[getter]
+    fn write_path(&self) -> Option<&'static str> {
+        self.writer.lock().expect("writer").as_ref().map(|w| w.path().name())
+    }
+
+    /// Ask for a write of everything staged; returns at once.
     fn request_write(&self) -> PyResult<()> {
         match self.writer.lock().expect("writer").as_ref() {
-            Some(writer) => {
-                writer.request();
+            Some(writes) => {
+                writes.request();
                 Ok(())
             }
-            None => Err(PyRuntimeError::new_err("the log's writer thread is not running")),
+            None => Err(PyRuntimeError::new_err("the log's writes are not started")),
         }
     }
 
-    /// Let the write asked for finish, then stop the thread (GIL released meanwhile).
+    /// Let the writes asked for finish, then stop (GIL released meanwhile).
     fn stop_writer(&self, py: Python<'_>) {
         let writer = self.writer.lock().expect("writer").take();
         if let Some(writer) = writer {
@@ -120,7 +145,9 @@ impl Log {
         }
     }
 
+    /// Why the log stopped, if a write failed (a completed write is reaped first).
     fn failure(&self) -> Option<String> {
+        self.settle();
         self.inner.failure()
     }
 
@@ -128,7 +155,9 @@ impl Log {
         self.inner.appended(shard)
     }
 
+    /// The shard's durable position (a completed write is reaped first).
     fn durable(&self, shard: usize) -> u64 {
+        self.settle();
         self.inner.durable(shard)
     }
 

@@ -56,6 +56,13 @@ impl StallHook {
         Ok(Some(hook))
     }
 
+    /// Whether the write of `sections` would stall (nothing spent): such a write goes
+    /// through the writer thread, where the stall holds no one but that thread.
+    pub fn matches(&self, sections: &[Section]) -> bool {
+        !self.spent.load(Ordering::Relaxed)
+            && sections.iter().flat_map(|s| &s.records).any(|r| contains(r, &self.marker))
+    }
+
     /// How long the write of `sections` stalls: the hook's time for the first batch
     /// holding the marker, nothing for every other.
     pub fn stall_for(&self, sections: &[Section]) -> Option<Duration> {
@@ -86,9 +93,12 @@ mod tests {
     #[test]
     fn fires_once_and_only_on_the_marker() {
         let hook = StallHook::parse("250:stall-me-now").unwrap();
+        assert!(!hook.matches(&[section(&["a record", "another"])]));
         assert_eq!(hook.stall_for(&[section(&["a record", "another"])]), None);
         let marked = [section(&["x"]), section(&["..stall-me-now.."])];
+        assert!(hook.matches(&marked) && hook.matches(&marked));
         assert_eq!(hook.stall_for(&marked), Some(Duration::from_millis(250)));
+        assert!(!hook.matches(&marked));
         assert_eq!(hook.stall_for(&marked), None);
     }
 
