@@ -167,6 +167,8 @@ def start_processes(tmp: Path, children: list[Child], args: argparse.Namespace, 
     url = f"http://127.0.0.1:{handler_port}/"
     server_args = ["--dir", str(tmp / "data"), "--listen", f"127.0.0.1:{port}", "--shards", "4"]
     server_args += ["--invoke", url, "--invoke-secret-file", str(secret)]
+    # The checks read the lease lines, DEBUG for invoked workers (docs/server.md).
+    server_args += ["--log-level", "debug"]
     if args.invoke_concurrency:
         server_args += ["--invoke-concurrency", str(args.invoke_concurrency)]
     server = Child("fusee server", [sys.executable, "-m", "fusee", "server", *server_args], trace)

@@ -27,7 +27,6 @@ from fusee._errors import (
     WorkflowError,
 )
 from fusee.engine.engine import Engine
-from fusee.engine.replay import Replayer
 from fusee.engine.run_handle import Run, RunDescription, RunSummary
 from fusee.storage import Durability
 from fusee.workflow.ctx import ChildHandle, Completion, Ctx, StepContext
@@ -45,6 +44,7 @@ from fusee.workflow.definitions import (
 
 if TYPE_CHECKING:  # loaded on first use (module __getattr__ below): not on a cold path
     from fusee.client import Client
+    from fusee.engine.replay import Replayer
     from fusee.invoke import invocation_handler
 
 __version__ = "0.1.0"
@@ -107,4 +107,8 @@ def __getattr__(name: str) -> object:
         from fusee.invoke import invocation_handler
 
         return invocation_handler
+    if name == "Replayer":  # a debugging tool: no worker's boot needs it
+        from fusee.engine.replay import Replayer
+
+        return Replayer
     raise AttributeError(f"module 'fusee' has no attribute {name!r}")

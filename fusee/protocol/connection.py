@@ -10,8 +10,8 @@ of several shards, their run-store frames and a relayed message share a system c
 
 The connecting side runs the token exchange (docs/FORMAT.md, "The token exchange") before
 its first protocol frame, through the state machine it shares with the pinger
-(opening.py): it proves the token, then verifies the server's proof, and only then sends
-OPEN, so it never talks to a party without the token.
+(opening.py): it sends OPEN with its proof, and takes the server's WELCOME only once the
+server's proof verified.
 """
 
 from __future__ import annotations
@@ -74,12 +74,41 @@ class FramedConnection(asyncio.BufferedProtocol):
         if self.closed:
             return
         try:
+            if self.setting_up():
+                self._setup_received(data)
+                return
             for kind, body in self.decoder.feed(data):
                 self.frame_received(kind, body)
                 if self.closed:
                     return
         except FrameError as error:
             self.fail(f"protocol error: {error}")
+
+    def setting_up(self) -> bool:
+        """Whether the connection's setup (the token exchange and OPEN) is still going on."""
+        return False
+
+    def _setup_received(self, data: bytes) -> None:
+        """A read during the setup. Its frames are taken one at a time: each may raise the
+        frame limit (a proof verified) or end the setup, and the frame behind it in the
+        same read is checked against the limit that then holds. What they make this side
+        send leaves in one write at the end (PROOF and OPEN; ACCEPT, WELCOME and the calls
+        waiting for its grants): one segment, one wake-up of the peer."""
+        corked, self.scheduled = self.scheduled, True  # (send_frame gathers while set)
+        try:
+            frames = self.decoder.feed(data, 1)
+            while frames and not self.closed:
+                self.frame_received(*frames[0])
+                if not self.setting_up():
+                    for kind, body in self.decoder.feed(b""):
+                        if self.closed:
+                            return
+                        self.frame_received(kind, body)
+                    return
+                frames = self.decoder.feed(b"", 1)
+        finally:
+            if not corked:  # (else the write scheduled before this read sends it all)
+                self._write()
 
     def eof_received(self) -> bool | None:
         try:
@@ -160,9 +189,12 @@ class ClientConnection(FramedConnection):
         binding = handshake.tls_binding(tls.getpeercert(binary_form=True)) if tls is not None else b""
         self._send_setup(self.setup.start(binding))
 
+    def setting_up(self) -> bool:
+        return self.setup.state is not State.READY
+
     def _send_setup(self, frames: list[Outgoing]) -> None:
-        # Raised as soon as OPEN is sent: the server's WELCOME and what follows it may be
-        # large and may arrive in the same read.
+        # Raised once the server proved the token: its WELCOME and what follows it may be
+        # large, and arrive in the same read as the ACCEPT.
         self.decoder.limit = self.setup.frame_limit
         for kind, body in frames:
             self.send_frame(kind, body)

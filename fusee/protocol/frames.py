@@ -91,7 +91,10 @@ class Decoder:
         self.buffer = bytearray()
         self.broken: FrameError | None = None
 
-    def feed(self, data: bytes) -> list[Frame]:
+    def feed(self, data: bytes, most: int | None = None) -> list[Frame]:
+        """The whole frames received so far, or the first `most` of them (the rest stay
+        buffered: a connection's setup takes one at a time, since a frame may raise the
+        limit the next one is checked against)."""
         if self.broken is not None:
             raise self.broken
         # With nothing held over (the usual case: a read ends on a frame's end), frames
@@ -105,7 +108,7 @@ class Decoder:
         frames: list[Frame] = []
         start = 0
         try:
-            while len(buffer) - start >= HEADER_BYTES:
+            while len(buffer) - start >= HEADER_BYTES and (most is None or len(frames) < most):
                 magic, kind, flags, length, crc = HEADER.unpack_from(buffer, start)
                 if magic != MAGIC:
                     raise FrameError(f"bad magic {bytes(magic)!r} (expected {MAGIC!r}): not a fusee peer")

@@ -8,8 +8,14 @@ order: `connection.ClientConnection` (asyncio, workers and clients) and
 `start` and `receive` return, feeds back every frame it reads until `state` is READY, and
 turns the two refusals below into its own ConnectionError.
 
-The setup proves the token, then verifies the server's proof, and only then sends OPEN, so
-a worker never talks to a party without the token.
+OPEN leaves with the PROOF, in the same write, and the server answers ACCEPT and WELCOME
+in one write: the setup takes two round trips after TCP's, not three (docs/FORMAT.md, *The
+token exchange*). Nothing is acted on before both proofs verified: the server reads the
+OPEN only once the PROOF verified, and this side verifies the ACCEPT before it takes the
+WELCOME behind it, with the frame limit raised only then (a party that did not prove the
+token gets no large buffer). What OPEN tells a party without the token (the role, an
+invocation or pinger session it cannot use without the token) is no secret: without TLS
+it crosses the wire in the clear anyway, and TLS authenticated the server before it.
 """
 
 from __future__ import annotations
@@ -26,8 +32,8 @@ Outgoing = tuple[int, bytes]  # a frame to send: its kind and payload
 class State(enum.Enum):
     IDLE = "idle"  # nothing sent yet: `start` sends HELLO, or OPEN without a token
     HELLO = "hello"  # HELLO sent: the server's CHALLENGE is due
-    PROOF = "proof"  # PROOF sent (the server's challenge answered): its ACCEPT is due
-    OPEN = "open"  # OPEN sent (the server proved the token, or there is none): WELCOME is due
+    PROOF = "proof"  # PROOF and OPEN sent (the server's challenge answered): its ACCEPT is due
+    OPEN = "open"  # the server proved the token (or there is none; OPEN sent): WELCOME is due
     READY = "ready"  # WELCOME received: protocol messages flow both ways
 
 
@@ -54,8 +60,8 @@ class ClientSetup:
 
     @property
     def frame_limit(self) -> int:
-        """The largest frame to accept now: a few hundred bytes until OPEN is sent (a
-        party that has not proved the token gets no large buffer), the full limit after."""
+        """The largest frame to accept now: a few hundred bytes until the server proved
+        the token (a party that has not gets no large buffer), the full limit after."""
         return (
             HANDSHAKE_BYTES_MAX if self.state in (State.IDLE, State.HELLO, State.PROOF) else PAYLOAD_BYTES_MAX
         )
@@ -65,15 +71,12 @@ class ClientSetup:
         (handshake.tls_binding of the server's certificate; empty without TLS)."""
         assert self.state is State.IDLE
         if self.token is None:
-            return self._open()
+            self.state = State.OPEN
+            return [payload(self.opening)]
         self.binding = binding
         self.hello_body = handshake.hello(handshake.nonce())
         self.state = State.HELLO
         return [(Kind.HELLO, self.hello_body)]
-
-    def _open(self) -> list[Outgoing]:
-        self.state = State.OPEN
-        return [payload(self.opening)]
 
     def receive(self, kind: int, body: bytes) -> list[Outgoing]:
         """Take one frame the server sent before READY; the frames to send in answer."""
@@ -84,11 +87,14 @@ class ClientSetup:
             handshake.read_challenge(body)
             self.transcript = handshake.transcript(self.hello_body, body, self.binding)
             self.state = State.PROOF
-            return [(Kind.PROOF, handshake.proof(self.token, self.transcript))]
+            # OPEN behind the PROOF: the server reads it only once the proof verified, and
+            # the WELCOME it answers is taken only once its own ACCEPT verified (below).
+            return [(Kind.PROOF, handshake.proof(self.token, self.transcript)), payload(self.opening)]
         if self.state is State.PROOF and kind == Kind.ACCEPT:
             assert self.token is not None
             handshake.verify(handshake.accept(self.token, self.transcript), body)
-            return self._open()
+            self.state = State.OPEN
+            return []
         if self.state is State.OPEN and kind == Kind.WELCOME:
             self.welcome = decode(kind, body)
             self.state = State.READY

@@ -114,20 +114,27 @@ def open_blocking(address: Address, opening: Open) -> tuple[socket.socket, Welco
 def _drive(sock: socket.socket, setup: ClientSetup, frames: list[Outgoing]) -> None:
     """Send and read until the setup is READY."""
     decoder = Decoder(HANDSHAKE_BYTES_MAX)
-    ready: list[Frame] = []
     while True:
         decoder.limit = setup.frame_limit
-        for kind, body in frames:
-            sock.sendall(encode(kind, body))
+        if frames:
+            sock.sendall(b"".join(encode(kind, body) for kind, body in frames))  # PROOF and OPEN: one write
         if setup.state is State.READY:
             return
-        while not ready:
-            data = sock.recv(4096)
-            if not data:
-                raise errors.ConnectionError("the server closed the pinger's connection during setup")
-            ready.extend(decoder.feed(data))
-        frame = ready.pop(0)
+        frame = _next_frame(sock, decoder)
         try:
             frames = setup.receive(frame.kind, frame.payload)
         except Refused as refused:
             raise errors.ConnectionError(f"the server refused the pinger: {refused.reason}") from None
+
+
+def _next_frame(sock: socket.socket, decoder: Decoder) -> Frame:
+    """The next frame, one at a time: the setup's state after it sets the limit the next
+    one is checked against (an ACCEPT and the WELCOME behind it come in one read)."""
+    data = b""
+    while True:
+        ready = decoder.feed(data, 1)
+        if ready:
+            return ready[0]
+        data = sock.recv(4096)
+        if not data:
+            raise errors.ConnectionError("the server closed the pinger's connection during setup")

@@ -3,7 +3,9 @@ then every frame handed to the server (`fusee_server.server.Server`).
 
 The server answers the worker's HELLO only with a CHALLENGE, and sends nothing else
 until the worker's proof verifies; a connection that does not finish TLS and the
-exchange within ten seconds is closed. Failed exchanges are logged at most once every
+exchange within ten seconds is closed. The OPEN a worker sends behind its PROOF is read
+only once the proof verified, and the ACCEPT, the WELCOME and the calls that waited for
+its grants leave in one write (FramedConnection's setup reads). Failed exchanges are logged at most once every
 ten seconds (a scanner must not fill the log).
 
 The token the proof verifies under fixes the connection's scope (`access.py`): a client
@@ -110,6 +112,9 @@ class ServerConnection(FramedConnection):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self.deadline = asyncio.get_running_loop().call_later(handshake.DEADLINE_S, self._too_slow)
+
+    def setting_up(self) -> bool:
+        return self.state is not State.READY
 
     def _too_slow(self) -> None:
         if self.state is not State.READY:

@@ -30,7 +30,7 @@ from fusee._errors import SettingError
 from fusee.invoke import InvocationHandler
 from tests.invoke.conftest import in_thread
 from tests.invoke.procs import Listener
-from tests.invoke.test_end_to_end import free_port, held_by_nobody, metrics, quiet, until
+from tests.invoke.test_end_to_end import LEASE_LINES, free_port, held_by_nobody, metrics, quiet, until
 from tests.invoke.test_signature import ROOT, published_vector
 from tests.server_mode.procs import Proc, Server, retry
 
@@ -277,7 +277,7 @@ class Cloud:
                 "--invoke-budget-ms",
                 "20000",
             ]
-        self.server = Server(self.tmp / "data", *args, *extra, listen=f"127.0.0.1:{self.port}")
+        self.server = Server(self.tmp / "data", *args, *LEASE_LINES, *extra, listen=f"127.0.0.1:{self.port}")
         self.procs.append(self.server)
         return self.server
 

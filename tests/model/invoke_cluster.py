@@ -100,7 +100,8 @@ class Handler(Stamped):
 class InvokeServer(Stamped):
     def __init__(self, dir: Path, config: Path, listen: str) -> None:
         args = [sys.executable, "-m", "fusee", "server", "--dir", str(dir), "--shards", "4"]
-        args += ["--listen", listen, "--invoke-config", str(config)]
+        # An invoked worker's lease lines are DEBUG (docs/server.md): held() reads them.
+        args += ["--listen", listen, "--invoke-config", str(config), "--log-level", "debug"]
         super().__init__(args, {"FUSEE_INVOKE_TRACE": "1"})
         self.wait_for(r"listening on")
         self.wait_for(r"ready")

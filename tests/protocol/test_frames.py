@@ -12,7 +12,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fusee.protocol import frames
-from fusee.protocol.frames import HEADER_BYTES, Decoder, Frame, FrameError, Kind, encode
+from fusee.protocol.frames import (
+    HANDSHAKE_BYTES_MAX,
+    HEADER_BYTES,
+    PAYLOAD_BYTES_MAX,
+    Decoder,
+    Frame,
+    FrameError,
+    Kind,
+    encode,
+)
 
 
 def test_frames_come_back_whole_however_the_stream_is_cut():
@@ -87,3 +96,20 @@ def test_mutated_streams_of_real_frames_get_frame_error_or_the_frames_they_still
             continue
         # Whatever decodes is a prefix of what was sent: a mutation is never read as data.
         assert got == sent[: len(got)]
+
+
+def test_one_frame_at_a_time_checks_each_against_the_limit_set_after_the_one_before():
+    """A connection's setup takes its frames one by one (an ACCEPT and the WELCOME behind
+    it arrive in one read): the WELCOME gets the full limit only if the ACCEPT raised it."""
+    accept = Frame(Kind.ACCEPT, b"a" * 32)
+    welcome = Frame(Kind.WELCOME, b"w" * (HANDSHAKE_BYTES_MAX + 1))
+    data = encode(*accept) + encode(*welcome)
+    raised = Decoder(HANDSHAKE_BYTES_MAX)
+    assert raised.feed(data, 1) == [accept]
+    raised.limit = PAYLOAD_BYTES_MAX
+    assert raised.feed(b"", 1) == [welcome]
+    assert raised.feed(b"", 1) == [] and not raised.buffer
+    kept = Decoder(HANDSHAKE_BYTES_MAX)
+    assert kept.feed(data, 1) == [accept]
+    with pytest.raises(FrameError, match="over the limit"):
+        kept.feed(b"", 1)

@@ -18,18 +18,21 @@ OPEN = m.Open(m.VERSION, m.ROLE_WORKER, 2)
 WELCOME = m.payload(m.Welcome(shards=4, granted=[(1, 7)], ping_ms=1000, timeout_ms=5000, session=b"s"))
 
 
-def test_with_a_token_it_proves_it_then_opens_once_the_server_proved_it():
+def test_with_a_token_it_proves_it_and_opens_then_takes_the_welcome_once_the_server_proved_it():
     setup = ClientSetup(TOKEN, OPEN)
     binding = hs.tls_binding(b"the server's certificate")
     [(kind, hello)] = setup.start(binding)
     assert (kind, setup.state, setup.frame_limit) == (Kind.HELLO, State.HELLO, HANDSHAKE_BYTES_MAX)
     hs.read_hello(hello)
     challenge = hs.challenge(hs.nonce())
-    [(kind, proof)] = setup.receive(Kind.CHALLENGE, challenge)
+    # OPEN goes behind the PROOF, in the same write (one round trip less)...
+    [(kind, proof), opening] = setup.receive(Kind.CHALLENGE, challenge)
+    assert opening == m.payload(OPEN)
     t = hs.transcript(hello, challenge, binding)
     assert (kind, setup.state, setup.frame_limit) == (Kind.PROOF, State.PROOF, HANDSHAKE_BYTES_MAX)
     hs.verify(hs.proof(TOKEN, t), proof)  # bound to the TLS session it was given
-    assert setup.receive(Kind.ACCEPT, hs.accept(TOKEN, t)) == [m.payload(OPEN)]
+    # ...but the limit is raised, and the WELCOME taken, only once the server proved the token.
+    assert setup.receive(Kind.ACCEPT, hs.accept(TOKEN, t)) == []
     assert (setup.state, setup.frame_limit) == (State.OPEN, PAYLOAD_BYTES_MAX)
     assert setup.receive(*WELCOME) == [] and setup.state is State.READY
     assert setup.welcome == m.decode(*WELCOME)
@@ -41,7 +44,9 @@ def test_without_a_token_the_first_frame_is_open():
     assert setup.receive(*WELCOME) == [] and setup.welcome is not None
 
 
-def test_a_server_without_the_token_gets_no_open():
+def test_a_server_without_the_token_is_never_believed():
+    """Its forged ACCEPT fails, and a WELCOME without an ACCEPT is out of order: nothing it
+    sends is taken, and it never gets more than the handshake's frame limit."""
     setup = ClientSetup(TOKEN, OPEN)
     [(_, hello)] = setup.start()
     challenge = hs.challenge(hs.nonce())
@@ -49,7 +54,13 @@ def test_a_server_without_the_token_gets_no_open():
     forged = hs.accept(b"another token of 32 bytes, wrong", hs.transcript(hello, challenge))
     with pytest.raises(hs.HandshakeError, match="different tokens"):
         setup.receive(Kind.ACCEPT, forged)
-    assert setup.state is State.PROOF
+    assert (setup.state, setup.frame_limit) == (State.PROOF, HANDSHAKE_BYTES_MAX)
+    skipped = ClientSetup(TOKEN, OPEN)
+    skipped.start()
+    skipped.receive(Kind.CHALLENGE, hs.challenge(hs.nonce()))
+    with pytest.raises(FrameError, match=r"during the connection's setup \(proof\)"):
+        skipped.receive(*WELCOME)
+    assert skipped.welcome is None
 
 
 def test_a_refusal_at_any_state_carries_the_servers_reason():

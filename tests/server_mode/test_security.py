@@ -173,6 +173,35 @@ async def test_a_replayed_proof_is_refused(start_server, tmp_path):
     await assert_serving(server, token_file=token)
 
 
+async def test_an_open_sent_with_the_proof_is_read_only_once_the_proof_verified(start_server, tmp_path):
+    """The pipelined setup (docs/FORMAT.md, *The token exchange*): PROOF and OPEN in one
+    write get ACCEPT and WELCOME back in one write; with a wrong proof the OPEN behind it is
+    never acted on (REFUSED, no WELCOME, no lease)."""
+    token = token_file(tmp_path)
+    server = start_server("--token-file", token)
+    opening = encode(*m.payload(m.Open(m.VERSION, m.ROLE_WORKER, 1)))
+    for secret, expected in (
+        (Path(token).read_bytes().strip(), [Kind.ACCEPT, Kind.WELCOME]),
+        (b"x" * 32, [Kind.REFUSED]),
+    ):
+        hello = encode(Kind.HELLO, handshake.hello(handshake.nonce()))
+        peer = RawPeer(server)
+        peer.send(hello)
+        challenge = peer.frame()
+        t = handshake.transcript(hello[16:], challenge.payload)
+        peer.send(encode(Kind.PROOF, handshake.proof(secret, t)) + opening)
+        if expected[0] == Kind.ACCEPT:
+            answer = peer.decoder.feed(peer.sock.recv(65536))  # one read: one write
+            peer.close()
+        else:
+            answer = peer.until_closed()
+            peer.close()
+        assert [frame.kind for frame in answer] == expected
+    server.wait_for(r"let go: worker")  # the first peer's lease, its only one
+    assert len(re.findall(r"leased to", "\n".join(server.lines))) == 1, server.output()
+    await assert_serving(server, token_file=token)
+
+
 # -- TLS --------------------------------------------------------------------------------
 
 
