@@ -160,7 +160,7 @@ async def start_cluster(scratch: Path, profile: Path | None, loop: str) -> Clust
     handler = Child(
         handler_args(handler_port, port, secret, profile / "handler.prof" if profile else None, loop)
     )
-    await handler.wait_for(r"Uvicorn running on", timeout=60)
+    await handler.wait_for_async(r"Uvicorn running on", timeout=60)
     server = Child(
         server_args(
             scratch / "data",
@@ -171,7 +171,7 @@ async def start_cluster(scratch: Path, profile: Path | None, loop: str) -> Clust
             trace=False,
         )
     )
-    await server.wait_for(r"ready$", timeout=60)
+    await server.wait_for_async(r"ready$", timeout=60)
     client = await fusee.Client.connect(f"127.0.0.1:{port}")
     return Cluster(server, handler, client, port, handler_port)
 
@@ -334,7 +334,7 @@ async def long_lived_sleeps(cluster: Cluster, count: int) -> list[float]:
     stays idle): how late the step after the sleep is there. The worker then leaves."""
     worker = Child(worker_args(cluster.port))
     try:
-        await worker.wait_for(r"worker ready", timeout=60)
+        await worker.wait_for_async(r"worker ready", timeout=60)
         await cluster.quiet()  # no invocation holds a shard the worker waits for
         await asyncio.sleep(0.2)  # (standbys take freed shards first: let it take them all)
 

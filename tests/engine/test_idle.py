@@ -19,6 +19,7 @@ import fusee
 from fusee import journal as R
 from fusee.engine.shard import Shard
 from fusee.storage import MemoryShardStore, MemoryStorage
+from tests.support.engine_kit import turns
 
 go = fusee.signal("go", int)
 more = fusee.signal("more", int)
@@ -106,11 +107,6 @@ async def poker(ctx: fusee.Ctx, poke: Poke) -> int:
 
 
 # -- helpers --------------------------------------------------------------------------------
-
-
-async def turns(count: int = 30) -> None:
-    for _ in range(count):
-        await asyncio.sleep(0)
 
 
 async def open_engine(storage: Any, clock: Any = None, **options: Any) -> fusee.Engine:

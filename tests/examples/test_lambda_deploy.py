@@ -37,7 +37,7 @@ from botocore.exceptions import ClientError
 
 import fusee
 from fusee.protocol import signature
-from tests.server_mode.procs import Proc, Server, free_port
+from tests.support.procs import Proc, Server, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "examples" / "lambda" / "deploy.py"
@@ -301,7 +301,7 @@ async def test_the_zip_alone_runs_the_order_app_for_a_real_server(built, procs, 
     try:
         order = {"order_id": "o-1", "item": "lamp", "quantity": 2, "card": "flaky", "cooling_off_s": 1.0}
         run = await client.start("order", "o-1", order)
-        await until_line(front, r"fusee invoke \S+ .*answered status=200")
+        await front.wait_for_async(r"fusee invoke \S+ .*answered status=200")
         await run.signal("shipped", "TRK-9")
         result = await run.result()
         assert (result["status"], result["tracking"], result["charged_cents"]) == ("shipped", "TRK-9", 2500)
@@ -324,13 +324,6 @@ async def settled(client: fusee.Client, timeout: float = 30.0) -> dict[str, Any]
             endpoint: dict[str, Any] = metrics["endpoints"][0]
             return endpoint
         assert time.monotonic() < deadline, metrics
-        await asyncio.sleep(0.05)
-
-
-async def until_line(proc: Proc, pattern: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not any(re.search(pattern, line) for line in list(proc.lines)):
-        assert time.monotonic() < deadline, f"no line matching {pattern!r}:\n{proc.output()}"
         await asyncio.sleep(0.05)
 
 

@@ -15,11 +15,10 @@ import http.client
 import json
 import re
 import sys
-import time
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from tests.server_mode.procs import Proc, free_port
+from tests.support.procs import Proc, free_port
 
 from .server_cluster import PROBLEMS
 
@@ -33,23 +32,7 @@ LEFT = re.compile(r"fusee invoke (\S+) \+[\d.]+ms left shard=(\d+) exit=(\S+)")
 REQUEST = re.compile(r"^request (\d+) (begin|end)")
 
 
-class Stamped(Proc):
-    """A process whose lines are also kept with the (monotonic) time they arrived."""
-
-    def __init__(self, args: list[str], env: dict[str, str]) -> None:
-        self.stamped: list[tuple[float, str]] = []
-        super().__init__(args, env)
-        self.pid = self.popen.pid
-
-    def _drain(self, stream: IO[str]) -> None:
-        for line in stream:
-            with self.changed:
-                self.lines.append(line.rstrip("\n"))
-                self.stamped.append((time.monotonic(), self.lines[-1]))
-                self.changed.notify_all()
-
-
-class Handler(Stamped):
+class Handler(Proc):
     def __init__(self, port: int, server: str, root: Path, secret: Path) -> None:
         args = [sys.executable, "-m", "uvicorn", "tests.model.invoke_handler_app:app"]
         args += ["--host", "127.0.0.1", "--port", str(port), "--no-access-log", "--loop", "asyncio"]
@@ -97,7 +80,7 @@ class Handler(Stamped):
             conn.close()
 
 
-class InvokeServer(Stamped):
+class InvokeServer(Proc):
     def __init__(self, dir: Path, config: Path, listen: str) -> None:
         args = [sys.executable, "-m", "fusee", "server", "--dir", str(dir), "--shards", "4"]
         args += ["--listen", listen, "--invoke-config", str(config)]
@@ -140,7 +123,7 @@ class InvokeCluster:
             "graceMs": GRACE_MS,
         }
         self.config.write_text(json.dumps({"endpoints": [endpoint]}))
-        self.gone: list[Stamped] = []  # killed processes, their pipes closed at the end
+        self.gone: list[Proc] = []  # killed processes, their pipes closed at the end
         self.valve_openings = 0
         self.handler = self._handler()  # first: the starting server invokes every shard
         self.server = InvokeServer(root / "server", self.config, self.host_port)

@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.server_mode.procs import Proc, Server
+from tests.support.procs import Proc, Server
 
 WORKERS = 3  # two holders of two shards each, one standby
 MAX_SHARDS = 2
@@ -31,7 +31,6 @@ class ModelWorker(Proc):
         super().__init__(
             [sys.executable, "-m", "tests.model.server_worker", address, code], {"FUSEE_MODEL_DIR": str(dir)}
         )
-        self.pid = self.popen.pid
         self.stopped = False
 
     def ready(self) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp import web
 
 import fusee
-from tests.server_mode.procs import Server
+from tests.support.procs import Server
 
 from .invoke_cluster import SECRET, InvokeCluster, free_port
 from .workflows import Plan

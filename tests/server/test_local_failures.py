@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import fusee
-from tests.conftest import eventually
+from tests.support.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 
