@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -37,3 +38,12 @@ async def eventually(
             seen = f": {why()}" if why is not None else ""
             raise AssertionError(f"condition never held within {timeout} s{seen}")
         await asyncio.sleep(every)
+
+
+def done_at(future: asyncio.Future[Any]) -> list[float]:
+    """A list that gets the monotonic time `future` finished (its done callback appends it):
+    `assert done_at(...)[0] >= released` says it finished only after the release, which a
+    look at `done()` after a sleep cannot say (a slow loop had not got there yet)."""
+    at: list[float] = []
+    future.add_done_callback(lambda _: at.append(time.monotonic()))
+    return at
