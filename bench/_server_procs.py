@@ -8,12 +8,16 @@ SIGINT, before it removes its directories).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests.support, when run as `python bench/x.py`
@@ -109,6 +113,27 @@ class Worker(Child):
             except (OSError, subprocess.TimeoutExpired):
                 pass
         return super().stop(timeout)
+
+
+def run_in(scratch: Path, main: Coroutine[Any, Any, None]) -> int:
+    """`main` until it ends, a Ctrl-C or a SIGTERM; then every child stopped and `scratch`
+    removed. The exit code: 0, or 130 when interrupted."""
+
+    async def guarded() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        await main
+
+    try:
+        asyncio.run(guarded())
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("\ninterrupted: stopping the processes, removing " + str(scratch), file=sys.stderr)
+        return 130
+    finally:
+        stop_all()
+        shutil.rmtree(scratch, ignore_errors=True)
+    return 0
 
 
 def stop_all() -> None:

@@ -56,8 +56,6 @@ import asyncio
 import math
 import os
 import secrets
-import shutil
-import signal
 import socket
 import statistics
 import sys
@@ -70,7 +68,7 @@ from pathlib import Path
 from typing import Any
 
 from _invoke_procs import Served, handler_args, served, server_args, worker_args
-from _server_procs import Child, stop_all
+from _server_procs import Child, run_in
 
 import fusee
 
@@ -609,22 +607,7 @@ def arguments() -> argparse.Namespace:
 def main() -> int:
     args = arguments()
     scratch = Path(tempfile.mkdtemp(prefix="fusee-invoke-cost-", dir=args.dir.resolve()))
-
-    async def guarded() -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-        await run_all(args, scratch)
-
-    try:
-        asyncio.run(guarded())
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("\ninterrupted: stopping the processes, removing " + str(scratch), file=sys.stderr)
-        return 130
-    finally:
-        stop_all()
-        shutil.rmtree(scratch, ignore_errors=True)
-    return 0
+    return run_in(scratch, run_all(args, scratch))
 
 
 if __name__ == "__main__":

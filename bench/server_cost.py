@@ -48,7 +48,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from _server_procs import Child, Server, Worker, stop_all, thread_switches
+from _server_procs import Child, Server, Worker, run_in, thread_switches
 from fusee_server import _native
 
 import fusee
@@ -507,15 +507,7 @@ def main() -> int:
     if len(str(scratch / "s1.sock")) > 100:
         shutil.rmtree(scratch)
         sys.exit(f"--dir {args.dir}: too long a path for a Unix socket under it")
-    try:
-        asyncio.run(run_all(args, scratch))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("\ninterrupted: stopping the processes, removing " + str(scratch), file=sys.stderr)
-        return 130
-    finally:
-        stop_all()
-        shutil.rmtree(scratch, ignore_errors=True)
-    return 0
+    return run_in(scratch, run_all(args, scratch))
 
 
 if __name__ == "__main__":

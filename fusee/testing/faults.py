@@ -50,8 +50,9 @@ bursts staying on: a test reopens or inspects the engine in peace.
 Two fault points outside storage, each inert unless a test enters it (and undone when it
 leaves): `held_recovery()` holds every shard recovery this process starts until the test
 releases it (a recovery slower than the connection it began under: a call relayed
-meanwhile, a reconnect granting the shard again); `frozen_signature_clock(now_ms)` stops
-the clock an invocation's signature is checked against (the freshness window's edges).
+meanwhile, a reconnect granting the shard again); `frozen_clock(module, now_ms)` stops a
+module's wall clock (the clock an invocation's signature is checked against:
+the freshness window's edges).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ import random
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 from fusee.journal import Ack, Msg
@@ -76,7 +77,7 @@ __all__ = [
     "FaultyLease",
     "FaultyStorage",
     "HeldRecovery",
-    "frozen_signature_clock",
+    "frozen_clock",
     "held_recovery",
 ]
 
@@ -466,12 +467,10 @@ def held_recovery() -> Iterator[HeldRecovery]:
 
 
 @contextlib.contextmanager
-def frozen_signature_clock(now_ms: int) -> Iterator[None]:
-    """The clock an invocation's signature is made and checked against
-    (`fusee.protocol.signature`) stopped at `now_ms`, unix ms."""
-    from fusee.protocol import signature
-
-    with _replaced(signature, "time", SimpleNamespace(time=lambda: now_ms / 1000)):
+def frozen_clock(module: ModuleType, now_ms: int) -> Iterator[None]:
+    """`module`'s wall clock (the `time` module it imported, as `fusee.protocol.signature`
+    does) stopped at `now_ms`, unix ms, until the block ends."""
+    with _replaced(module, "time", SimpleNamespace(time=lambda: now_ms / 1000)):
         yield
 
 

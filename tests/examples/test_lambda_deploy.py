@@ -227,13 +227,11 @@ def test_arm64_and_another_python_take_their_own_wheels(wheel_cache, credentials
 
 
 @pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for proc in reversed(started):
-        if proc.popen.poll() is None:
-            proc.stop()
-        proc.close()
+def procs(procs: list[Proc]) -> Iterator[list[Proc]]:
+    """The shared fixture's processes, each stopped with SIGTERM (which it must obey)."""
+    yield procs
+    for proc in reversed(procs):
+        proc.stop()
 
 
 class Front(Proc):

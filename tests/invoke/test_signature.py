@@ -11,7 +11,7 @@ import pytest
 
 from fusee.invoke import InvocationHandler, invocation_handler
 from fusee.protocol import signature
-from fusee.testing.faults import frozen_signature_clock
+from fusee.testing import faults
 from tests.invoke import flows
 from tests.support.handlers import BODY, SECRET, Listener, published_vector
 
@@ -29,7 +29,7 @@ def test_the_published_test_vector_is_reproduced() -> None:
 
 @pytest.fixture(autouse=True)
 def frozen_clock() -> Iterator[None]:
-    with frozen_signature_clock(NOW):
+    with faults.frozen_clock(signature, NOW):
         yield
 
 

@@ -178,11 +178,6 @@ class InvokeCluster:
 
     def close(self) -> None:
         for proc in [self.handler, self.server]:
-            if proc.popen.poll() is None:
-                try:
-                    proc.stop(10)
-                except AssertionError:
-                    pass  # killed instead (stop() did)
-            proc.close()
+            proc.end(timeout=10)  # killed if it does not stop
         for proc in self.gone:
             proc.close()

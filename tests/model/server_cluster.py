@@ -152,12 +152,7 @@ class Cluster:
             if worker.stopped:
                 worker.signal(signal.SIGCONT)
         for proc in [*self.workers, self.server]:
-            if proc.popen.poll() is None:
-                try:
-                    proc.stop(10)
-                except AssertionError:
-                    pass  # killed instead (stop() did)
-            proc.close()
+            proc.end(timeout=10)  # killed if it does not stop
         for proc in self.gone:
             proc.close()
 

@@ -154,7 +154,34 @@ async def sleeps_one_second(
     await client.close()
 
 
-class Flaky:
+class Endpoint:
+    """An HTTP endpoint on a loopback port of its own (aiohttp): `handle` answers every POST,
+    on any path (the Lambda Invoke API's too)."""
+
+    def __init__(self) -> None:
+        self.runner: web.AppRunner | None = None
+        self.port = free_port()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/"
+
+    async def handle(self, request: web.Request) -> web.Response:
+        raise NotImplementedError
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/{path:.*}", self.handle)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+class Flaky(Endpoint):
     """An endpoint in front of the handler that answers `status` (with `headers` and
     `body`) to the first `count` invocations (a platform's throttle, a broken deploy, a
     redirect), then passes them on; `left = 0` brings it up. It counts every POST, on any
@@ -175,12 +202,7 @@ class Flaky:
         self.headers = {**(headers or {}), **({"retry-after": retry_after} if retry_after else {})}
         self.body = body
         self.seen = 0
-        self.runner: web.AppRunner | None = None
-        self.port = free_port()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/"
+        super().__init__()
 
     async def handle(self, request: web.Request) -> web.Response:
         self.seen += 1
@@ -193,14 +215,3 @@ class Flaky:
                 return web.Response(
                     status=answer.status, body=await answer.read(), content_type="application/json"
                 )
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/{path:.*}", self.handle)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
-
-    async def stop(self) -> None:
-        if self.runner is not None:
-            await self.runner.cleanup()

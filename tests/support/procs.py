@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # the prctl took effect shows as a new parent pid.
 _LAUNCHER = (
     "import ctypes, os, signal, sys\n"
-    "ctypes.CDLL(None, use_errno=True).prctl(1, int(SIGTERM))\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))\n"
     "if os.getppid() != int(sys.argv[1]):\n"
     "    os._exit(1)\n"
     "os.execv(sys.argv[2], sys.argv[2:])\n"
