@@ -56,7 +56,6 @@ import asyncio
 import math
 import os
 import secrets
-import socket
 import statistics
 import sys
 import tempfile
@@ -71,6 +70,7 @@ from _invoke_procs import Served, handler_args, served, server_args, worker_args
 from _server_procs import Child, run_in
 
 import fusee
+from tests.support.procs import free_port  # (the repository on sys.path: _server_procs)
 
 SHARDS = 4
 FAN_STEPS = 4
@@ -85,12 +85,6 @@ GOAL_FAN_INVOCATIONS = 4
 GOAL_LATE_P50_MS = 1.0
 GOAL_TIME_PER_RUN_MS = 15.0
 GOAL_PARKED_P50_MS = 100.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def pct(values: list[float], p: float) -> float:

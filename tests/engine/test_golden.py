@@ -2,10 +2,11 @@
 every test run, so a change that would strand running workflows fails here first.
 
 Each file is `{"id": ..., "workflow": <type>, "journal": [rows]}` with rows as
-`fusee.engine.replay.journal_to_json` writes them. They were made by running the workflows below
-once on a TestEngine; to make them again (only when a change is meant to break old runs):
+`fusee.engine.replay.journal_to_json` writes them. They were made by running the workflows of
+tests/support/golden.py once on a TestEngine; to make them again (only when a change is
+meant to break old runs):
 
-    python -m tests.test_golden --write
+    python -m tests.engine.test_golden --write
 
 `nondeterministic.json` is recorded from an older `g_pay` that called step 'charge' where
 today's code calls 'refund': replaying it must fail and name both.

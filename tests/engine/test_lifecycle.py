@@ -110,12 +110,17 @@ async def results(engine: fusee.Engine, clock: fusee.VirtualClock, wids: list[st
     """Every run's result, moving the clock while they sleep and real time while their
     thread steps run (up to 5 s)."""
     tasks = {wid: asyncio.ensure_future(engine.run(wid).result()) for wid in wids}
-    deadline = time.monotonic() + 5
+
+    async def all_done() -> bool:
+        if all(task.done() for task in tasks.values()):
+            return True
+        await advance(clock, 500)
+        return False
+
     try:
-        while not all(task.done() for task in tasks.values()):
-            assert time.monotonic() < deadline, [w for w, t in tasks.items() if not t.done()]
-            await advance(clock, 500)
-            await asyncio.sleep(0.005)
+        await eventually(
+            all_done, timeout=5, every=0.005, why=lambda: str([w for w, t in tasks.items() if not t.done()])
+        )
         return {wid: task.result() for wid, task in tasks.items()}
     finally:
         for task in tasks.values():

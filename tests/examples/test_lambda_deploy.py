@@ -13,7 +13,6 @@ sessions build the zip offline in under a second.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import importlib.util
 import json
@@ -37,6 +36,7 @@ from botocore.exceptions import ClientError
 
 import fusee
 from fusee.protocol import signature
+from tests.support.invoked import quiet
 from tests.support.procs import Proc, Server, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -313,16 +313,10 @@ async def test_the_zip_alone_runs_the_order_app_for_a_real_server(built, procs, 
     assert not [line for line in front.lines if re.search(r"front answered (?!200|401|502)", line)]
 
 
-async def settled(client: fusee.Client, timeout: float = 30.0) -> dict[str, Any]:
+async def settled(client: fusee.Client) -> dict[str, Any]:
     """The endpoint's counts once nothing is due or being invoked."""
-    deadline = time.monotonic() + timeout
-    while True:
-        metrics = await client.call("invocations", {})
-        if metrics["invokingShards"] == 0 and metrics["dueShards"] == 0:
-            endpoint: dict[str, Any] = metrics["endpoints"][0]
-            return endpoint
-        assert time.monotonic() < deadline, metrics
-        await asyncio.sleep(0.05)
+    endpoint: dict[str, Any] = (await quiet(client))["endpoints"][0]
+    return endpoint
 
 
 # -- AWS, faked by moto on loopback ----------------------------------------------------------
