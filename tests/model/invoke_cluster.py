@@ -20,7 +20,7 @@ from typing import Any
 
 from tests.support.procs import Proc, free_port
 
-from .server_cluster import PROBLEMS
+from .server_cluster import outputs, problems
 
 SECRET = "model-invoke-secret-0123456789abcdef"
 BUDGET_MS = 1_500  # an invocation with a gated step in flight ends with its budget
@@ -163,18 +163,10 @@ class InvokeCluster:
         self.valve_openings += 1
 
     def problems(self) -> list[str]:
-        out = []
-        for proc in [self.server, self.handler, *self.gone]:
-            for line in list(proc.lines):
-                if PROBLEMS.search(line):
-                    out.append(f"{proc.args[2:4]} pid {proc.popen.pid}: {line}")
-        return out
+        return problems([self.server, self.handler, *self.gone])
 
     def outputs(self) -> str:
-        parts = []
-        for proc in [self.server, self.handler]:
-            parts.append(f"--- {' '.join(proc.args[2:4])} pid {proc.popen.pid}:\n{proc.output()}")
-        return "\n".join(parts)
+        return outputs([self.server, self.handler])
 
     def close(self) -> None:
         for proc in [self.handler, self.server]:

@@ -24,6 +24,23 @@ MAX_SHARDS = 2
 PROBLEMS = re.compile(r"Traceback|never retrieved|never awaited|CRITICAL|Fatal|panicked")
 
 
+def problems(procs: list[Proc]) -> list[str]:
+    """The lines of `procs` no run of the model should cause (PROBLEMS), each named."""
+    return [
+        f"{proc.args[2:4]} pid {proc.popen.pid}: {line}"
+        for proc in procs
+        for line in list(proc.lines)
+        if PROBLEMS.search(line)
+    ]
+
+
+def outputs(procs: list[Proc]) -> str:
+    """The last lines of each of `procs`, for a failure's report."""
+    return "\n".join(
+        f"--- {' '.join(proc.args[2:4])} pid {proc.popen.pid}:\n{proc.output()}" for proc in procs
+    )
+
+
 class ModelWorker(Proc):
     """A worker process; `ready` waits for its first engine."""
 
@@ -134,18 +151,10 @@ class Cluster:
         self.valve_openings += 1
 
     def problems(self) -> list[str]:
-        out = []
-        for proc in [self.server, *self.workers, *self.gone]:
-            for line in list(proc.lines):
-                if PROBLEMS.search(line):
-                    out.append(f"{proc.args[2:4]} pid {proc.popen.pid}: {line}")
-        return out
+        return problems([self.server, *self.workers, *self.gone])
 
     def outputs(self) -> str:
-        parts = []
-        for proc in [self.server, *self.workers]:
-            parts.append(f"--- {' '.join(proc.args[2:4])} pid {proc.popen.pid}:\n{proc.output()}")
-        return "\n".join(parts)
+        return outputs([self.server, *self.workers])
 
     def close(self) -> None:
         for worker in self.workers:
