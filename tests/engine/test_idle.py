@@ -279,7 +279,9 @@ class GatedCheckpoints(MemoryShardStore):
         await super().checkpoint(position, data)
 
 
-async def test_a_checkpoint_being_written_keeps_the_shard_busy_and_its_end_wakes_wait_idle():
+async def idle_with_gated_checkpoints() -> tuple[MemoryStorage, fusee.Engine, Any]:
+    """An engine on one shard whose checkpoint writes wait for a gate, a run waiting for a
+    signal on it, the shard idle."""
     storage = MemoryStorage(1)
     storage.stores = [GatedCheckpoints()]
     engine = await open_engine(storage)
@@ -287,6 +289,11 @@ async def test_a_checkpoint_being_written_keeps_the_shard_busy_and_its_end_wakes
     await turns()
     shard = engine.shards[0]
     assert shard.idle()
+    return storage, engine, shard
+
+
+async def test_a_checkpoint_being_written_keeps_the_shard_busy_and_its_end_wakes_wait_idle():
+    storage, engine, shard = await idle_with_gated_checkpoints()
     storage.stores[0].written = gate = new_gate()
     checkpoint = asyncio.ensure_future(shard.checkpoint(wait=True))
     await turns()
@@ -311,13 +318,7 @@ async def test_a_checkpoint_during_the_grace_delays_wait_idle_but_does_not_resta
     """An invoked worker's runs park 50 ms after suspending and the shard then takes a
     checkpoint: upkeep, not progress. The grace counts on through it (else every
     invocation would last a whole grace longer), and wait_idle returns when it ends."""
-    storage = MemoryStorage(1)
-    storage.stores = [GatedCheckpoints()]
-    engine = await open_engine(storage)
-    await engine.start(waiter, "w-1")
-    await turns()
-    shard = engine.shards[0]
-    assert shard.idle()
+    storage, engine, shard = await idle_with_gated_checkpoints()
     waiting = asyncio.ensure_future(engine.wait_idle(grace=0.6, timeout=10))
     await asyncio.sleep(0.1)
     storage.stores[0].written = gate = new_gate()
