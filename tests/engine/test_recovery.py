@@ -11,7 +11,7 @@ from fusee import journal as R
 from fusee.journal import Msg
 from fusee.storage import MemoryShardStore, MemoryStorage
 from fusee.testing import TestEngine
-from tests.conftest import eventually
+from tests.support.waiting import eventually
 
 effects: list[str] = []
 

@@ -33,6 +33,7 @@ import fusee
 from fusee import journal as R
 from fusee.engine import serve
 from tests.model import workflows as W
+from tests.support.workers import print_shards
 
 TIMED_MS = 3_000  # model.timed's workflow timeout here (20 s in process, on a virtual clock)
 
@@ -145,12 +146,7 @@ async def watch(engine: fusee.Engine, stop: asyncio.Event) -> None:
     held: set[int] = set()
     storage = engine.storage
     while not stop.is_set() and getattr(storage, "lost", None) is None:
-        now = {s.index for s in engine.shards}
-        for index in sorted(now - held):
-            print("took", index, flush=True)
-        for index in sorted(held - now):
-            print("lost", index, flush=True)
-        held = now
+        held = print_shards(engine, held)
         try:
             await asyncio.wait_for(stop.wait(), 0.05)
         except TimeoutError:
