@@ -25,7 +25,7 @@ import fusee
 from fusee.protocol.address import parse as parse_address
 from tests.examples.dockerfile import Container, Image, build, ignore_rules, included, parse
 from tests.server_mode import certs
-from tests.support.invoked import held_by_nobody
+from tests.support.invoked import LEASE_LINES, held_by_nobody
 from tests.support.procs import Proc, Server, free_port, retry
 from tests.support.waiting import eventually
 
@@ -241,7 +241,7 @@ async def test_orders_run_to_their_results_in_the_container(
         for a in (name, ours.get(name, value))
     ]
     monkeypatch.setenv("FUSEE_INVOKE_TRACE", "1")  # the server's sends and their reasons
-    server = Server(tmp_path / "data", *args, listen=f"127.0.0.1:{server_port}")
+    server = Server(tmp_path / "data", *args, *LEASE_LINES, listen=f"127.0.0.1:{server_port}")
     procs.append(server)
     address = f"127.0.0.1:{server_port}?ca={made.ca}&token-file={tmp_path / 'token'}"
     client = await retry(lambda: fusee.Client.connect(address))

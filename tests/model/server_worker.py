@@ -31,7 +31,7 @@ from typing import Any
 
 import fusee
 from fusee import journal as R
-from fusee.engine import serve
+from fusee.engine import remote_calls
 from tests.model import workflows as W
 from tests.support.workers import print_shards
 
@@ -139,7 +139,7 @@ def install() -> None:
     W._gated = _gated
     W._send_token = _send_token
     W.LEDGER.valve = FileValve()  # type: ignore[assignment]
-    serve.METHODS["model.journal"] = _journal
+    remote_calls.METHODS["model.journal"] = _journal
 
 
 async def watch(engine: fusee.Engine, stop: asyncio.Event) -> None:
