@@ -1,7 +1,7 @@
-"""Invoked workers' cost: the spec's *Measured* table (server mode, *Invoked workers*),
+"""Invoked workers' cost: the reference table for invoked workers (README, *Speed*),
 row by row, against its goals. Run on demand:
 `python bench/invoke_cost.py [COLD [FAN [SLEEPS [PARKED]]]] [--quick] [--dir PARENT]
-[--profile DIR] [--loop asyncio|uvloop]` (defaults `100 200 100 10000`, as the spec's run; a few minutes on two
+[--profile DIR] [--loop asyncio|uvloop]` (defaults `100 200 100 10000`, as the reference run; a few minutes on two
 cores; `--quick` is a smoke run of well under a minute). Not a timed test.
 
 The setup, all on loopback on this machine, each part a process of its own as deployed:
@@ -14,7 +14,7 @@ The setup, all on loopback on this machine, each part a process of its own as de
   always. The process is started once and kept (a platform's process and runtime cold
   start is not measured: it comes on top, see bench/handler_boot.py);
 - the client: this process (`fusee.Client`).
-The spec's Rust run has all three in one process; in Python they would share one GIL
+The reference run (a Rust implementation) has all three in one process; in Python they would share one GIL
 and one event loop, which is not how the handler is deployed. One handler process
 serves every invocation, so the invocations of rows 3 to 5, on four shards at once,
 share its one event loop (on a functions platform each would get an instance).

@@ -4,7 +4,7 @@ flushes, and how long a directory holding many parked runs takes to open. Run on
 starting the 2 x 100,000 parked runs; `--parked 10000` for a short run).
 
 Works in a fresh directory under `--dir` (default: the current directory; never a tmpfs,
-where a flush costs nothing), removed afterwards. Prints, against the goals of the spec:
+where a flush costs nothing), removed afterwards. Prints, against the goals in docs/server.md (*Figures*):
 - the disk's flush latency (`disk_check`, one second);
 - ms per sequential step of one workflow, split into one flush (the disk check's p50)
   and the rest, Python: the engine plus waking the log's writer thread and being woken
@@ -163,14 +163,16 @@ async def recovery(root: Path, runs: int, shards: int) -> tuple[float, float, in
     return clean_s, crash_s, loaded, setup
 
 
-async def wake_round_trip_us(root: Path, shards: int, trips: int = 2000) -> float:
-    """Median microseconds of a write request that finds nothing to write: the loop wakes
-    the log's writer thread (a condition variable), which signals the eventfd the loop
-    reads. The two wake-ups every flush pays besides the disk."""
+async def wake_round_trip_us(root: Path, shards: int, io_uring: bool, trips: int = 2000) -> tuple[float, str]:
+    """Median microseconds of a write request that finds nothing to write, and the path
+    the log took: on io_uring the loop hands the ring nothing and is woken by its own
+    completion (one wake-up); on the writer thread the loop wakes the thread, which
+    signals the eventfd the loop reads (two). What every flush pays besides the disk."""
     fusee_dir = await fusee.Engine.open(str(root), shards=shards)  # a directory with its log
     await fusee_dir.close()
     log = _native.Log(str(root / "wal"), shards)
-    fd = log.start_writer()
+    fd = log.start_writer(io_uring)
+    path = log.write_path or "none"
     loop = asyncio.get_running_loop()
     woken: asyncio.Event = asyncio.Event()
 
@@ -193,7 +195,7 @@ async def wake_round_trip_us(root: Path, shards: int, trips: int = 2000) -> floa
     finally:
         loop.remove_reader(fd)
         log.stop_writer()
-    return percentile(times, 0.5) / 1000
+    return percentile(times, 0.5) / 1000, path
 
 
 def per_run(seconds: float, runs: int) -> str:
@@ -239,11 +241,13 @@ async def run_all(args: argparse.Namespace, scratch: Path, kind: str) -> None:
         f"= one flush (p50 {flush_us / 1000:.3f} ms) + {python_us:.0f} us of Python "
         f"(best of {args.rounds}; {lone_batches} log batches; goal: one flush + well under 100 us)"
     )
-    trip_us = await wake_round_trip_us(scratch / "wake", args.shards)
-    print(
-        f"  of the Python: the writer thread's two wake-ups, a write request that finds nothing to "
-        f"write: {trip_us:.0f} us (median of 2,000); the engine's own share is engine_cost.py's step"
-    )
+    for io_uring in (True, False):
+        trip_us, path = await wake_round_trip_us(scratch / f"wake-{io_uring}", args.shards, io_uring)
+        print(
+            f"  of the Python: the write's hand-off on the {path} path, a write request that finds "
+            f"nothing to write: {trip_us:.0f} us (median of 2,000); the engine's own share is "
+            "engine_cost.py's step"
+        )
 
     many = [
         await chains_at_once(scratch / f"many-{r}", args.shard_steps, args.shards) for r in range(args.rounds)

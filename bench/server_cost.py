@@ -8,9 +8,9 @@ The server is a separate process (`python -m fusee server` on loopback TCP and a
 socket). Its data directory and local mode's are in a fresh directory under `--dir`
 (default: the system's temporary directory; a tmpfs would hide the flushes), removed
 afterwards; the processes are stopped however the run ends (Ctrl-C, SIGTERM; after a
-SIGKILL they stop too, but the directory stays). Prints, against the goals of the spec
-(server mode, *Measured*):
-- the spec's table: a sequential step (one workflow of STEPS trivial steps, default 500)
+SIGKILL they stop too, but the directory stays). Prints, against the goals quoted in
+the README (*Speed*):
+- the reference table: a sequential step (one workflow of STEPS trivial steps, default 500)
   at p50, in local mode (one shard), over the Unix socket and over loopback TCP (a server
   of one shard; the worker is this process). ROUNDS rounds (default 7) alternate the
   three (each round in another order); a round's figure is the p50 of the time from one
@@ -55,7 +55,7 @@ import fusee
 
 PATHS = ("local", "unix", "tcp")
 ROW_NAMES = {"local": "Local mode", "unix": "Unix socket", "tcp": "Loopback TCP"}
-RANGE_DASH = "\u2013"  # as the spec's table writes a range
+RANGE_DASH = "\u2013"  # as the reference table writes a range
 OVER_LOCAL_GOAL_US = 60.0  # a step over TCP at most local + this
 RSS_GOAL_MIB = 64.0
 WORKER_COUNTS = (1, 2, 4)
@@ -155,14 +155,14 @@ async def step_round(path: str, local_dir: Path, server: Server, steps: int, war
 
 
 def us_range(values: list[float], sign: bool = False) -> str:
-    """The range of `values` as the spec writes it: 27.0\u201332.5, or +12.0 to +18.0."""
+    """The range of `values` as the reference table writes it: 27.0\u201332.5, or +12.0 to +18.0."""
     f = "{:+.1f}" if sign else "{:.1f}"
     low, high = f.format(min(values)), f.format(max(values))
     return low if low == high else f"{low}{' to ' if sign else RANGE_DASH}{high}"
 
 
 async def step_table(args: argparse.Namespace, scratch: Path, disk: str) -> None:
-    """The spec's table, rounds alternating the three paths (each round in another order,
+    """The reference table, rounds alternating the three paths (each round in another order,
     so none always follows the same one)."""
     server = await Server(scratch / "server-1", scratch / "s1.sock", shards=1).ready()
     rounds: dict[str, list[Round]] = {path: [] for path in PATHS}
