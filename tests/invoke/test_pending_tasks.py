@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-import fusee
 from fusee.invoke import invocation_handler
 from tests.invoke.test_end_to_end import SECRET, Cluster, held_by_nobody, quiet, until
 from tests.server_mode import flows
