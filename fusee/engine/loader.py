@@ -71,8 +71,10 @@ class RunLoader:
 
     def __init__(self, shard: LoaderHost) -> None:
         self.shard = shard
-        # By index key, not ID: a wake-up knows only the key, and a call's load of the same
-        # run (a result() routed to the worker its timer invoked) must share its read.
+        # A call's load by workflow ID, a wake-up's by index key (all it knows). A call
+        # joins a wake-up's load of its run (a result() routed to the worker its timer
+        # invoked would read the frame a second time); a wake-up never waits on a call's
+        # read, which may describe a run that is gone by the time it is back.
         self.loading: dict[int | str, asyncio.Future[RunState | None]] = {}
         self.reads = RunReads(lambda: shard.store)  # a loop turn's loads read together
 
@@ -113,8 +115,8 @@ class RunLoader:
         mine: list[tuple[int, IndexEntry, str, int | str, asyncio.Future[RunState | None]]] = []
         others: list[tuple[int, str, asyncio.Future[RunState | None]]] = []
         for i, (entry, wid) in enumerate(wanted):
-            name = entry.key or wid
-            waiting = self.loading.get(name)
+            name = wid or entry.key
+            waiting = self.loading.get(name) or (self.loading.get(entry.key) if wid else None)
             if waiting is not None:
                 others.append((i, wid, waiting))
             else:
