@@ -56,9 +56,6 @@ import asyncio
 import math
 import os
 import secrets
-import shutil
-import signal
-import socket
 import statistics
 import sys
 import tempfile
@@ -70,9 +67,10 @@ from pathlib import Path
 from typing import Any
 
 from _invoke_procs import Served, handler_args, served, server_args, worker_args
-from _server_procs import Child, stop_all
+from _server_procs import Child, run_in
 
 import fusee
+from tests.support.procs import free_port  # (the repository on sys.path: _server_procs)
 
 SHARDS = 4
 FAN_STEPS = 4
@@ -87,12 +85,6 @@ GOAL_FAN_INVOCATIONS = 4
 GOAL_LATE_P50_MS = 1.0
 GOAL_TIME_PER_RUN_MS = 15.0
 GOAL_PARKED_P50_MS = 100.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def pct(values: list[float], p: float) -> float:
@@ -160,7 +152,7 @@ async def start_cluster(scratch: Path, profile: Path | None, loop: str) -> Clust
     handler = Child(
         handler_args(handler_port, port, secret, profile / "handler.prof" if profile else None, loop)
     )
-    await handler.wait_for(r"Uvicorn running on", timeout=60)
+    await handler.wait_for_async(r"Uvicorn running on", timeout=60)
     server = Child(
         server_args(
             scratch / "data",
@@ -171,7 +163,7 @@ async def start_cluster(scratch: Path, profile: Path | None, loop: str) -> Clust
             trace=False,
         )
     )
-    await server.wait_for(r"ready$", timeout=60)
+    await server.wait_for_async(r"ready$", timeout=60)
     client = await fusee.Client.connect(f"127.0.0.1:{port}")
     return Cluster(server, handler, client, port, handler_port)
 
@@ -334,7 +326,7 @@ async def long_lived_sleeps(cluster: Cluster, count: int) -> list[float]:
     stays idle): how late the step after the sleep is there. The worker then leaves."""
     worker = Child(worker_args(cluster.port))
     try:
-        await worker.wait_for(r"worker ready", timeout=60)
+        await worker.wait_for_async(r"worker ready", timeout=60)
         await cluster.quiet()  # no invocation holds a shard the worker waits for
         await asyncio.sleep(0.2)  # (standbys take freed shards first: let it take them all)
 
@@ -609,22 +601,7 @@ def arguments() -> argparse.Namespace:
 def main() -> int:
     args = arguments()
     scratch = Path(tempfile.mkdtemp(prefix="fusee-invoke-cost-", dir=args.dir.resolve()))
-
-    async def guarded() -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-        await run_all(args, scratch)
-
-    try:
-        asyncio.run(guarded())
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("\ninterrupted: stopping the processes, removing " + str(scratch), file=sys.stderr)
-        return 130
-    finally:
-        stop_all()
-        shutil.rmtree(scratch, ignore_errors=True)
-    return 0
+    return run_in(scratch, run_all(args, scratch))
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from _server_procs import Child, Server, Worker, stop_all, thread_switches
+from _server_procs import Child, Server, Worker, run_in, thread_switches
 from fusee_server import _native
 
 import fusee
@@ -276,7 +276,7 @@ async def echo_floor(scratch: Path) -> dict[str, float]:
     unix = scratch / "echo.sock"
     echo = Child([sys.executable, str(Path(__file__).resolve()), "--echo", str(unix)], stdin=True)
     try:
-        port = int((await echo.wait_for(r"^echo (\d+)$")).group(1))
+        port = int((await echo.wait_for_async(r"^echo (\d+)$")).group(1))
         return {path: await round_trip_us(path, unix, port) for path in ("unix", "tcp")}
     finally:
         echo.stop()
@@ -315,14 +315,14 @@ async def workers_window(args: argparse.Namespace, scratch: Path, workers: int) 
         for _ in range(max(workers, 1)):
             # One at a time: each takes its shards before the next connects.
             started.append(Worker(script, address, args.in_flight, args.run_steps))
-            held = (await started[-1].wait_for(r"^ready (.*)$")).group(1).split()
+            held = (await started[-1].wait_for_async(r"^ready (.*)$")).group(1).split()
             assert len(held) == THROUGHPUT_SHARDS // max(workers, 1), f"a worker holds shards {held}"
         for worker in started:
             worker.send(f"go {args.warmup} {args.window}")
         await asyncio.sleep(args.warmup)
         cpu_before, began = (server.cpu_s() if server else 0.0), time.monotonic()
         counts = [
-            (await w.wait_for(r"^steps (\S+) (\S+) (\S+)$", args.window + 60)).groups() for w in started
+            (await w.wait_for_async(r"^steps (\S+) (\S+) (\S+)$", args.window + 60)).groups() for w in started
         ]
         server_cpu = ((server.cpu_s() - cpu_before) if server else 0.0) / (time.monotonic() - began)
         per_worker = [int(n) / float(s) for n, s, _ in counts]
@@ -330,7 +330,7 @@ async def workers_window(args: argparse.Namespace, scratch: Path, workers: int) 
         for worker in started:
             worker.send("quiesce")
         for worker in started:
-            await worker.wait_for(r"^quiet$", 60)
+            await worker.wait_for_async(r"^quiet$", 60)
         if server and workers == 1:
             await asyncio.sleep(args.idle)
             window.rss_kib = server.status_kib("VmRSS")
@@ -507,15 +507,7 @@ def main() -> int:
     if len(str(scratch / "s1.sock")) > 100:
         shutil.rmtree(scratch)
         sys.exit(f"--dir {args.dir}: too long a path for a Unix socket under it")
-    try:
-        asyncio.run(run_all(args, scratch))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("\ninterrupted: stopping the processes, removing " + str(scratch), file=sys.stderr)
-        return 130
-    finally:
-        stop_all()
-        shutil.rmtree(scratch, ignore_errors=True)
-    return 0
+    return run_in(scratch, run_all(args, scratch))
 
 
 if __name__ == "__main__":

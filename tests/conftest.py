@@ -1,15 +1,17 @@
-"""Shared fixtures: a fresh TestEngine per test, and `eventually` instead of sleeps."""
+"""Shared fixtures: a fresh TestEngine per test (`kit`), and real processes stopped after
+the test whatever it did to them (`procs`, `start_server`, `start_worker`). What the tests
+share besides fixtures is in tests/support/."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fusee.testing import TestEngine
+from tests.support.procs import Proc, Server, Worker
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -23,26 +25,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
-
-
-async def eventually(check: Callable[[], Any | Awaitable[Any]], timeout_s: float = 5.0) -> Any:
-    """Retry `check` (sync or async) until it returns a truthy value without raising."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        try:
-            value = check()
-            if asyncio.iscoroutine(value):
-                value = await value
-            if value:
-                return value
-            error: BaseException | None = None
-        except AssertionError as exc:
-            error = exc
-        if asyncio.get_running_loop().time() > deadline:
-            if error is not None:
-                raise error
-            raise AssertionError(f"condition never held within {timeout_s} s")
-        await asyncio.sleep(0.001)
 
 
 @pytest.fixture(params=["instant", "flush_on_turn", "local"])
@@ -71,3 +53,33 @@ async def kit(
     for t in opened:
         if not t.engine.closed:
             await t.close()
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Proc]]:
+    started: list[Proc] = []
+    yield started
+    for proc in reversed(started):
+        if proc.popen.poll() is None:
+            proc.kill()
+        proc.close()
+
+
+@pytest.fixture
+def start_server(procs: list[Proc], tmp_path: Path) -> Callable[..., Server]:
+    def start(*extra: str, dir: Path | None = None, **options: Any) -> Server:
+        server = Server(dir or tmp_path / "server", *extra, **options)
+        procs.append(server)
+        return server
+
+    return start
+
+
+@pytest.fixture
+def start_worker(procs: list[Proc]) -> Callable[..., Worker]:
+    def start(address: str, **options: Any) -> Worker:
+        worker = Worker(address, **options)
+        procs.append(worker)
+        return worker
+
+    return start

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import fusee
-from tests.server_mode.procs import ROOT
+from tests.support.procs import ROOT
 
 README = (ROOT / "README.md").read_text()
 

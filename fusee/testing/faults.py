@@ -46,6 +46,13 @@ coalesced, held_for_burst, bursts, failed_flush, refused_put_run, revoked, slow_
 `storage.failed` names the shards told of an error. `storage.suspended()` turns off the faults
 that stop a shard (failed flushes, refused frames, lost leases) for a while, delays and
 bursts staying on: a test reopens or inspects the engine in peace.
+
+Two fault points outside storage, each inert unless a test enters it (and undone when it
+leaves): `held_recovery()` holds every shard recovery this process starts until the test
+releases it (a recovery slower than the connection it began under: a call relayed
+meanwhile, a reconnect granting the shard again); `frozen_clock(module, now_ms)` stops a
+module's wall clock (the clock an invocation's signature is checked against:
+the freshness window's edges).
 """
 
 from __future__ import annotations
@@ -57,13 +64,22 @@ import random
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 from fusee.journal import Ack, Msg
 from fusee.storage.contract import PAGE_BYTES, Durability, Receive, Report, ShardStore, Storage
 from fusee.storage.memory import MemoryStorage
 
-__all__ = ["STOPPING", "Faults", "FaultyLease", "FaultyStorage"]
+__all__ = [
+    "STOPPING",
+    "Faults",
+    "FaultyLease",
+    "FaultyStorage",
+    "HeldRecovery",
+    "frozen_clock",
+    "held_recovery",
+]
 
 STOPPING = ("failed_flush", "refused_put_run", "revoked")
 """The kinds of fault that stop a shard (the others only slow it down)."""
@@ -414,3 +430,56 @@ class FaultyStorage:
 def _conforms(storage: FaultyStorage, lease: FaultyLease) -> tuple[Storage, ShardStore]:
     """(For the type checker: the wrapper keeps the contract's shape.)"""
     return storage, lease
+
+
+class HeldRecovery:
+    """What `held_recovery()` gives the test: `recovering` is set when a recovery waits;
+    `release()` lets it (and every later one) through."""
+
+    def __init__(self) -> None:
+        self.recovering = asyncio.Event()
+        self.released = asyncio.Event()
+
+    def release(self) -> None:
+        self.released.set()
+
+
+@contextlib.contextmanager
+def held_recovery() -> Iterator[HeldRecovery]:
+    """Every shard recovery this process's engines start waits until `release()`, then runs
+    as it would have (the engine's call of `fusee.engine.recovery.recover` is wrapped)."""
+    from fusee.engine import engine as engine_module
+
+    held = HeldRecovery()
+    real = vars(engine_module)["recover"]
+
+    async def recover(shard: Any) -> None:
+        if not held.released.is_set():
+            held.recovering.set()
+            await held.released.wait()
+        await real(shard)
+
+    with _replaced(engine_module, "recover", recover):
+        try:
+            yield held
+        finally:
+            held.release()
+
+
+@contextlib.contextmanager
+def frozen_clock(module: ModuleType, now_ms: int) -> Iterator[None]:
+    """`module`'s wall clock (the `time` module it imported, as `fusee.protocol.signature`
+    does) stopped at `now_ms`, unix ms, until the block ends."""
+    with _replaced(module, "time", SimpleNamespace(time=lambda: now_ms / 1000)):
+        yield
+
+
+@contextlib.contextmanager
+def _replaced(module: Any, name: str, value: Any) -> Iterator[None]:
+    """`module.name` is `value` until the block ends."""
+    real = vars(module)[name]
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, real)

@@ -20,8 +20,8 @@ from fusee.engine.index import RunIndex
 from fusee.journal import Ack, IndexEntry, Msg
 from fusee.storage import MemoryShardStore, MemoryStorage
 from fusee.testing import TestEngine
-from tests.conftest import eventually
-from tests.engine.test_shard_failures import SlowReads
+from tests.support.engine_kit import SlowReads
+from tests.support.waiting import eventually
 
 woken: list[str] = []
 

@@ -2,10 +2,11 @@
 every test run, so a change that would strand running workflows fails here first.
 
 Each file is `{"id": ..., "workflow": <type>, "journal": [rows]}` with rows as
-`fusee.engine.replay.journal_to_json` writes them. They were made by running the workflows below
-once on a TestEngine; to make them again (only when a change is meant to break old runs):
+`fusee.engine.replay.journal_to_json` writes them. They were made by running the workflows of
+tests/support/golden.py once on a TestEngine; to make them again (only when a change is
+meant to break old runs):
 
-    python -m tests.test_golden --write
+    python -m tests.engine.test_golden --write
 
 `nondeterministic.json` is recorded from an older `g_pay` that called step 'charge' where
 today's code calls 'refund': replaying it must fail and name both.
@@ -23,58 +24,18 @@ import pytest
 
 import fusee
 from fusee.engine.replay import Replayer, journal_from_json, journal_to_json
-
-GOLDEN = Path(__file__).parent / "golden"
-NONDETERMINISTIC = "nondeterministic.json"
-
-approve = fusee.signal("approve", bool)
-add_item = fusee.update("add_item", str, int)
-
-
-def flaky_charge(s: fusee.StepContext) -> str:
-    """Fails twice (a retryable error), then succeeds: two Attempt records, one StepDone."""
-    if s.attempt < 3:
-        raise ConnectionResetError(f"card network down (attempt {s.attempt})")
-    return "ch_1"
-
-
-@fusee.workflow("g_retry")
-async def g_retry(ctx: fusee.Ctx, order: str) -> str:
-    charge = await ctx.step("charge", flaky_charge, retry=fusee.Retry(attempts=4, initial=100, jitter=False))
-    await ctx.sleep("cooldown", "1m")
-    receipt = await ctx.step("receipt", lambda: f"receipt:{order}")
-    return f"{charge}/{receipt}"
-
-
-@fusee.workflow("g_approval")
-async def g_approval(ctx: fusee.Ctx, requester: str) -> dict[str, Any]:
-    items: list[str] = []
-
-    async def on_add(item: str) -> int:
-        stored = await ctx.step("store", lambda: item.upper())
-        items.append(stored)
-        return len(items)
-
-    ctx.on_update(add_item, on_add, validate=lambda item: None if item else "an empty item")
-    approved = await ctx.wait_for(approve, timeout="1d")
-    return {"requester": requester, "approved": approved, "items": items}
-
-
-@fusee.workflow("g_child")
-async def g_child(ctx: fusee.Ctx, n: int) -> int:
-    return await ctx.step("square", lambda: n * n)
-
-
-@fusee.workflow("g_parent")
-async def g_parent(ctx: fusee.Ctx, n: int) -> int:
-    squared = await ctx.child(g_child, f"{ctx.workflow_id}/child", n)
-    return await ctx.step("add_one", lambda: squared + 1)
-
-
-@fusee.workflow("g_pay")
-async def g_pay(ctx: fusee.Ctx, amount: int) -> str:
-    return await ctx.step("refund", lambda: f"refunded {amount}")
-
+from tests.support.golden import (
+    GOLDEN,
+    NONDETERMINISTIC,
+    add_item,
+    approve,
+    flaky_charge,
+    g_approval,
+    g_child,
+    g_parent,
+    g_pay,
+    g_retry,
+)
 
 WORKFLOWS = [g_retry, g_approval, g_child, g_parent, g_pay]
 FILES = sorted(GOLDEN.glob("*.json"))

@@ -19,6 +19,9 @@ import fusee
 from fusee import journal as R
 from fusee.engine.shard import Shard
 from fusee.storage import MemoryShardStore, MemoryStorage
+from tests.support.clock import run_on_virtual_time
+from tests.support.engine_kit import turns
+from tests.support.waiting import done_at
 
 go = fusee.signal("go", int)
 more = fusee.signal("more", int)
@@ -106,11 +109,6 @@ async def poker(ctx: fusee.Ctx, poke: Poke) -> int:
 
 
 # -- helpers --------------------------------------------------------------------------------
-
-
-async def turns(count: int = 30) -> None:
-    for _ in range(count):
-        await asyncio.sleep(0)
 
 
 async def open_engine(storage: Any, clock: Any = None, **options: Any) -> fusee.Engine:
@@ -281,7 +279,9 @@ class GatedCheckpoints(MemoryShardStore):
         await super().checkpoint(position, data)
 
 
-async def test_a_checkpoint_being_written_keeps_the_shard_busy_and_its_end_wakes_wait_idle():
+async def idle_with_gated_checkpoints() -> tuple[MemoryStorage, fusee.Engine, Any]:
+    """An engine on one shard whose checkpoint writes wait for a gate, a run waiting for a
+    signal on it, the shard idle."""
     storage = MemoryStorage(1)
     storage.stores = [GatedCheckpoints()]
     engine = await open_engine(storage)
@@ -289,13 +289,19 @@ async def test_a_checkpoint_being_written_keeps_the_shard_busy_and_its_end_wakes
     await turns()
     shard = engine.shards[0]
     assert shard.idle()
+    return storage, engine, shard
+
+
+async def test_a_checkpoint_being_written_keeps_the_shard_busy_and_its_end_wakes_wait_idle():
+    storage, engine, shard = await idle_with_gated_checkpoints()
     storage.stores[0].written = gate = new_gate()
     checkpoint = asyncio.ensure_future(shard.checkpoint(wait=True))
     await turns()
     assert not checkpoint.done()
     assert busy(shard)[:2] == (False, True)
     waiting = asyncio.ensure_future(engine.wait_idle(grace=0.05, timeout=10))
-    await asyncio.sleep(0.1)
+    returned = done_at(waiting)
+    await asyncio.sleep(0.1)  # twice the grace
     assert not waiting.done()
     gate.set()
     released = time.monotonic()
@@ -303,6 +309,7 @@ async def test_a_checkpoint_being_written_keeps_the_shard_busy_and_its_end_wakes
     assert storage.stores[0].checkpoint_data is not None
     assert shard.idle()
     assert await asyncio.wait_for(waiting, 5)  # the checkpoint's end wakes it: no poll
+    assert returned[0] >= released  # not before: the checkpoint held it, however slow the loop
     assert time.monotonic() - released < 0.5
     await engine.close()
 
@@ -311,13 +318,7 @@ async def test_a_checkpoint_during_the_grace_delays_wait_idle_but_does_not_resta
     """An invoked worker's runs park 50 ms after suspending and the shard then takes a
     checkpoint: upkeep, not progress. The grace counts on through it (else every
     invocation would last a whole grace longer), and wait_idle returns when it ends."""
-    storage = MemoryStorage(1)
-    storage.stores = [GatedCheckpoints()]
-    engine = await open_engine(storage)
-    await engine.start(waiter, "w-1")
-    await turns()
-    shard = engine.shards[0]
-    assert shard.idle()
+    storage, engine, shard = await idle_with_gated_checkpoints()
     waiting = asyncio.ensure_future(engine.wait_idle(grace=0.6, timeout=10))
     await asyncio.sleep(0.1)
     storage.stores[0].written = gate = new_gate()
@@ -338,11 +339,14 @@ async def test_a_checkpoint_during_the_grace_delays_wait_idle_but_does_not_resta
     checkpoint = asyncio.ensure_future(shard.checkpoint(wait=True))
     await turns()
     waiting = asyncio.ensure_future(engine.wait_idle(grace=0.05, timeout=10))
+    returned = done_at(waiting)
     await asyncio.sleep(0.2)
     assert not waiting.done()
     gate.set()
+    released = time.monotonic()
     await asyncio.wait_for(checkpoint, 5)
     assert await asyncio.wait_for(waiting, 5)
+    assert returned[0] >= released
     await engine.close()
 
 
@@ -404,20 +408,28 @@ async def test_runs_whose_code_the_engine_lacks_are_named_in_the_report():
 # -- wait_idle ------------------------------------------------------------------------------
 
 
-async def test_wait_idle_returns_after_grace_of_idleness_and_false_on_timeout_while_a_step_runs():
-    gate = new_gate()
-    engine = await open_engine(MemoryStorage(1), park_after="1h")
-    await engine.start(nap, "n-1", 60_000)
-    await turns()
-    began = time.monotonic()
-    assert await engine.wait_idle(grace=0.1, timeout=2)
-    assert 0.09 <= time.monotonic() - began < 0.6
-    await engine.start(gated, "g-1")
-    began = time.monotonic()
-    assert not await engine.wait_idle(grace=0.01, timeout=0.2)
-    assert 0.19 <= time.monotonic() - began < 1.0
-    gate.set()
-    await engine.close()
+def test_wait_idle_returns_after_grace_of_idleness_and_false_on_timeout_while_a_step_runs():
+    """On a loop whose clock moves only to its next timer (tests/support/clock.py), so the
+    durations are exact however loaded the machine: idle, the wait lasts the grace and no
+    more (it is woken for it, not polled); with a step running, it gives up at its timeout."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        gate = new_gate()
+        engine = await open_engine(MemoryStorage(1), park_after="1h")
+        await engine.start(nap, "n-1", 60_000)
+        await turns()
+        began = loop.time()
+        assert await engine.wait_idle(grace=0.1, timeout=2)
+        assert loop.time() - began == pytest.approx(0.1)
+        await engine.start(gated, "g-1")
+        began = loop.time()
+        assert not await engine.wait_idle(grace=0.01, timeout=0.2)
+        assert loop.time() - began == pytest.approx(0.2)
+        gate.set()
+        await engine.close()
+
+    run_on_virtual_time(main)
 
 
 async def test_wait_idle_wakes_when_a_step_finishes():
@@ -428,11 +440,13 @@ async def test_wait_idle_wakes_when_a_step_finishes():
     await engine.start(gated, "g-1")
     await turns()
     waiting = asyncio.ensure_future(engine.wait_idle(grace=0.05, timeout=10))
+    returned = done_at(waiting)
     await asyncio.sleep(0.1)
     assert not waiting.done()
     gate.set()
     released = time.monotonic()
     assert await asyncio.wait_for(waiting, 5)
+    assert returned[0] >= released  # the step held it, not a slow loop
     assert time.monotonic() - released < 0.5
     await engine.close()
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import fusee
 from fusee.engine.replay import Replayer, journal_from_json
-from tests.engine.test_golden import GOLDEN, g_approval, g_child, g_parent, g_pay, g_retry
+from tests.support.golden import GOLDEN, g_approval, g_child, g_parent, g_pay, g_retry
 
 REPLAYER = Replayer([g_retry, g_approval, g_parent, g_child, g_pay])
 DOCUMENTS = [json.loads(path.read_text()) for path in sorted(GOLDEN.glob("*.json"))]

@@ -20,7 +20,8 @@ import fusee
 from fusee import journal as R
 from fusee.journal import Ack, Msg
 from fusee.storage import MemoryShardStore, MemoryStorage
-from tests.conftest import eventually
+from tests.support.engine_kit import advance, go, turns, waiter
+from tests.support.waiting import eventually
 
 
 class Gate:
@@ -57,7 +58,6 @@ def _fresh_gate() -> Iterator[None]:
     GATE.release.set()  # no thread outlives its test
 
 
-go = fusee.signal("go", int)
 ping = fusee.signal("ping", int)
 
 
@@ -69,12 +69,6 @@ async def job(ctx: fusee.Ctx, n: int) -> str:
     await ctx.sleep("pause", "1s")
     await ctx.step("last", lambda: n)
     return middle
-
-
-@fusee.workflow("lc.waiter")
-async def waiter(ctx: fusee.Ctx) -> int:
-    got: int = await ctx.wait_for(go)
-    return got
 
 
 @fusee.workflow("lc.sleeper")
@@ -112,32 +106,21 @@ async def sink(ctx: fusee.Ctx) -> int:
 # -- helpers --------------------------------------------------------------------------------
 
 
-async def turns(count: int = 30) -> None:
-    for _ in range(count):
-        await asyncio.sleep(0)
-
-
-async def advance(clock: fusee.VirtualClock, ms: int) -> None:
-    """Move the virtual clock, letting the work of each due time run before time moves on."""
-    target = clock.now_ms() + ms
-    await turns()
-    while (due := clock.next_due_ms()) is not None and due <= target:
-        clock.set(max(due, clock.now_ms()))
-        await turns()
-    clock.set(target)
-    await turns()
-
-
 async def results(engine: fusee.Engine, clock: fusee.VirtualClock, wids: list[str]) -> dict[str, Any]:
     """Every run's result, moving the clock while they sleep and real time while their
     thread steps run (up to 5 s)."""
     tasks = {wid: asyncio.ensure_future(engine.run(wid).result()) for wid in wids}
-    deadline = time.monotonic() + 5
+
+    async def all_done() -> bool:
+        if all(task.done() for task in tasks.values()):
+            return True
+        await advance(clock, 500)
+        return False
+
     try:
-        while not all(task.done() for task in tasks.values()):
-            assert time.monotonic() < deadline, [w for w, t in tasks.items() if not t.done()]
-            await advance(clock, 500)
-            await asyncio.sleep(0.005)
+        await eventually(
+            all_done, timeout=5, every=0.005, why=lambda: str([w for w, t in tasks.items() if not t.done()])
+        )
         return {wid: task.result() for wid, task in tasks.items()}
     finally:
         for task in tasks.values():

@@ -540,7 +540,7 @@ async def test_a_duplicate_arriving_while_its_run_loads_is_applied_once():
     """Two copies of one message (a resend) reach a parked run whose frame takes a while to
     read: both wait for the same load; only one may be applied."""
     from fusee.journal import Msg
-    from tests.engine.test_shard_failures import SlowReads
+    from tests.support.engine_kit import SlowReads
 
     clock = fusee.VirtualClock()
     engine = await fusee.Engine.open(workflows=[dup_collector], storage=SlowReads(1), clock=clock)

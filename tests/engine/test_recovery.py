@@ -12,7 +12,7 @@ from fusee.engine.index import LOAD_AHEAD_MS
 from fusee.journal import Msg
 from fusee.storage import MemoryShardStore, MemoryStorage
 from fusee.testing import TestEngine
-from tests.conftest import eventually
+from tests.support.waiting import eventually
 
 effects: list[str] = []
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import fusee
 from fusee.storage import MemoryStorage
-from tests.engine.test_lifecycle import advance, waiter
+from tests.support.engine_kit import advance, waiter
 
 
 async def parked_engine(count: int) -> tuple[fusee.Engine, fusee.VirtualClock, list[list[int]]]:

@@ -15,6 +15,7 @@ import pytest
 import fusee
 from fusee.storage import MemoryShardStore, MemoryStorage
 from fusee.testing import TestEngine
+from tests.support.engine_kit import SlowReads
 
 
 @fusee.workflow("quick")
@@ -110,20 +111,6 @@ async def test_timed_out_sync_steps_starve_neither_thread_steps_nor_checkpoints(
         await asyncio.wait_for(t.close(), 5)
     finally:
         release.set()
-
-
-class SlowReads(MemoryStorage):
-    """Memory storage whose run-store reads take a while, as a remote store's do."""
-
-    def __init__(self, shards: int) -> None:
-        super().__init__(shards)
-        self.stores = [SlowStore() for _ in range(shards)]
-
-
-class SlowStore(MemoryShardStore):
-    async def get_run(self, offset: int) -> bytes:
-        await asyncio.sleep(0.05)
-        return self.runs[offset]
 
 
 @fusee.workflow("napper")

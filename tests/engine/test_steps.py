@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import fusee
-from tests.conftest import eventually
+from tests.support.waiting import eventually
 
 
 async def eventually_steps(t: Any, wid: str, attempts: int) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 import fusee
 from fusee.testing import TestEngine
-from tests.conftest import eventually
+from tests.support.waiting import eventually
 
 CALLS: Counter[str] = Counter()
 GATE = threading.Event()

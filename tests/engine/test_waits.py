@@ -14,26 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import fusee
-from fusee.engine.shard import Shard
 from fusee.storage import MemoryStorage
-from tests.engine.test_lifecycle import advance, turns
+from tests.support.engine_kit import HeldRead, advance, napper, parked_ref, turns
 
 go = fusee.signal("go", int)
 bump = fusee.update("bump", int, int)
 total = fusee.query("total", None, int)
-
-
-@fusee.workflow("waits.napper")
-async def napper(ctx: fusee.Ctx, ms: int) -> int:
-    await ctx.sleep("nap", ms)
-    return ms
 
 
 @fusee.workflow("waits.nap_then_wait")
@@ -68,44 +60,12 @@ async def parent(ctx: fusee.Ctx) -> int:
 WORKFLOWS = [napper, nap_then_wait, child, parent]
 
 
-class HeldRead:
-    """Holds back the first run-store read of a shard that asks for a given frame, until
-    `release()`; every other read goes through."""
-
-    def __init__(self, shard: Shard, ref: int) -> None:
-        self.ref = ref
-        self.asked = asyncio.Event()
-        self.gate = asyncio.Event()
-        self.armed = True
-        get_runs = shard.store.get_runs
-
-        async def held(offsets: Sequence[int]) -> list[bytes]:
-            if self.armed and ref in offsets:
-                self.armed = False
-                self.asked.set()
-                await self.gate.wait()
-            return await get_runs(offsets)
-
-        shard.store.get_runs = held  # type: ignore[method-assign]
-
-    def release(self) -> None:
-        self.gate.set()
-
-
 async def opened(**options: Any) -> tuple[fusee.Engine, fusee.VirtualClock]:
     clock = fusee.VirtualClock()
     engine = await fusee.Engine.open(
         workflows=WORKFLOWS, storage=MemoryStorage(1), clock=clock, park_after="100ms", **options
     )
     return engine, clock
-
-
-def parked_ref(engine: fusee.Engine, wid: str) -> int:
-    shard = engine.shard_of(wid)
-    assert wid not in shard.runs, f"'{wid}' is loaded"
-    entry = shard.index_entries.get(wid)
-    assert entry is not None and entry.status == "parked", entry
-    return entry.ref
 
 
 async def test_a_result_asked_while_the_timer_wakes_the_run_and_it_finishes_answers():

@@ -24,10 +24,10 @@ from fusee_server.endpoints import BUDGET_MS, CONCURRENCY, GRACE_MS
 import fusee
 from fusee.protocol.address import parse as parse_address
 from tests.examples.dockerfile import Container, Image, build, ignore_rules, included, parse
-from tests.invoke.test_end_to_end import held_by_nobody
 from tests.server_mode import certs
-from tests.server_mode.conftest import procs  # noqa: F401 (the server's process, stopped after)
-from tests.server_mode.procs import Proc, Server, free_port, retry
+from tests.support.invoked import LEASE_LINES, held_by_nobody
+from tests.support.procs import Proc, Server, free_port, retry
+from tests.support.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = ROOT / "examples" / "cloudrun"
@@ -190,18 +190,6 @@ def container_of(image: Image) -> Iterator[Callable[[dict[str, str]], Container]
         container.stop()
 
 
-async def until(check: Callable[[], Any], timeout: float = 15.0, why: Callable[[], str] = str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"condition never held: {why()}"
-        await asyncio.sleep(0.05)
-
-
 def timer_invocations(server: Server, shard: int) -> int:
     """Invocations the server sent for `shard` because a reported due time came."""
     sends = [line for line in list(server.lines) if "fusee invoke: send" in line and "timer" in line]
@@ -211,7 +199,7 @@ def timer_invocations(server: Server, shard: int) -> int:
 async def test_orders_run_to_their_results_in_the_container(
     image: Image,
     container_of: Callable[[dict[str, str]], Container],
-    procs: list[Proc],  # noqa: F811
+    procs: list[Proc],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -253,7 +241,7 @@ async def test_orders_run_to_their_results_in_the_container(
         for a in (name, ours.get(name, value))
     ]
     monkeypatch.setenv("FUSEE_INVOKE_TRACE", "1")  # the server's sends and their reasons
-    server = Server(tmp_path / "data", *args, listen=f"127.0.0.1:{server_port}")
+    server = Server(tmp_path / "data", *args, *LEASE_LINES, listen=f"127.0.0.1:{server_port}")
     procs.append(server)
     address = f"127.0.0.1:{server_port}?ca={made.ca}&token-file={tmp_path / 'token'}"
     client = await retry(lambda: fusee.Client.connect(address))
@@ -288,10 +276,15 @@ async def _orders(client: fusee.Client, server: Server, container: Container) ->
     assert (declined["status"], declined["charged_cents"], declined["undone"]) == ("declined", 0, ["release"])
 
     # While o-cool sleeps and o-ship waits for the warehouse, nothing holds a shard.
-    await until(lambda: held_by_nobody(server))
+    await eventually(lambda: held_by_nobody(server), timeout=15.0, every=0.05)
     cool_shard = client.shard_of("o-cool")
     # Woken by its timer, not by a call of ours: nothing asked for o-cool meanwhile.
-    await until(lambda: timer_invocations(server, cool_shard) >= 1, why=lambda: "\n".join(server.lines))
+    await eventually(
+        lambda: timer_invocations(server, cool_shard) >= 1,
+        why=lambda: "\n".join(server.lines),
+        timeout=15.0,
+        every=0.05,
+    )
     cool = await client.run("o-cool").result()
     assert time.monotonic() - began >= 1.5  # the durable timers held it that long
     assert (cool["status"], cool["charged_cents"]) == ("not shipped", 1250)
@@ -301,7 +294,7 @@ async def _orders(client: fusee.Client, server: Server, container: Container) ->
     shipped = await client.run("o-ship").result()
     assert (shipped["status"], shipped["tracking"], shipped["charged_cents"]) == ("shipped", "TRK-1", 2500)
 
-    await until(lambda: held_by_nobody(server))
+    await eventually(lambda: held_by_nobody(server), timeout=15.0, every=0.05)
     answered = [line for line in container.lines if "POST / HTTP/1.1" in line]
     assert answered and all(" 200" in line for line in answered), container.output()
 

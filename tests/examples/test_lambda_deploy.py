@@ -13,7 +13,6 @@ sessions build the zip offline in under a second.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import importlib.util
 import json
@@ -37,7 +36,8 @@ from botocore.exceptions import ClientError
 
 import fusee
 from fusee.protocol import signature
-from tests.server_mode.procs import Proc, Server, free_port
+from tests.support.invoked import quiet
+from tests.support.procs import Proc, Server, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "examples" / "lambda" / "deploy.py"
@@ -227,13 +227,11 @@ def test_arm64_and_another_python_take_their_own_wheels(wheel_cache, credentials
 
 
 @pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for proc in reversed(started):
-        if proc.popen.poll() is None:
-            proc.stop()
-        proc.close()
+def procs(procs: list[Proc]) -> Iterator[list[Proc]]:
+    """The shared fixture's processes, each stopped with SIGTERM (which it must obey)."""
+    yield procs
+    for proc in reversed(procs):
+        proc.stop()
 
 
 class Front(Proc):
@@ -301,7 +299,7 @@ async def test_the_zip_alone_runs_the_order_app_for_a_real_server(built, procs, 
     try:
         order = {"order_id": "o-1", "item": "lamp", "quantity": 2, "card": "flaky", "cooling_off_s": 1.0}
         run = await client.start("order", "o-1", order)
-        await until_line(front, r"fusee invoke \S+ .*answered status=200")
+        await front.wait_for_async(r"fusee invoke \S+ .*answered status=200")
         await run.signal("shipped", "TRK-9")
         result = await run.result()
         assert (result["status"], result["tracking"], result["charged_cents"]) == ("shipped", "TRK-9", 2500)
@@ -315,23 +313,10 @@ async def test_the_zip_alone_runs_the_order_app_for_a_real_server(built, procs, 
     assert not [line for line in front.lines if re.search(r"front answered (?!200|401|502)", line)]
 
 
-async def settled(client: fusee.Client, timeout: float = 30.0) -> dict[str, Any]:
+async def settled(client: fusee.Client) -> dict[str, Any]:
     """The endpoint's counts once nothing is due or being invoked."""
-    deadline = time.monotonic() + timeout
-    while True:
-        metrics = await client.call("invocations", {})
-        if metrics["invokingShards"] == 0 and metrics["dueShards"] == 0:
-            endpoint: dict[str, Any] = metrics["endpoints"][0]
-            return endpoint
-        assert time.monotonic() < deadline, metrics
-        await asyncio.sleep(0.05)
-
-
-async def until_line(proc: Proc, pattern: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not any(re.search(pattern, line) for line in list(proc.lines)):
-        assert time.monotonic() < deadline, f"no line matching {pattern!r}:\n{proc.output()}"
-        await asyncio.sleep(0.05)
+    endpoint: dict[str, Any] = (await quiet(client))["endpoints"][0]
+    return endpoint
 
 
 # -- AWS, faked by moto on loopback ----------------------------------------------------------

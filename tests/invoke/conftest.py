@@ -11,56 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from fusee.invoke import InvocationHandler, invocation_handler
 from tests.invoke import events, flows
-from tests.invoke.procs import SECRET, LambdaRuntime, Listener, RuntimeApi, Uvicorn, environment
-from tests.server_mode.conftest import procs, start_server, start_worker  # noqa: F401 (the end-to-end tests' processes)
-
-Post = Callable[[dict[str, str], bytes], tuple[int, Any]]
-
-
-def in_thread(call: Callable[[], Any]) -> Any:
-    """Run `call` on a thread of its own (its own event loop, closed after), as a server or
-    the Lambda runtime would: the test's thread keeps no loop of the handler's."""
-    result: list[Any] = []
-    error: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            result.append(call())
-        except BaseException as exc:  # noqa: BLE001  re-raised on the test's thread
-            error.append(exc)
-        finally:
-            try:
-                loop = asyncio.get_event_loop()
-            except RuntimeError:
-                return
-            loop.close()
-            asyncio.set_event_loop(None)
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    thread.join(60)
-    if error:
-        raise error[0]
-    return result[0]
+from tests.support.handlers import SECRET, Entry, LambdaRuntime, Listener, RuntimeApi, Uvicorn, in_thread
+from tests.support.procs import environment
 
 
 def _json(data: bytes) -> Any:
     return json.loads(data) if data else None
-
-
-@dataclass
-class Entry:
-    name: str
-    post: Post
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import pytest
 
 from fusee.protocol.signature import sign
-from tests.invoke.procs import SECRET, Listener, Uvicorn, environment
-from tests.invoke.test_entry_points import BODY
+from tests.support.handlers import BODY, SECRET, Listener, Uvicorn
+from tests.support.procs import environment
 
 TIMEOUT_S = 1.0
 WAITS_MAX = 3

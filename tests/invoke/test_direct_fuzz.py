@@ -20,9 +20,8 @@ import fusee
 from fusee.invoke import InvocationHandler
 from fusee.protocol.signature import HEADER, sign
 from tests.invoke import flows
-from tests.invoke.conftest import in_thread
-from tests.invoke.procs import SECRET
-from tests.invoke.test_end_to_end import free_port
+from tests.support.handlers import SECRET, in_thread
+from tests.support.procs import free_port
 
 BODY = json.dumps(
     {"version": 1, "invocation": "0123456789abcdef", "shards": [0], "budgetMs": 1000, "reasons": ["call"]},

@@ -10,157 +10,20 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
-from aiohttp import web
 
 import fusee
-from tests.server_mode.procs import Proc, Server, free_port, retry, steps_seen
-
-SECRET = "end-to-end-secret-0123456789abcdef"
-# An invoked worker's lease lines are DEBUG (docs/server.md): held_by_nobody reads them.
-LEASE_LINES = ("--log-level", "debug")
-
-
-class Handler(Proc):
-    """`uvicorn handlers.asgi:app` on a fixed port (the server's endpoint URL names it),
-    on `loop` (pinned: with uvloop installed, uvicorn's default would pick it)."""
-
-    def __init__(
-        self,
-        port: int,
-        server_port: int,
-        steps: Path | None = None,
-        loop: str = "asyncio",
-        workflows: str = "tests.server_mode.flows",
-    ) -> None:
-        env = {
-            "FUSEE_URL": f"127.0.0.1:{server_port}",
-            "FUSEE_INVOKE_SECRET": SECRET,
-            "FUSEE_WORKFLOWS": workflows,
-            "FUSEE_INVOKE_TRACE": "1",
-        }
-        if steps is not None:
-            env["FUSEE_TEST_STEPS"] = str(steps)
-        args = [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "handlers.asgi:app",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--loop",
-            loop,
-        ]
-        super().__init__(args, env)
-        self.wait_for(r"Uvicorn running on")
-
-
-class Cluster:
-    def __init__(self, procs: list[Proc], tmp: Path, loop: str = "asyncio") -> None:
-        self.procs = procs
-        self.loop = loop
-        self.tmp = tmp
-        self.port = free_port()
-        self.handler_port = free_port()
-        self.secret = tmp / "secret"
-        self.secret.write_text(SECRET)
-        self.steps = tmp / "steps.txt"
-        self.server: Server | None = None
-        self.handler: Handler | None = None
-
-    def start_handler(self) -> Handler:
-        self.handler = Handler(self.handler_port, self.port, self.steps, self.loop)
-        self.procs.append(self.handler)
-        return self.handler
-
-    def start_server(self, *extra: str, shards: int = 4) -> Server:
-        url = f"http://127.0.0.1:{self.handler_port}/"
-        self.server = Server(
-            self.tmp / "data",
-            "--invoke",
-            url,
-            "--invoke-secret-file",
-            str(self.secret),
-            *LEASE_LINES,
-            *extra,
-            shards=shards,
-            listen=f"127.0.0.1:{self.port}",
-        )
-        self.procs.append(self.server)
-        return self.server
-
-    def start_server_config(self, **endpoint: Any) -> Server:
-        """`fusee server --invoke-config` naming the handler as its one endpoint, with
-        `endpoint`'s settings (`budgetMs=1000`...); again on the same directory and port
-        after a kill."""
-        config = self.tmp / "invoke.json"
-        url = f"http://127.0.0.1:{self.handler_port}/"
-        config.write_text(
-            json.dumps({"endpoints": [{"url": url, "secretFile": str(self.secret), **endpoint}]})
-        )
-        self.server = Server(
-            self.tmp / "data", "--invoke-config", str(config), *LEASE_LINES, listen=f"127.0.0.1:{self.port}"
-        )
-        self.procs.append(self.server)
-        return self.server
-
-    async def client(self) -> fusee.Client:
-        assert self.server is not None
-        return await retry(lambda: fusee.Client.connect(self.server.address()))  # type: ignore[union-attr]
+from tests.support.invoked import Cluster, Flaky, Handler, held_by_nobody, metrics, quiet, sleeps_one_second
+from tests.support.procs import Proc, Server, retry, steps_seen
+from tests.support.waiting import eventually
 
 
 @pytest.fixture
 def cluster(procs: list[Proc], tmp_path: Path) -> Cluster:
     return Cluster(procs, tmp_path)
-
-
-async def metrics(client: fusee.Client) -> dict[str, Any]:
-    answer: dict[str, Any] = await client.call("invocations", {})
-    return answer
-
-
-async def until(check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        assert time.monotonic() < deadline, "condition never held"
-        await asyncio.sleep(0.05)
-
-
-async def quiet(client: fusee.Client) -> dict[str, Any]:
-    """Once nothing is due or being invoked: the metrics then."""
-
-    async def settled() -> dict[str, Any] | None:
-        now = await metrics(client)
-        return now if now["invokingShards"] == 0 and now["dueShards"] == 0 else None
-
-    result: dict[str, Any] = await until(settled)
-    return result
-
-
-def held_by_nobody(server: Server) -> bool:
-    """Every lease the server granted was let go of (from its log lines, which need
-    LEASE_LINES), and one was granted at least: a server that logs none proves nothing."""
-    held: set[int] = set()
-    granted = False
-    for line in list(server.lines):
-        if "leased to" in line:
-            held.add(int(line.split("shard ")[1].split(":")[0]))
-            granted = True
-        elif "shard " in line and ("released by" in line or "let go" in line):
-            held.discard(int(line.split("shard ")[1].split(":")[0]))
-    return granted and not held
 
 
 async def test_a_start_on_a_shard_nobody_holds_runs_to_its_result(cluster):
@@ -172,7 +35,7 @@ async def test_a_start_on_a_shard_nobody_holds_runs_to_its_result(cluster):
     assert len(await run.result()) == 3
     after = await quiet(client)
     assert after["endpoints"][0]["succeeded"] >= 1 and after["endpoints"][0]["failed"] == 0
-    await until(lambda: held_by_nobody(server))
+    await eventually(lambda: held_by_nobody(server), timeout=30.0, every=0.05)
     await client.close()
 
 
@@ -192,7 +55,7 @@ async def test_a_shard_too_large_to_open_ahead_is_opened_on_request(cluster):
 
     await asyncio.gather(*(start(i) for i in range(2000)))
     await quiet(client)
-    await until(lambda: held_by_nobody(server))
+    await eventually(lambda: held_by_nobody(server), timeout=30.0, every=0.05)
     sizes = [path.stat().st_size for path in server.dir.rglob("checkpoint-*")]
     assert max(sizes) > 64 << 10, sizes
     await client.run("w-7").signal("go", 7)
@@ -203,23 +66,6 @@ async def test_a_shard_too_large_to_open_ahead_is_opened_on_request(cluster):
 
 async def test_a_one_second_sleep_is_invoked_again_on_time(cluster):
     await sleeps_one_second(cluster, "nap-1", quiet)
-
-
-async def sleeps_one_second(
-    cluster: Cluster, wid: str, settle: Callable[[fusee.Client], Awaitable[Any]]
-) -> None:
-    """A run asleep for 1 s wakes through an invocation on time, and nothing holds a shard
-    while it sleeps (`settle`: waits until the server's first invocations are over)."""
-    cluster.start_handler()
-    server = cluster.start_server()
-    client = await cluster.client()
-    await settle(client)
-    began = time.time()
-    run = await client.start("sleeper", wid, 1.0)
-    await until(lambda: held_by_nobody(server), timeout=5)  # nothing runs while it sleeps
-    woke = await run.result()
-    assert 1.0 <= woke - began < 1.6, woke - began
-    await client.close()
 
 
 @pytest.mark.parametrize("together", [True, False], ids=["at-once", "one-after-another"])
@@ -254,7 +100,7 @@ async def test_a_handler_killed_mid_step_loses_nothing_acknowledged(cluster):
     ids = [f"kill-{i}" for i in range(8)]
     for wid in ids:
         await client.start("steps", wid, 12)
-    await until(lambda: len(steps_seen(cluster.steps)) >= 12)
+    await eventually(lambda: len(steps_seen(cluster.steps)) >= 12, timeout=30.0, every=0.05)
     handler.kill()
     cluster.start_handler()  # the platform starts a fresh process on the same URL
     results = {wid: await retry(lambda wid=wid: client.run(wid).result(), timeout=60) for wid in ids}
@@ -275,7 +121,7 @@ async def frozen_mid_run(cluster: Cluster, wid: str, **endpoint: Any) -> tuple[f
     client = await cluster.client()
     await quiet(client)
     await client.start("steps", wid, 40)
-    await until(lambda: len(steps_seen(cluster.steps)) >= 2)
+    await eventually(lambda: len(steps_seen(cluster.steps)) >= 2, timeout=30.0, every=0.05)
     handler.signal(signal.SIGSTOP)
     return client, handler
 
@@ -309,7 +155,7 @@ async def test_a_frozen_handler_loses_its_lease_on_silence_not_at_budget_end(clu
 async def test_an_endpoint_that_is_down_backs_off_and_recovers(cluster):
     cluster.start_server()  # no handler yet: nothing listens at the endpoint's URL
     client = await cluster.client()
-    down = await until(lambda: _failed(client))
+    down = await eventually(lambda: _failed(client), timeout=30.0, every=0.05)
     assert down["endpoints"][0]["backoffMs"] > 0 or down["endpoints"][0]["failed"] >= 2
     # Against an endpoint that keeps failing a start fails soon, saying why; retried as
     # the error says, it goes through once the handler is up.
@@ -345,58 +191,6 @@ async def test_a_long_lived_worker_alongside_takes_freed_shards_first(cluster, s
     await client.close()
 
 
-class Flaky:
-    """An endpoint in front of the handler that answers `status` (with `headers` and
-    `body`) to the first `count` invocations (a platform's throttle, a broken deploy, a
-    redirect), then passes them on; `left = 0` brings it up. It counts every POST, on any
-    path (the Lambda Invoke API's too)."""
-
-    def __init__(
-        self,
-        target_port: int,
-        status: int,
-        count: int,
-        retry_after: str | None = None,
-        headers: dict[str, str] | None = None,
-        body: str = "not now",
-    ) -> None:
-        self.target = f"http://127.0.0.1:{target_port}/"
-        self.status = status
-        self.left = count
-        self.headers = {**(headers or {}), **({"retry-after": retry_after} if retry_after else {})}
-        self.body = body
-        self.seen = 0
-        self.runner: web.AppRunner | None = None
-        self.port = free_port()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/"
-
-    async def handle(self, request: web.Request) -> web.Response:
-        self.seen += 1
-        body = await request.read()
-        if self.left > 0:
-            self.left -= 1
-            return web.Response(status=self.status, headers=self.headers, text=self.body)
-        async with aiohttp.ClientSession() as session:
-            async with session.post(self.target, data=body, headers=dict(request.headers)) as answer:
-                return web.Response(
-                    status=answer.status, body=await answer.read(), content_type="application/json"
-                )
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/{path:.*}", self.handle)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
-
-    async def stop(self) -> None:
-        if self.runner is not None:
-            await self.runner.cleanup()
-
-
 @pytest.mark.parametrize("status", [500, 429])
 async def test_an_endpoint_that_fails_or_throttles_shows_it_in_the_metrics_and_recovers(cluster, status):
     cluster.start_handler()
@@ -413,7 +207,9 @@ async def test_an_endpoint_that_fails_or_throttles_shows_it_in_the_metrics_and_r
         )
         cluster.procs.append(cluster.server)
         client = await cluster.client()
-        seen = await until(lambda: _counted(client, "failed" if status == 500 else "throttled", 3))
+        seen = await eventually(
+            lambda: _counted(client, "failed" if status == 500 else "throttled", 3), timeout=30.0, every=0.05
+        )
         endpoint = seen["endpoints"][0]
         if status == 500:
             assert endpoint["backoffMs"] > 0 or endpoint["failed"] > 3  # backing off after three failures
@@ -465,7 +261,7 @@ async def test_a_step_longer_than_the_budget_backs_its_shard_off_instead_of_loop
     await quiet(client)
     before = (await metrics(client))["endpoints"][0]["invocations"]
     await client.start("slow_step", "too-long", 30.0)
-    await until(lambda: _counted_overall(client, "noProgress", 2), timeout=20)
+    await eventually(lambda: _counted_overall(client, "noProgress", 2), timeout=20, every=0.05)
     cluster.server.wait_for(r"budget ended before any step finished; next try in 2 s")
     now = await metrics(client)
     # About one invocation per backoff period (1 s, then 2 s...), not one after another.

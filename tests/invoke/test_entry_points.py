@@ -4,23 +4,10 @@ is not an invocation, 502 when the server cannot be reached."""
 
 from __future__ import annotations
 
-import json
 import time
 
 from fusee.protocol.signature import sign
-from tests.invoke.conftest import Entry
-from tests.invoke.procs import SECRET, Listener
-
-BODY = json.dumps(
-    {
-        "version": 1,
-        "invocation": "8f3c0e5a1b2d4c6e",
-        "shards": [2, 5],
-        "budgetMs": 60000,
-        "reasons": ["call"],
-    },
-    separators=(",", ":"),
-).encode()
+from tests.support.handlers import BODY, SECRET, Entry, Listener
 
 
 def now_ms() -> int:

@@ -9,8 +9,8 @@ import asyncio
 import time
 from pathlib import Path
 
-from tests.invoke.test_end_to_end import Cluster, quiet
-from tests.server_mode.procs import Proc, Server, retry
+from tests.support.invoked import Cluster, quiet
+from tests.support.procs import Proc, Server, retry
 
 BUDGET_MS = 1000
 SENDERS = 8  # signals in flight at once: some are at the worker when its budget ends

@@ -17,9 +17,7 @@ from fusee.invoke._invocation import Budget
 from fusee.protocol.address import parse
 from fusee.protocol.signature import sign
 from tests.invoke import events, flows
-from tests.invoke.conftest import in_thread
-from tests.invoke.procs import SECRET, Listener
-from tests.invoke.test_entry_points import BODY
+from tests.support.handlers import BODY, SECRET, Listener, in_thread
 
 
 def test_the_public_names() -> None:

@@ -14,8 +14,9 @@ import fusee
 import handlers
 from fusee.invoke import InvocationHandler, invocation_handler
 from tests.invoke import flows
-from tests.invoke.procs import ROOT, SECRET, LambdaRuntime, RuntimeApi, Uvicorn, environment
 from tests.server_mode import certs
+from tests.support.handlers import SECRET, LambdaRuntime, RuntimeApi, Uvicorn
+from tests.support.procs import ROOT, environment
 
 GOOD = {"FUSEE_URL": "127.0.0.1:7600", "FUSEE_INVOKE_SECRET": SECRET, "FUSEE_WORKFLOWS": "tests.invoke.flows"}
 

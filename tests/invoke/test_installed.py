@@ -13,7 +13,8 @@ import sys
 import zipfile
 from pathlib import Path
 
-from tests.invoke.procs import ROOT, SECRET, Uvicorn
+from tests.support.handlers import SECRET, Uvicorn
+from tests.support.procs import ROOT
 
 APP = """import fusee
 

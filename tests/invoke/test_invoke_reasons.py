@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.invoke.test_end_to_end import Cluster, Handler, free_port, quiet, until
-from tests.server_mode.procs import Proc, Server
+from tests.support.invoked import Cluster, Handler, quiet
+from tests.support.procs import Proc, Server, free_port
+from tests.support.waiting import eventually
 
 SEND = re.compile(r"fusee invoke: send invocation=\w+ url=(\S+) shards=\[([\d, ]*)\] reasons=(\S*)")
 NAMES = {"call", "message", "timer", "recovery", "handback", "code"}
@@ -52,10 +53,10 @@ async def test_each_reason_has_its_name(cluster):
     assert {"call", "message"} <= reasons_since(server, mark), sends(server)[mark:]
     mark = len(sends(server))
     await client.start("sleeper", "nap-1", 0.5)
-    await until(lambda: "timer" in reasons_since(server, mark), timeout=10)
+    await eventually(lambda: "timer" in reasons_since(server, mark), timeout=10, every=0.05)
     mark = len(sends(server))
     await client.start("slow_step", "too-long", 30.0)  # longer than the 1 s budget: handed back
-    await until(lambda: "handback" in reasons_since(server, mark), timeout=10)
+    await eventually(lambda: "handback" in reasons_since(server, mark), timeout=10, every=0.05)
     assert all(reasons and reasons <= NAMES for _, _, reasons in sends(server)), sends(server)
     await client.close()
 
@@ -86,6 +87,6 @@ async def test_runs_without_code_go_to_the_endpoint_for_their_type_as_code(clust
     def coded() -> bool:
         return any(url == typed_url and "code" in reasons for url, _, reasons in sends(server))
 
-    await until(coded, timeout=20)
+    await eventually(coded, timeout=20, every=0.05)
     assert len(await asyncio.wait_for(client.run("spawned").result(), 20)) == 2
     await client.close()

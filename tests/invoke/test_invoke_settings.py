@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 from fusee._errors import SettingError
-from tests.invoke.test_lambda_direct import endpoints
-from tests.server_mode.procs import ROOT, free_port
-from tests.server_mode.test_http_api import start_fails
+from tests.support.procs import ROOT, free_port
+from tests.support.server_cli import endpoints, start_fails
 
 SECRET = "settings-test-secret-0123456789abcdef"
 
@@ -35,7 +34,7 @@ def test_an_inline_secret_in_the_config_file_is_refused(tmp_path: Path, secret: 
     message = str(raised.value)
     assert message.startswith(f'--invoke-config {path}: an inline "secret" is not accepted'), message
     assert '"secretFile"' in message
-    output = start_fails(tmp_path, "--listen", "127.0.0.1:0", "--invoke-config", path)
+    output = start_fails(tmp_path / "server", "--listen", "127.0.0.1:0", "--invoke-config", path)
     assert 'an inline "secret" is not accepted' in output, output
 
 
@@ -59,7 +58,7 @@ def test_an_empty_endpoint_list_is_refused(tmp_path: Path) -> None:
     path = config(tmp_path)
     with pytest.raises(SettingError, match=r'"endpoints" is empty: list at least one endpoint'):
         endpoints("--invoke-config", path)
-    output = start_fails(tmp_path, "--listen", "127.0.0.1:0", "--invoke-config", path)
+    output = start_fails(tmp_path / "server", "--listen", "127.0.0.1:0", "--invoke-config", path)
     assert f'--invoke-config {path}: "endpoints" is empty' in output, output
 
 
@@ -107,7 +106,9 @@ def test_endpoint_urls_that_can_work_are_taken(url: str) -> None:
 
 
 def test_a_port_out_of_range_stops_a_real_start(tmp_path: Path) -> None:
-    output = start_fails(tmp_path, "--listen", "127.0.0.1:0", "--invoke", "http://127.0.0.1:99999/")
+    output = start_fails(
+        tmp_path / "server", "--listen", "127.0.0.1:0", "--invoke", "http://127.0.0.1:99999/"
+    )
     assert "--invoke http://127.0.0.1:99999/: the port is not one from 1 to 65535" in output, output
 
 
@@ -120,7 +121,9 @@ def test_an_abbreviated_option_is_not_taken_for_the_full_one(tmp_path: Path) -> 
     secret = tmp_path / "secret"
     secret.write_text(SECRET)
     url = f"http://127.0.0.1:{free_port()}/"
-    output = start_fails(tmp_path, "--listen", "127.0.0.1:0", "--invoke", url, "--invoke-secret", str(secret))
+    output = start_fails(
+        tmp_path / "server", "--listen", "127.0.0.1:0", "--invoke", url, "--invoke-secret", str(secret)
+    )
     assert "unrecognized arguments: --invoke-secret" in output, output
 
 

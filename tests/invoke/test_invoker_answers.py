@@ -18,10 +18,10 @@ from fusee_server import endpoints, lambda_client
 from fusee_server.invoke_answer import describe
 
 import fusee
-from tests.invoke.procs import Listener
-from tests.invoke.test_end_to_end import Cluster, Flaky, free_port, metrics, quiet, until
-from tests.invoke.test_lambda_direct import AWS, FUNCTION, REGION
-from tests.server_mode.procs import Proc, Server
+from tests.support.handlers import AWS, FUNCTION, REGION, Listener
+from tests.support.invoked import Cluster, Flaky, metrics, quiet
+from tests.support.procs import Proc, Server, free_port
+from tests.support.waiting import eventually
 
 SIGNED = {"content-type": "application/json"}
 
@@ -63,7 +63,7 @@ async def test_throttles_that_say_retry_after_0_back_off_instead_of_looping(clus
     try:
         serve(cluster, throttle.url)
         client = await cluster.client()
-        await until(lambda: throttle.seen >= 1)
+        await eventually(lambda: throttle.seen >= 1, timeout=30.0, every=0.05)
         await asyncio.sleep(3)
         posts = throttle.seen
         assert posts <= 20, posts
@@ -90,7 +90,7 @@ async def test_a_redirect_is_a_failed_answer_and_nothing_goes_where_it_points(cl
         mark = elsewhere.mark()
         serve(cluster, redirect.url)
         client = await cluster.client()
-        failing = await until(lambda: _failed_at_least(client, 3))
+        failing = await eventually(lambda: _failed_at_least(client, 3), timeout=30.0, every=0.05)
         assert elsewhere.settled() == mark  # not one connection, signed or not
         assert f"{status}: a redirect to http://{elsewhere.address}/, not followed" in failing["lastError"]
         await client.close()
@@ -192,7 +192,7 @@ async def test_a_call_probes_an_endpoint_in_backoff_and_is_served_at_once(cluste
     try:
         serve(cluster, gate.url)
         client = await cluster.client()
-        backoff = await until(lambda: _backing_off(client, 2500), timeout=20)
+        backoff = await eventually(lambda: _backing_off(client, 2500), timeout=20, every=0.05)
         gate.left = 0  # the function is up
         began = time.monotonic()
         run = await client.start("steps", "first-start", 1)
@@ -218,7 +218,7 @@ async def test_calls_probe_an_endpoint_in_backoff_once_at_a_time_and_once_a_seco
     try:
         serve(cluster, failing.url)
         client = await cluster.client()
-        await until(lambda: _backing_off(client, 2500), timeout=20)
+        await eventually(lambda: _backing_off(client, 2500), timeout=20, every=0.05)
         before = failing.seen
         began = time.monotonic()
         calls = [client.start("steps", f"probe-{i}", 1) for i in range(50)]

@@ -8,7 +8,6 @@ not, are in the entry-point tests: `lambda:direct` and `awslambdaric:direct`.)""
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import logging
@@ -28,25 +27,14 @@ from fusee_server.lambda_client import Target
 import fusee
 from fusee._errors import SettingError
 from fusee.invoke import InvocationHandler
-from tests.invoke.conftest import in_thread
-from tests.invoke.procs import Listener
-from tests.invoke.test_end_to_end import LEASE_LINES, free_port, held_by_nobody, metrics, quiet, until
-from tests.invoke.test_signature import ROOT, published_vector
-from tests.server_mode.procs import Proc, Server, retry
+from tests.support.handlers import AWS, FUNCTION, REGION, Listener, in_thread, published_vector
+from tests.support.invoked import LEASE_LINES, held_by_nobody, metrics, quiet
+from tests.support.procs import ROOT, Proc, Server, free_port, retry
+from tests.support.server_cli import endpoints
+from tests.support.waiting import eventually
 
 SECRET = "lambda-direct-secret-0123456789abcdef"
-REGION = "us-east-1"
-FUNCTION = "fusee-worker"
 ARN = f"arn:aws:lambda:eu-west-1:123456789012:function:{FUNCTION}"
-# Fake credentials for moto: none of the developer's real ones reach it, or AWS.
-AWS = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_SESSION_TOKEN": "testing",
-    "AWS_DEFAULT_REGION": REGION,
-    "AWS_CONFIG_FILE": "/dev/null",
-    "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
-}
 
 
 @pytest.mark.parametrize(
@@ -97,12 +85,6 @@ def test_the_documented_event_is_what_the_server_sends() -> None:
     assert block, "docs/invoke.md has no ```json lambda-event block"
     headers = {"content-type": "application/json", "fusee-signature": vector["header"].split(": ", 1)[1]}
     assert lambda_client.event(headers, vector["body"].encode()).decode() == block.group(1)
-
-
-def endpoints(*argv: str) -> list[endpoint_settings.Endpoint]:
-    parser = argparse.ArgumentParser(allow_abbrev=False)
-    endpoint_settings.add_arguments(parser)
-    return endpoint_settings.from_args(parser.parse_args(list(argv)))
 
 
 def test_the_region_comes_from_the_option_the_arn_or_the_environment(
@@ -304,7 +286,7 @@ async def test_workflows_run_on_the_function_and_a_sleep_invokes_it_again(cloud:
     began = time.time()
     nap = await client.start("sleeper", "nap", 1.5)
     assert [len(await run.result()) for run in runs] == [3] * 8
-    await until(lambda: held_by_nobody(server), timeout=5)  # nothing runs while it sleeps
+    await eventually(lambda: held_by_nobody(server), timeout=5, every=0.05)  # nothing runs while it sleeps
     woke = await nap.result()
     assert 1.5 <= woke - began < 2.5, woke - began
     after = (await quiet(client))["endpoints"][0]  # the sleeper's invocation answered
@@ -322,7 +304,7 @@ async def test_a_throttle_and_a_function_error_show_in_the_metrics_and_the_work_
     cloud.faults(throttle=2, retryAfter="2")
     server = cloud.start_server(f"lambda:{cloud.arn}:$LATEST")
     client = await cloud.client()
-    throttled = await until(lambda: _counted(client, "throttled", 2))
+    throttled = await eventually(lambda: _counted(client, "throttled", 2), timeout=30.0, every=0.05)
     server.wait_for(
         r"lambda:arn:aws:lambda:us-east-1:\d+:function:fusee-worker:\$LATEST throttled invocations \(429\)"
     )
@@ -367,7 +349,7 @@ async def test_a_function_slower_than_budget_and_grace_times_out_and_the_work_fi
     config.write_text(json.dumps({"endpoints": [endpoint_config]}))
     server = cloud.start_server(None, "--invoke-config", str(config))
     client = await cloud.client()
-    timed_out = await until(lambda: _counted(client, "timedOut", 1))
+    timed_out = await eventually(lambda: _counted(client, "timedOut", 1), timeout=30.0, every=0.05)
     assert timed_out["failed"] == timed_out["throttled"] == 0, timed_out
     server.wait_for(
         r"to lambda:fusee-worker failed: no answer within the budget and the grace \(1000 \+ 500 ms\)"

@@ -12,7 +12,7 @@ import pytest
 from fusee.invoke import Invocation, InvocationHandler
 from fusee.invoke._request import RequestError, decode
 from fusee.protocol.signature import sign
-from tests.invoke.procs import SECRET, Listener
+from tests.support.handlers import SECRET, Listener
 
 GOOD: dict[str, Any] = {
     "version": 1,

@@ -5,34 +5,18 @@ then connects: the counting listener sees it, closes it, and the answer is 502).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
-from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from fusee.invoke import InvocationHandler, invocation_handler
 from fusee.protocol import signature
+from fusee.testing import faults
 from tests.invoke import flows
-from tests.invoke.procs import SECRET, Listener
-from tests.invoke.test_entry_points import BODY
+from tests.support.handlers import BODY, SECRET, Listener, published_vector
 
-ROOT = Path(__file__).resolve().parents[2]
 NOW = 1_796_025_600_000  # the frozen clock, in unix ms
 KEY = SECRET.encode()
-
-
-def published_vector() -> dict[str, str]:
-    """The test vector's lines in docs/invoke.md (`name  value`, in its `vector` block)."""
-    text = (ROOT / "docs" / "invoke.md").read_text()
-    block = re.search(r"```text vector\n(.*?)```", text, re.S)
-    assert block, "docs/invoke.md has no ```text vector block"
-    fields: dict[str, str] = {}
-    for line in block.group(1).splitlines():
-        name, _, value = line.partition(" ")
-        fields[name] = value.strip()
-    return fields
 
 
 def test_the_published_test_vector_is_reproduced() -> None:
@@ -44,9 +28,9 @@ def test_the_published_test_vector_is_reproduced() -> None:
 
 
 @pytest.fixture(autouse=True)
-def frozen_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(signature, "time", SimpleNamespace(time=lambda: NOW / 1000))
-    yield
+def frozen_clock() -> Iterator[None]:
+    with faults.frozen_clock(signature, NOW):
+        yield
 
 
 def mac(t: int = NOW, body: bytes = BODY, key: bytes = KEY) -> str:

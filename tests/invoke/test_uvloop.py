@@ -17,9 +17,10 @@ import pytest
 import uvloop
 
 import fusee
-from tests.invoke.test_end_to_end import Cluster, held_by_nobody, metrics, quiet, sleeps_one_second, until
 from tests.server_mode.flows import WORKFLOWS
-from tests.server_mode.procs import Proc, Server, retry
+from tests.support.invoked import Cluster, held_by_nobody, metrics, quiet, sleeps_one_second
+from tests.support.procs import Proc, Server, retry
+from tests.support.waiting import eventually
 
 
 @pytest.fixture
@@ -61,7 +62,7 @@ async def test_the_handler_under_uvicorn_on_uvloop_runs_a_start_and_measures_its
         if (found := re.search(r"answered status=200 elapsed_ms=([\d.]+)", line))
     ]
     assert answered and all(ms > 0 for ms in answered), "\n".join(handler.lines[-40:])
-    await until(lambda: held_by_nobody(server), timeout=10)
+    await eventually(lambda: held_by_nobody(server), timeout=10, every=0.05)
     await client.close()
 
 
@@ -111,5 +112,5 @@ async def test_a_worker_and_a_client_on_a_uvloop_loop(procs, tmp_path):
         assert len(result) == 3 and all(value.startswith(f"{os.getpid()}:") for value in result), result
     assert got["listed"] == sorted(f"uv-{i}" for i in range(6))
     assert got["closed"] == [0, 1, 2, 3]
-    await until(lambda: held_by_nobody(server), timeout=5)
+    await eventually(lambda: held_by_nobody(server), timeout=5, every=0.05)
     assert server.stop() == 0

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
 
 import fusee
 from fusee import journal as R
@@ -33,6 +34,15 @@ from .workflows import CODE, LEDGER
 CALL_TIMEOUT_S = 2.0  # real time: every call the model makes answers well within it
 SHARDS = 4
 IDS = ("a", "b", "c", "d", "e")  # shards 3, 1, 3, 0, 2 of 4
+WIDS = st.sampled_from(IDS)
+POLICIES = st.fixed_dictionaries(
+    {},
+    optional={
+        "running": st.sampled_from(["fail", "use-existing", "terminate-existing"]),
+        "finished": st.sampled_from(["allow", "allow-if-failed", "refuse", "use-existing"]),
+    },
+)
+UPDATES = st.sampled_from(["ok", "ok", "step", "raise", "false", "str", "type"])
 
 # The "faulty" mode's faults (fusee/testing/faults.py): durable positions late (a few loop
 # turns, now and then a real sleep) and in bursts, slow reads, and now and then a fault that

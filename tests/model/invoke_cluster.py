@@ -15,13 +15,12 @@ import http.client
 import json
 import re
 import sys
-import time
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from tests.server_mode.procs import Proc, free_port
+from tests.support.procs import Proc, free_port
 
-from .server_cluster import PROBLEMS
+from .server_cluster import outputs, problems
 
 SECRET = "model-invoke-secret-0123456789abcdef"
 BUDGET_MS = 1_500  # an invocation with a gated step in flight ends with its budget
@@ -33,23 +32,7 @@ LEFT = re.compile(r"fusee invoke (\S+) \+[\d.]+ms left shard=(\d+) exit=(\S+)")
 REQUEST = re.compile(r"^request (\d+) (begin|end)")
 
 
-class Stamped(Proc):
-    """A process whose lines are also kept with the (monotonic) time they arrived."""
-
-    def __init__(self, args: list[str], env: dict[str, str]) -> None:
-        self.stamped: list[tuple[float, str]] = []
-        super().__init__(args, env)
-        self.pid = self.popen.pid
-
-    def _drain(self, stream: IO[str]) -> None:
-        for line in stream:
-            with self.changed:
-                self.lines.append(line.rstrip("\n"))
-                self.stamped.append((time.monotonic(), self.lines[-1]))
-                self.changed.notify_all()
-
-
-class Handler(Stamped):
+class Handler(Proc):
     def __init__(self, port: int, server: str, root: Path, secret: Path) -> None:
         args = [sys.executable, "-m", "uvicorn", "tests.model.invoke_handler_app:app"]
         args += ["--host", "127.0.0.1", "--port", str(port), "--no-access-log", "--loop", "asyncio"]
@@ -97,7 +80,7 @@ class Handler(Stamped):
             conn.close()
 
 
-class InvokeServer(Stamped):
+class InvokeServer(Proc):
     def __init__(self, dir: Path, config: Path, listen: str) -> None:
         args = [sys.executable, "-m", "fusee", "server", "--dir", str(dir), "--shards", "4"]
         # An invoked worker's lease lines are DEBUG (docs/server.md): held() reads them.
@@ -141,7 +124,7 @@ class InvokeCluster:
             "graceMs": GRACE_MS,
         }
         self.config.write_text(json.dumps({"endpoints": [endpoint]}))
-        self.gone: list[Stamped] = []  # killed processes, their pipes closed at the end
+        self.gone: list[Proc] = []  # killed processes, their pipes closed at the end
         self.valve_openings = 0
         self.handler = self._handler()  # first: the starting server invokes every shard
         self.server = InvokeServer(root / "server", self.config, self.host_port)
@@ -181,26 +164,13 @@ class InvokeCluster:
         self.valve_openings += 1
 
     def problems(self) -> list[str]:
-        out = []
-        for proc in [self.server, self.handler, *self.gone]:
-            for line in list(proc.lines):
-                if PROBLEMS.search(line):
-                    out.append(f"{proc.args[2:4]} pid {proc.popen.pid}: {line}")
-        return out
+        return problems([self.server, self.handler, *self.gone])
 
     def outputs(self) -> str:
-        parts = []
-        for proc in [self.server, self.handler]:
-            parts.append(f"--- {' '.join(proc.args[2:4])} pid {proc.popen.pid}:\n{proc.output()}")
-        return "\n".join(parts)
+        return outputs([self.server, self.handler])
 
     def close(self) -> None:
         for proc in [self.handler, self.server]:
-            if proc.popen.poll() is None:
-                try:
-                    proc.stop(10)
-                except AssertionError:
-                    pass  # killed instead (stop() did)
-            proc.close()
+            proc.end(timeout=10)  # killed if it does not stop
         for proc in self.gone:
             proc.close()

@@ -119,26 +119,6 @@ class InvokeCalls(ServerCalls):
         got: dict[str, Any] = await self.client.call("invocations", {})
         return got
 
-    async def retried(self, make: Callable[[], Awaitable[Any]]) -> Any:
-        """A read of the oracle, repeated through a failover (as in the server mode)."""
-        deadline = time.monotonic() + HEALTHY_TIMEOUT_S
-        while True:
-            error: object = None
-            if await self._connected():
-                try:
-                    return await asyncio.wait_for(make(), MOVE_TIMEOUT_S if self.moving else CALL_TIMEOUT_S)
-                except UNACKED as lost:
-                    error = lost
-                except TimeoutError:
-                    if not self.moving:
-                        raise Violation(
-                            "no-hang", f"a read did not answer within {CALL_TIMEOUT_S} s"
-                        ) from None
-                    error = "no answer"
-            if time.monotonic() > deadline:
-                raise Violation("progress", f"a read went unanswered for {HEALTHY_TIMEOUT_S} s: {error!r}")
-            await asyncio.sleep(0.05)
-
     async def state(self, wid: str) -> State:
         self.shard = self.client.shard_of(wid)
         return await super().state(wid)

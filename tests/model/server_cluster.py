@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.server_mode.procs import Proc, Server
+from tests.support.procs import Proc, Server
 
 WORKERS = 3  # two holders of two shards each, one standby
 MAX_SHARDS = 2
@@ -24,6 +24,23 @@ MAX_SHARDS = 2
 PROBLEMS = re.compile(r"Traceback|never retrieved|never awaited|CRITICAL|Fatal|panicked")
 
 
+def problems(procs: list[Proc]) -> list[str]:
+    """The lines of `procs` no run of the model should cause (PROBLEMS), each named."""
+    return [
+        f"{proc.args[2:4]} pid {proc.popen.pid}: {line}"
+        for proc in procs
+        for line in list(proc.lines)
+        if PROBLEMS.search(line)
+    ]
+
+
+def outputs(procs: list[Proc]) -> str:
+    """The last lines of each of `procs`, for a failure's report."""
+    return "\n".join(
+        f"--- {' '.join(proc.args[2:4])} pid {proc.popen.pid}:\n{proc.output()}" for proc in procs
+    )
+
+
 class ModelWorker(Proc):
     """A worker process; `ready` waits for its first engine."""
 
@@ -31,7 +48,6 @@ class ModelWorker(Proc):
         super().__init__(
             [sys.executable, "-m", "tests.model.server_worker", address, code], {"FUSEE_MODEL_DIR": str(dir)}
         )
-        self.pid = self.popen.pid
         self.stopped = False
 
     def ready(self) -> None:
@@ -135,30 +151,17 @@ class Cluster:
         self.valve_openings += 1
 
     def problems(self) -> list[str]:
-        out = []
-        for proc in [self.server, *self.workers, *self.gone]:
-            for line in list(proc.lines):
-                if PROBLEMS.search(line):
-                    out.append(f"{proc.args[2:4]} pid {proc.popen.pid}: {line}")
-        return out
+        return problems([self.server, *self.workers, *self.gone])
 
     def outputs(self) -> str:
-        parts = []
-        for proc in [self.server, *self.workers]:
-            parts.append(f"--- {' '.join(proc.args[2:4])} pid {proc.popen.pid}:\n{proc.output()}")
-        return "\n".join(parts)
+        return outputs([self.server, *self.workers])
 
     def close(self) -> None:
         for worker in self.workers:
             if worker.stopped:
                 worker.signal(signal.SIGCONT)
         for proc in [*self.workers, self.server]:
-            if proc.popen.poll() is None:
-                try:
-                    proc.stop(10)
-                except AssertionError:
-                    pass  # killed instead (stop() did)
-            proc.close()
+            proc.end(timeout=10)  # killed if it does not stop
         for proc in self.gone:
             proc.close()
 

@@ -31,8 +31,9 @@ from typing import Any
 
 import fusee
 from fusee import journal as R
-from fusee.engine import serve
+from fusee.engine import remote_calls
 from tests.model import workflows as W
+from tests.support.workers import print_shards
 
 TIMED_MS = 3_000  # model.timed's workflow timeout here (20 s in process, on a virtual clock)
 
@@ -138,19 +139,14 @@ def install() -> None:
     W._gated = _gated
     W._send_token = _send_token
     W.LEDGER.valve = FileValve()  # type: ignore[assignment]
-    serve.METHODS["model.journal"] = _journal
+    remote_calls.METHODS["model.journal"] = _journal
 
 
 async def watch(engine: fusee.Engine, stop: asyncio.Event) -> None:
     held: set[int] = set()
     storage = engine.storage
     while not stop.is_set() and getattr(storage, "lost", None) is None:
-        now = {s.index for s in engine.shards}
-        for index in sorted(now - held):
-            print("took", index, flush=True)
-        for index in sorted(held - now):
-            print("lost", index, flush=True)
-        held = now
+        held = print_shards(engine, held)
         try:
             await asyncio.wait_for(stop.wait(), 0.05)
         except TimeoutError:

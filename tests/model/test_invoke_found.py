@@ -11,15 +11,16 @@ from typing import Any
 from aiohttp import web
 
 import fusee
-from tests.server_mode.procs import Server
+from tests.support.invoked import Endpoint
+from tests.support.procs import Server
 
-from .invoke_cluster import SECRET, InvokeCluster, free_port
+from .invoke_cluster import SECRET, InvokeCluster
 from .workflows import Plan
 
 SHARDS = 4
 
 
-class FailingAtOnce:
+class FailingAtOnce(Endpoint):
     """An endpoint that holds every invocation until `count` are in flight, then fails
     them all at the same moment (as a handler instance that crashes with that many
     requests in flight), and answers 200 without doing anything afterwards."""
@@ -28,8 +29,7 @@ class FailingAtOnce:
         self.count = count
         self.arrived = 0
         self.all_in = asyncio.Event()
-        self.port = free_port()
-        self.runner: web.AppRunner | None = None
+        super().__init__()
 
     async def handle(self, request: web.Request) -> web.Response:
         await request.read()
@@ -40,17 +40,6 @@ class FailingAtOnce:
             self.all_in.set()
         await self.all_in.wait()
         return web.Response(status=500, text="crashed")
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/", self.handle)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
-
-    async def stop(self) -> None:
-        if self.runner is not None:
-            await self.runner.cleanup()
 
 
 async def _metrics(client: fusee.Client) -> dict[str, Any]:

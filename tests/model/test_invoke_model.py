@@ -1,5 +1,5 @@
 """The model test through invoked workers: seeded random sequences of the server mode's
-calls (test_server_model.py), made through a `fusee.Client` against a real `fusee
+calls (server_model.py), made through a `fusee.Client` against a real `fusee
 server` whose only workers are the invocations it POSTs to uvicorn serving
 `fusee.invocation_handler` (invoke_handler_app.py), with the handler SIGKILLed (between
 calls and mid-call) and budget expiries (a gated step outliving its invocation's budget)
@@ -30,11 +30,10 @@ from hypothesis import seed as use_seed
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test, invariant, rule
 
-from . import test_server_model as S
-from .harness import model_settings
+from . import server_model as S
+from .harness import WIDS, model_settings
 from .invoke_checks import check, check_settle
 from .invoke_harness import InvokeCalls
-from .test_model import WIDS
 
 DEFAULT_EXAMPLES, DEFAULT_STEPS, DEFAULT_SEED = 5, 15, 5
 SLOW_EXAMPLES, SLOW_STEPS = 40, 30

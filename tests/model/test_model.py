@@ -32,7 +32,7 @@ from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test, i
 
 from .calls import Calls
 from .checks import check, check_progress
-from .harness import FAULT_TOTALS, IDS, model_settings
+from .harness import FAULT_TOTALS, IDS, POLICIES, UPDATES, WIDS, model_settings
 from .known import AVOID
 
 # "faulty": memory storage whose durability comes a loop turn later, wrapped by
@@ -62,15 +62,6 @@ ITEMS = st.one_of(
     ),
 )
 PLANS = st.lists(ITEMS, min_size=1, max_size=6)
-WIDS = st.sampled_from(IDS)
-POLICIES = st.fixed_dictionaries(
-    {},
-    optional={
-        "running": st.sampled_from(["fail", "use-existing", "terminate-existing"]),
-        "finished": st.sampled_from(["allow", "allow-if-failed", "refuse", "use-existing"]),
-    },
-)
-UPDATES = st.sampled_from(["ok", "ok", "step", "raise", "false", "str", "type"])
 
 
 def avoid(plan: list[str]) -> list[str]:

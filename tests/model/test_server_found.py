@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 import fusee
-from fusee.engine import engine as engine_module
-from tests.server_mode.procs import Proc, Server
+from fusee.testing.faults import held_recovery
+from tests.support.procs import Proc, Server
 
 from .server_cluster import Cluster
 from .workflows import BUMP_STEP, CODE, GO, Plan
@@ -69,9 +69,7 @@ async def test_a_client_update_of_the_wrong_type_is_refused(cluster: Cluster) ->
     await client.close()
 
 
-async def test_a_call_to_a_worker_still_recovering_its_first_shards_waits(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_call_to_a_worker_still_recovering_its_first_shards_waits(tmp_path: Path) -> None:
     """A worker that connects is granted its shards at once and recovers them before its
     engine opens (at its start, and whenever it reconnects after the server restarted). A
     call the server relays to it meanwhile waits for the shard, as a call to a shard a
@@ -80,34 +78,25 @@ async def test_a_call_to_a_worker_still_recovering_its_first_shards_waits(
     "RejectedError: this process serves no calls"); fixed in 2bfdd24 (RemoteStorage holds
     the calls that arrive before the engine serves them)."""
     server = Server(tmp_path / "server", shards=1)
-    recovering = asyncio.Event()
-    release = asyncio.Event()
-    real = engine_module.recover
-
-    async def slow_recover(shard: Any) -> None:
-        recovering.set()
-        await release.wait()
-        await real(shard)
-
-    monkeypatch.setattr(engine_module, "recover", slow_recover)
-    opening = asyncio.ensure_future(
-        fusee.Engine.open(durability="server", address=server.address(), workflows=CODE["right"])
-    )
-    try:
-        await asyncio.wait_for(recovering.wait(), 10)
-        client = await fusee.Client.connect(server.address())
-        call = asyncio.ensure_future(client.run("nobody").describe())
-        await asyncio.sleep(0.2)
-        release.set()
-        with pytest.raises(fusee.NotFoundError):
-            await asyncio.wait_for(call, 10)
-        await client.close()
-    finally:
-        release.set()
-        engine = await opening
-        await engine.close()
-        server.stop()
-        server.close()
+    with held_recovery() as held:
+        opening = asyncio.ensure_future(
+            fusee.Engine.open(durability="server", address=server.address(), workflows=CODE["right"])
+        )
+        try:
+            await asyncio.wait_for(held.recovering.wait(), 10)
+            client = await fusee.Client.connect(server.address())
+            call = asyncio.ensure_future(client.run("nobody").describe())
+            await asyncio.sleep(0.2)
+            held.release()
+            with pytest.raises(fusee.NotFoundError):
+                await asyncio.wait_for(call, 10)
+            await client.close()
+        finally:
+            held.release()
+            engine = await opening
+            await engine.close()
+            server.stop()
+            server.close()
 
 
 # A worker for the test below: it stops its own process (SIGSTOP) right after it sent the

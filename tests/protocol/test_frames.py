@@ -43,6 +43,10 @@ def test_the_header_is_the_documented_sixteen_bytes():
     assert frames._crc(b"1234", b"56789") == 0xE3069283
 
 
+REFUSALS = ("magic", "flags", "checksum", "limit", "ended inside")
+"""What a FrameError names: the field that was wrong."""
+
+
 @pytest.mark.parametrize("index", range(HEADER_BYTES + 8))
 def test_any_flipped_byte_is_refused_naming_the_field(index: int):
     frame = bytearray(encode(Kind.PROOF, bytes(range(8))))
@@ -51,7 +55,7 @@ def test_any_flipped_byte_is_refused_naming_the_field(index: int):
     with pytest.raises(FrameError) as error:
         assert decoder.feed(bytes(frame)) == []  # a longer length waits for more bytes...
         decoder.finish()  # ...which never come
-    assert any(word in str(error.value) for word in ("magic", "flags", "checksum", "limit", "ended inside"))
+    assert any(word in str(error.value) for word in REFUSALS)
 
 
 def test_an_announced_length_over_the_limit_is_refused_before_its_payload_arrives():
@@ -68,15 +72,31 @@ def test_an_announced_length_over_the_limit_is_refused_before_its_payload_arrive
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.binary(max_size=200), st.integers(1, 64))
-def test_random_bytes_get_frames_or_frame_error_and_nothing_else(data: bytes, cut: int):
-    decoder = Decoder(limit=4096)
+@given(
+    st.lists(st.tuples(st.sampled_from(list(Kind)), st.binary(max_size=100)), max_size=3),
+    st.binary(max_size=200),
+    st.integers(1, 64),
+)
+def test_random_bytes_get_frames_or_frame_error_and_nothing_else(
+    frames_first: list[tuple[Kind, bytes]], data: bytes, cut: int
+):
+    """Real frames, then random bytes: whatever decodes is the stream's own bytes, frame by
+    frame (encoding the frames again gives the stream's beginning), the real frames first;
+    the rest waits in the buffer, or is refused naming the field that was wrong."""
+    sent = [Frame(kind, payload) for kind, payload in frames_first]
+    stream = b"".join(encode(f.kind, f.payload) for f in sent) + data
+    decoder, got = Decoder(limit=4096), []
     try:
-        for i in range(0, len(data), cut):
-            for frame in decoder.feed(data[i : i + cut]):
-                assert len(frame.payload) <= 4096
-    except FrameError:
-        pass
+        for i in range(0, len(stream), cut):
+            got += decoder.feed(stream[i : i + cut])
+    except FrameError as error:
+        assert any(word in str(error) for word in REFUSALS), error
+        assert got[: len(sent)] == sent[: len(got)]  # a frame cut by the refusal is not read
+    else:
+        assert got[: len(sent)] == sent
+        assert b"".join(encode(f.kind, f.payload, limit=4096) for f in got) + bytes(decoder.buffer) == stream
+    assert all(len(frame.payload) <= 4096 for frame in got)
+    assert stream.startswith(b"".join(encode(f.kind, f.payload, limit=4096) for f in got))
 
 
 def test_mutated_streams_of_real_frames_get_frame_error_or_the_frames_they_still_hold():

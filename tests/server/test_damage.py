@@ -301,7 +301,7 @@ def main() -> None:
     code = pytest.main([__file__, "-q", "-p", "no:cacheprovider"])
     if code != 0:
         sys.exit(code)
-    from tests import test_damage  # the module pytest ran (this one is __main__)
+    from tests.server import test_damage  # the module pytest ran (this one is __main__)
 
     rows: dict[tuple[str, str], dict[str, str]] = {}
     for (target, name, state), outcome in test_damage.OUTCOMES.items():

@@ -20,7 +20,7 @@ from fusee import journal as R
 from fusee.client import ClientRun
 from fusee.journal import Status
 from tests.server_mode.flows import WORKFLOWS, Order, Receipt, checkout, note, phase, review
-from tests.server_mode.procs import Server, Worker
+from tests.support.procs import Server, Worker
 
 Api = Any  # fusee.Engine or fusee.Client: the scenario does not know which
 

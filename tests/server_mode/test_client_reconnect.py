@@ -11,8 +11,8 @@ import pytest
 
 import fusee
 import fusee.sync
-from tests.conftest import eventually
-from tests.server_mode.procs import free_port
+from tests.support.procs import free_port
+from tests.support.waiting import eventually
 
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])

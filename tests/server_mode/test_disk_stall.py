@@ -15,7 +15,7 @@ import time
 import pytest
 
 import fusee
-from tests.server_mode.procs import Server, Worker
+from tests.support.procs import Server, Worker
 
 MARKER = "stall-marker-9d2e"  # in the stalled run's ID: its first write stalls
 SILENCE_S = 5.0  # the server's liveness limit (server/fusee_server/server.py)

@@ -8,26 +8,31 @@ import asyncio
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import fusee
-from tests.server_mode.procs import retry, steps_seen
+from tests.support.procs import retry, steps_seen
+from tests.support.waiting import eventually
 
 
-async def wait_until(check, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition never held"
-        await asyncio.sleep(0.02)
+def two_holders_and_a_standby(start_server: Any, start_worker: Any, steps: Path) -> tuple[Any, ...]:
+    """A server and three workers of at most two shards each: two hold 0-1 and 2-3, one
+    waits. The workers record their steps' results in `steps`."""
+    server = start_server()
+    workers = [start_worker(server.address(max_shards=2), steps_file=steps) for _ in range(3)]
+    return (server, *workers)
+
+
+def recorded_by(steps: Path, pid: str) -> int:
+    """How many step results the worker of process `pid` recorded."""
+    return sum(v.startswith(pid) for vs in steps_seen(steps).values() for v in vs)
 
 
 async def test_a_killed_holders_shards_move_to_the_standby_and_every_recorded_step_stands(
     start_server, start_worker, tmp_path: Path
 ):
     steps = tmp_path / "steps.txt"
-    server = start_server()
-    first = start_worker(server.address(max_shards=2), steps_file=steps)
-    second = start_worker(server.address(max_shards=2), steps_file=steps)
-    standby = start_worker(server.address(max_shards=2), steps_file=steps)
+    server, first, second, standby = two_holders_and_a_standby(start_server, start_worker, steps)
     assert first.initial == [0, 1] and second.initial == [2, 3] and standby.initial == []
     client = await fusee.Client.connect(server.address())
     ids = [f"job-{i}" for i in range(24)]
@@ -37,9 +42,9 @@ async def test_a_killed_holders_shards_move_to_the_standby_and_every_recorded_st
     assert on_first
     # Mid-step: the first worker has recorded some steps of its workflows, not all.
     pid = str(first.popen.pid)
-    await wait_until(lambda: sum(v.startswith(pid) for vs in steps_seen(steps).values() for v in vs) >= 10)
+    await eventually(lambda: recorded_by(steps, pid) >= 10, timeout=20.0, every=0.02)
     first.kill()
-    await wait_until(lambda: standby.held() == {0, 1})
+    await eventually(lambda: standby.held() == {0, 1}, timeout=20.0, every=0.02)
     results = {wid: await retry(lambda wid=wid: client.run(wid).result()) for wid in ids}
     seen = steps_seen(steps)
     for wid, result in results.items():
@@ -61,19 +66,16 @@ async def test_a_stopped_holder_loses_its_lease_after_five_seconds_and_writes_no
     start_server, start_worker, tmp_path: Path
 ):
     steps = tmp_path / "steps.txt"
-    server = start_server()
-    stalled = start_worker(server.address(max_shards=2), steps_file=steps)
-    other = start_worker(server.address(max_shards=2), steps_file=steps)
-    standby = start_worker(server.address(max_shards=2), steps_file=steps)
+    server, stalled, other, standby = two_holders_and_a_standby(start_server, start_worker, steps)
     client = await fusee.Client.connect(server.address())
     ids = [f"slow-{i}" for i in range(16)]
     for wid in ids:
         await client.start("steps", wid, 30)
     pid = str(stalled.popen.pid)
-    await wait_until(lambda: any(v.startswith(pid) for vs in steps_seen(steps).values() for v in vs))
+    await eventually(lambda: recorded_by(steps, pid) >= 1, timeout=20.0, every=0.02)
     stalled.signal(signal.SIGSTOP)
     stopped_at = time.monotonic()
-    await wait_until(lambda: standby.held() == {0, 1}, timeout=15)
+    await eventually(lambda: standby.held() == {0, 1}, timeout=15, every=0.02)
     assert time.monotonic() - stopped_at >= 4.5, "revoked only after five seconds of silence"
     server.wait_for(r"revoking its leases on shards \[0, 1\]: no byte from it")
     stalled.signal(signal.SIGCONT)
@@ -141,7 +143,7 @@ async def test_the_server_killed_under_load_and_restarted_loses_nothing_acknowle
             i += 1
 
     loading = asyncio.ensure_future(load())
-    await wait_until(lambda: len(acknowledged) >= 40)
+    await eventually(lambda: len(acknowledged) >= 40, timeout=20.0, every=0.02)
     server.kill()
     await asyncio.wait_for(loading, 10)
     await client.close()

@@ -6,15 +6,10 @@ workflows."""
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import ssl
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
@@ -24,10 +19,11 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 import fusee
-from tests.invoke.procs import SECRET, Uvicorn, environment
 from tests.server_mode import certs
-from tests.server_mode.procs import ROOT, Proc, Server, free_port, retry
-from tests.server_mode.test_security import token_file
+from tests.support.handlers import SECRET, Uvicorn
+from tests.support.procs import Proc, Server, environment, free_port, retry
+from tests.support.server_cli import base_url, get, start_fails, token_file
+from tests.support.waiting import eventually
 
 ENDPOINT_FAMILIES = {
     "fusee_invocations_sent": "counter",
@@ -61,37 +57,6 @@ SERVER_FAMILIES = {
 }
 
 
-def start_fails(tmp_path: Path, *args: str) -> str:
-    """`fusee server` with `args` exits 2 before serving; its output."""
-    done = subprocess.run(
-        [sys.executable, "-m", "fusee", "server", "--dir", str(tmp_path / "server"), *args],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    output = done.stdout + done.stderr
-    assert done.returncode == 2, output
-    assert ", ready" not in output and "metrics on" not in output and "Traceback" not in output, output
-    return output
-
-
-def base_url(server: Server) -> str:
-    """Where the server says it serves HTTP (its start line), without the path."""
-    found = server.wait_for(r"metrics on (https?://\S+)/metrics")
-    return found.group(1).replace("0.0.0.0", "127.0.0.1")
-
-
-async def get(
-    url: str, token: str | None = None, tls: ssl.SSLContext | None = None
-) -> tuple[int, dict[str, str], str]:
-    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
-    async with aiohttp.ClientSession() as session:
-        async with session.get(url, headers=headers, ssl=tls if tls is not None else True) as response:
-            return response.status, dict(response.headers), await response.text()
-
-
 async def scrape(server: Server, token: str | None = None) -> dict[str, Metric]:
     status, headers, body = await get(f"{base_url(server)}/metrics", token)
     assert status == 200, body
@@ -113,16 +78,6 @@ def value(families: dict[str, Metric], sample: str, **labels: str) -> float:
 
 def kinds(families: dict[str, Metric]) -> dict[str, str]:
     return {name: family.type for name, family in families.items()}
-
-
-async def until(check: Callable[[], Any], timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = await check()
-        if found:
-            return found
-        assert time.monotonic() < deadline, "condition never held"
-        await asyncio.sleep(0.05)
 
 
 # -- a server without endpoints ---------------------------------------------------------
@@ -207,7 +162,7 @@ async def test_http_off_loopback_warns_without_a_token(start_server, tmp_path, s
 
 @pytest.mark.parametrize("given", ["metrics", "127.0.0.1", "127.0.0.1:http", "127.0.0.1:65536", ":9090"])
 def test_a_wrong_http_value_fails_the_start_naming_it(tmp_path, given):
-    output = start_fails(tmp_path, "--listen", "127.0.0.1:0", "--http", given)
+    output = start_fails(tmp_path / "server", "--listen", "127.0.0.1:0", "--http", given)
     assert f"--http {given!r}" in output and "HOST:PORT" in output, output
 
 
@@ -216,7 +171,7 @@ def test_an_http_port_in_use_fails_the_start_naming_it(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        output = start_fails(tmp_path, "--listen", "127.0.0.1:0", "--http", f"127.0.0.1:{port}")
+        output = start_fails(tmp_path / "server", "--listen", "127.0.0.1:0", "--http", f"127.0.0.1:{port}")
     assert f"--http 127.0.0.1:{port}: Address already in use" in output, output
     # Checked with the other settings: before the directory opens or any listener is up.
     assert "listening on" not in output and not (tmp_path / "server").exists(), output
@@ -270,7 +225,7 @@ async def test_invocations_move_the_invoker_metrics(invoked):
         )
         return families if done else None
 
-    families = await until(settled)
+    families = await eventually(settled, timeout=20.0, every=0.05)
     assert (SERVER_FAMILIES | INVOKER_FAMILIES | ENDPOINT_FAMILIES).items() <= kinds(families).items()
     succeeded = value(families, "fusee_invocations_total", endpoint=endpoint, outcome="succeeded")
     assert succeeded >= 1

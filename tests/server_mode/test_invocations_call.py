@@ -11,7 +11,7 @@ import pytest
 import fusee
 import fusee.sync
 from fusee.protocol import messages as m
-from tests.server_mode.procs import free_port
+from tests.support.procs import free_port
 
 # Every Fusee server's names first, then this one's own (throttles, concurrency, lead,
 # p50; scheduled and overdue shards).

@@ -6,13 +6,9 @@ warns about exposed ones."""
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import secrets
 import socket
 import ssl
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,16 +20,10 @@ from fusee.protocol import handshake
 from fusee.protocol import messages as m
 from fusee.protocol.frames import Decoder, Frame, Kind, encode
 from tests.server_mode import certs
-from tests.server_mode.procs import ROOT, Server
+from tests.support.procs import Server
+from tests.support.server_cli import start_fails, token_file
 
 EXPOSED = "without a token or TLS"
-
-
-def token_file(dir: Path, name: str = "token", mode: int = 0o600, token: str | None = None) -> str:
-    path = dir / name
-    path.write_text((token or secrets.token_hex(32)) + "\n")
-    path.chmod(mode)
-    return str(path)
 
 
 async def closed(client: fusee.Client) -> None:
@@ -341,25 +331,9 @@ async def test_a_token_file_others_can_read_is_warned_about(start_server, tmp_pa
     await assert_serving(server, token_file=token)
 
 
-def start_fails(tmp_path: Path, *args: str) -> str:
-    """`fusee server` with `args` exits 2 before serving; its output."""
-    done = subprocess.run(
-        [sys.executable, "-m", "fusee", "server", "--dir", str(tmp_path / "server"), *args],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    output = done.stdout + done.stderr
-    assert done.returncode == 2, output
-    assert "ready" not in output and "Traceback" not in output, output
-    return output
-
-
 def test_a_short_token_fails_the_start(tmp_path):
     token = token_file(tmp_path, token="fifteen-bytes!!")
-    output = start_fails(tmp_path, "--listen", "127.0.0.1:0", "--token-file", token)
+    output = start_fails(tmp_path / "server", "--listen", "127.0.0.1:0", "--token-file", token)
     assert "--token-file" in output and "16" in output
 
 
@@ -379,7 +353,7 @@ def test_a_short_token_fails_the_start(tmp_path):
 )
 def test_a_wrong_setting_fails_the_start_naming_it(tmp_path, tls, args, named):
     paths = {"cert": tls.server.cert, "key": tls.server.key, "ca": tls.ca, "missing": tmp_path / "none"}
-    output = start_fails(tmp_path, *(arg.format(**paths) for arg in args))
+    output = start_fails(tmp_path / "server", *(arg.format(**paths) for arg in args))
     assert re.search(re.escape(named) + r"\b", output), output
 
 

@@ -9,7 +9,7 @@ import pytest
 import fusee
 import fusee.sync
 from tests.server_mode.flows import WORKFLOWS
-from tests.server_mode.procs import listed, retry
+from tests.support.procs import listed, retry
 
 
 async def test_a_worker_runs_what_a_client_starts(start_server, start_worker):

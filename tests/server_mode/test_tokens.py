@@ -17,9 +17,8 @@ import fusee
 from fusee.protocol import messages as m
 from fusee.protocol.address import parse
 from fusee.protocol.connection import connect
-from tests.server_mode.procs import Server
-from tests.server_mode.test_http_api import base_url, get, start_fails
-from tests.server_mode.test_security import token_file
+from tests.support.procs import Server
+from tests.support.server_cli import base_url, get, start_fails, token_file
 
 
 @fusee.workflow("tokens-echo")
@@ -153,5 +152,5 @@ async def test_a_client_or_read_token_sending_a_workers_frame_is_closed(start_se
     ids=["client-alone", "read-alone", "client-is-worker", "read-is-worker", "read-missing"],
 )
 def test_a_wrong_token_setting_fails_the_start_naming_it(tmp_path, tokens, build, named):
-    output = start_fails(tmp_path, "--listen", "127.0.0.1:0", *build(tokens))
+    output = start_fails(tmp_path / "server", "--listen", "127.0.0.1:0", *build(tokens))
     assert named in output, output

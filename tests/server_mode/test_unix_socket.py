@@ -9,15 +9,13 @@ import contextlib
 import os
 import socket
 import stat
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import fusee
-from tests.server_mode.procs import ROOT
+from tests.support.server_cli import start_fails
 
 
 @pytest.fixture
@@ -41,23 +39,6 @@ def umask(mask: int) -> Iterator[None]:
         os.umask(previous)
 
 
-def start_fails(dir: Path, sock: Path, *extra: str) -> str:
-    """`fusee server --unix sock` exits 2 before serving; its output."""
-    args = [sys.executable, "-m", "fusee", "server", "--dir", str(dir), "--unix", str(sock), *extra]
-    done = subprocess.run(
-        args,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=20,
-    )
-    output = done.stdout + done.stderr
-    assert done.returncode == 2, output
-    assert "ready" not in output and "Traceback" not in output, output
-    return output
-
-
 @pytest.mark.parametrize(("extra", "mode"), [((), 0o600), (("--unix-mode", "660"), 0o660)])
 async def test_the_socket_has_its_own_mode_whatever_the_umask(start_server, where, extra, mode):
     with umask(0o000):
@@ -76,7 +57,7 @@ async def test_the_socket_has_its_own_mode_whatever_the_umask(start_server, wher
 
 def test_a_file_at_the_path_is_not_removed(tmp_path, where):
     where.write_text("someone's data\n")
-    output = start_fails(tmp_path / "server", where)
+    output = start_fails(tmp_path / "server", "--unix", str(where))
     assert "--unix" in output and "not a socket" in output
     assert where.read_text() == "someone's data\n"
 
@@ -84,7 +65,7 @@ def test_a_file_at_the_path_is_not_removed(tmp_path, where):
 def test_a_live_servers_socket_is_not_taken(start_server, tmp_path, where):
     first = start_server("--unix", str(where), listen="")
     inode = os.stat(where).st_ino
-    output = start_fails(tmp_path / "second", where)
+    output = start_fails(tmp_path / "second", "--unix", str(where))
     assert "--unix" in output and "listens" in output
     assert os.stat(where).st_ino == inode  # still the first server's socket
     assert first.popen.poll() is None
@@ -102,5 +83,5 @@ async def test_a_stale_socket_is_replaced(start_server, where):
 
 @pytest.mark.parametrize("mode", ["999", "rw", "1777", "0"])
 def test_a_wrong_mode_fails_the_start_naming_it(tmp_path, where, mode):
-    output = start_fails(tmp_path / "server", where, "--unix-mode", mode)
+    output = start_fails(tmp_path / "server", "--unix", str(where), "--unix-mode", mode)
     assert f"--unix-mode {mode}:" in output and "octal" in output, output

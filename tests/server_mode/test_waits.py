@@ -12,8 +12,8 @@ import time
 import pytest
 
 import fusee
-from tests.conftest import eventually
-from tests.engine.test_waits import HeldRead, napper, parked_ref
+from tests.support.engine_kit import HeldRead, napper, parked_ref
+from tests.support.waiting import eventually
 
 RUNS = 300
 

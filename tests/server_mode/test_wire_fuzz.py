@@ -34,7 +34,7 @@ from fusee.protocol.frames import (
     Kind,
     encode,
 )
-from tests.server_mode.procs import Server
+from tests.support.procs import Server
 
 SEED = int(os.environ.get("FUSEE_FUZZ_SEED") or secrets.randbits(32))
 CONNECTIONS = int(os.environ.get("FUSEE_FUZZ_CONNECTIONS") or 300)

@@ -11,15 +11,14 @@ import re
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import fusee
-from fusee.engine import engine as engine_module
-from tests.conftest import eventually
+from fusee.testing.faults import held_recovery
 from tests.server_mode.flows import WORKFLOWS
-from tests.server_mode.procs import Server, free_port, retry
+from tests.support.procs import Server, free_port, retry
+from tests.support.waiting import eventually
 
 ALL = {0, 1, 2, 3}
 BACK_WITHIN_S = 2.0  # from the restarted server's "ready" to the worker holding every shard
@@ -75,15 +74,15 @@ async def test_a_worker_and_a_client_outlive_server_restarts_under_load(
     try:
         for n in range(restarts):
             before = len(started)
-            await eventually(lambda before=before: len(started) >= before + 20, timeout_s=15)
+            await eventually(lambda before=before: len(started) >= before + 20, timeout=15)
             mark = len(worker.lines)
             await _stop(server, n)
             server, ready_at = await _restart(start_server, data, listen)
             await eventually(
                 lambda mark=mark: any(line == "reconnected" for line in worker.lines[mark:]),
-                timeout_s=BACK_WITHIN_S + 3,
+                timeout=BACK_WITHIN_S + 3,
             )
-            await eventually(lambda: worker.held() == ALL, timeout_s=BACK_WITHIN_S + 3)
+            await eventually(lambda: worker.held() == ALL, timeout=BACK_WITHIN_S + 3)
             back_s = time.monotonic() - ready_at
             assert back_s < BACK_WITHIN_S, f"restart {n + 1}: shards back after {back_s:.2f} s"
             # Under new epochs, granted by the restarted server.
@@ -122,7 +121,7 @@ async def test_calls_to_a_disconnected_worker_engine_are_retriable_and_a_close_s
         with pytest.raises(RETRIABLE, match="retry"):
             await engine.start("steps", "meanwhile", 1)
         server, _ = await _restart(start_server, data, listen, shards=1)
-        await eventually(lambda: [s.index for s in engine.shards] == [0], timeout_s=5)
+        await eventually(lambda: [s.index for s in engine.shards] == [0], timeout=5)
         assert len(await engine.run("before").result()) == 1
         assert len(await (await engine.start("steps", "after", 1)).result()) == 1
         await asyncio.to_thread(server.kill)
@@ -136,7 +135,7 @@ async def test_calls_to_a_disconnected_worker_engine_are_retriable_and_a_close_s
 
 
 async def test_a_shard_whose_attach_the_lost_connection_cut_short_is_attached_under_the_next_one(
-    start_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    start_server, tmp_path: Path
 ) -> None:
     """The connection goes while the engine recovers a shard it was granted, and the next
     connection grants the shard again before that recovery ends: the stale attach must
@@ -144,28 +143,19 @@ async def test_a_shard_whose_attach_the_lost_connection_cut_short_is_attached_un
     data, listen = tmp_path / "server", f"127.0.0.1:{free_port()}"
     server = start_server(dir=data, listen=listen, shards=1)
     engine = await fusee.Engine.open(durability="server", address=server.address(), workflows=WORKFLOWS)
-    recovering, release = asyncio.Event(), asyncio.Event()
-    real = engine_module.recover
-
-    async def held_recover(shard: Any) -> None:
-        if not release.is_set():
-            recovering.set()
-            await release.wait()
-        await real(shard)
-
-    monkeypatch.setattr(engine_module, "recover", held_recover)
-    try:
-        await asyncio.to_thread(server.kill)
-        server, _ = await _restart(start_server, data, listen, shards=1)
-        await asyncio.wait_for(recovering.wait(), 10)  # the attach under the second connection
-        await asyncio.to_thread(server.kill)
-        server, _ = await _restart(start_server, data, listen, shards=1)
-        await eventually(lambda: engine.storage.connections == 3 and 0 in engine.storage.granted)  # type: ignore[attr-defined]
-        release.set()
-        await eventually(
-            lambda: [s.index for s in engine.shards] == [0] and engine.shards[0].stop_error is None
-        )
-        assert len(await (await engine.start("steps", "after", 1)).result()) == 1
-    finally:
-        release.set()
-        await engine.close()
+    with held_recovery() as held:
+        try:
+            await asyncio.to_thread(server.kill)
+            server, _ = await _restart(start_server, data, listen, shards=1)
+            await asyncio.wait_for(held.recovering.wait(), 10)  # the attach under the second connection
+            await asyncio.to_thread(server.kill)
+            server, _ = await _restart(start_server, data, listen, shards=1)
+            await eventually(lambda: engine.storage.connections == 3 and 0 in engine.storage.granted)  # type: ignore[attr-defined]
+            held.release()
+            await eventually(
+                lambda: [s.index for s in engine.shards] == [0] and engine.shards[0].stop_error is None
+            )
+            assert len(await (await engine.start("steps", "after", 1)).result()) == 1
+        finally:
+            held.release()
+            await engine.close()

@@ -13,6 +13,7 @@ import sys
 
 import fusee
 from tests.server_mode.flows import WORKFLOWS
+from tests.support.workers import print_shards
 
 
 async def serve(engine: fusee.Engine, stop: asyncio.Event) -> None:
@@ -24,12 +25,7 @@ async def serve(engine: fusee.Engine, stop: asyncio.Event) -> None:
             connections = getattr(storage, "connections", 1)
             print("reconnected", flush=True)
             held = set()  # what it holds now is printed as taken, under the new connection
-        now = {s.index for s in engine.shards}
-        for index in sorted(now - held):
-            print("took", index, flush=True)
-        for index in sorted(held - now):
-            print("lost", index, flush=True)
-        held = now
+        held = print_shards(engine, held)
         try:
             await asyncio.wait_for(stop.wait(), 0.05)
         except TimeoutError:

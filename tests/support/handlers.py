@@ -5,28 +5,66 @@
 - `Uvicorn`: `uvicorn handlers.asgi:app` as its own process, configured by environment;
 - `RuntimeApi` and `LambdaRuntime`: the Lambda Runtime API (the edge we fake: AWS's
   side of it) and the real runtime interface client (`python -m awslambdaric`) running
-  `handlers.aws_lambda.handler` against it.
+  `handlers.aws_lambda.handler` against it;
+- `in_thread`: a call on a thread (and event loop) of its own, as a server runs a handler.
 """
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
-import os
 import queue
 import re
 import socket
-import subprocess
 import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.procs import ROOT, Proc
+
 SECRET = "invoke-tests-secret-0123456789abcdef"
+
+BODY = json.dumps(
+    {
+        "version": 1,
+        "invocation": "8f3c0e5a1b2d4c6e",
+        "shards": [2, 5],
+        "budgetMs": 60000,
+        "reasons": ["call"],
+    },
+    separators=(",", ":"),
+).encode()
+"""A valid invocation's body."""
+
+REGION = "us-east-1"
+FUNCTION = "fusee-worker"
+# Fake credentials for moto: none of the developer's real ones reach it, or AWS.
+AWS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": REGION,
+    "AWS_CONFIG_FILE": "/dev/null",
+    "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+}
+
+Post = Callable[[dict[str, str], bytes], tuple[int, Any]]
+
+
+@dataclass
+class Entry:
+    """One way into the handler (tests/invoke/conftest.py's `entry`): `post(headers, body)`
+    is its (status, decoded JSON body)."""
+
+    name: str
+    post: Post
 
 
 class Listener:
@@ -97,58 +135,7 @@ class Listener:
                 time.sleep(0.002)
 
 
-def environment(**settings: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FUSEE_")}
-    env["PYTHONPATH"] = str(ROOT)
-    env.update(settings)
-    return env
-
-
-class Process:
-    def __init__(self, args: list[str], env: dict[str, str], cwd: Path = ROOT) -> None:
-        self.lines: list[str] = []
-        self.changed = threading.Condition()
-        self.popen = subprocess.Popen(
-            args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        assert self.popen.stdout is not None
-        self.drain = threading.Thread(target=self._drain, args=(self.popen.stdout,), daemon=True)
-        self.drain.start()
-
-    def _drain(self, stream: IO[str]) -> None:
-        for line in stream:
-            with self.changed:
-                self.lines.append(line.rstrip("\n"))
-                self.changed.notify_all()
-
-    def wait_for(self, pattern: str, timeout: float = 20.0) -> re.Match[str]:
-        compiled = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        with self.changed:
-            while True:
-                for line in self.lines:
-                    if found := compiled.search(line):
-                        return found
-                if time.monotonic() > deadline or (
-                    self.popen.poll() is not None and not self.drain.is_alive()
-                ):
-                    raise AssertionError(f"no line matching {pattern!r}:\n" + "\n".join(self.lines[-40:]))
-                self.changed.wait(0.1)
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.terminate()
-            try:
-                self.popen.wait(10)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(10)
-        self.drain.join(5)
-        if self.popen.stdout is not None:
-            self.popen.stdout.close()
-
-
-class Uvicorn(Process):
+class Uvicorn(Proc):
     """`uvicorn handlers.asgi:app` (or another `app`) on a port of its choosing, on `loop`
     (pinned: with uvloop installed, uvicorn's default would pick it; test_uvloop.py asks
     for it), started in `cwd`."""
@@ -158,7 +145,7 @@ class Uvicorn(Process):
     ) -> None:
         args = [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", "0"]
         args += ["--loop", loop]
-        super().__init__(args, env, cwd)
+        super().__init__(args, env, inherit=False, cwd=cwd)
         self.port = int(self.wait_for(r"Uvicorn running on http://127\.0\.0\.1:(\d+)").group(1))
 
     def request(
@@ -254,7 +241,7 @@ class RuntimeApi:
         self.server.server_close()
 
 
-class LambdaRuntime(Process):
+class LambdaRuntime(Proc):
     """`python -m awslambdaric handlers.aws_lambda.handler`, as a Lambda container runs it."""
 
     def __init__(self, api: RuntimeApi, env: dict[str, str]) -> None:
@@ -267,4 +254,45 @@ class LambdaRuntime(Process):
             "AWS_REGION": "eu-west-1",
             "LAMBDA_TASK_ROOT": str(ROOT),
         }
-        super().__init__([sys.executable, "-m", "awslambdaric", "handlers.aws_lambda.handler"], env)
+        super().__init__(
+            [sys.executable, "-m", "awslambdaric", "handlers.aws_lambda.handler"], env, inherit=False
+        )
+
+
+def in_thread(call: Callable[[], Any]) -> Any:
+    """Run `call` on a thread of its own (its own event loop, closed after), as a server or
+    the Lambda runtime would: the test's thread keeps no loop of the handler's."""
+    result: list[Any] = []
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(call())
+        except BaseException as exc:  # noqa: BLE001  re-raised on the test's thread
+            error.append(exc)
+        finally:
+            try:
+                loop = asyncio.get_event_loop()
+            except RuntimeError:
+                return
+            loop.close()
+            asyncio.set_event_loop(None)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(60)
+    if error:
+        raise error[0]
+    return result[0]
+
+
+def published_vector() -> dict[str, str]:
+    """The test vector's lines in docs/invoke.md (`name  value`, in its `vector` block)."""
+    text = (ROOT / "docs" / "invoke.md").read_text()
+    block = re.search(r"```text vector\n(.*?)```", text, re.S)
+    assert block, "docs/invoke.md has no ```text vector block"
+    fields: dict[str, str] = {}
+    for line in block.group(1).splitlines():
+        name, _, value = line.partition(" ")
+        fields[name] = value.strip()
+    return fields
