@@ -18,39 +18,27 @@ import pytest
 from aiohttp import web
 
 from fusee.invoke import invocation_handler
-from tests.invoke.test_end_to_end import SECRET, Cluster, held_by_nobody, quiet, until
 from tests.server_mode import flows
-from tests.server_mode.procs import Proc
+from tests.support.invoked import SECRET, Cluster, Endpoint, held_by_nobody, quiet
+from tests.support.procs import Proc
+from tests.support.waiting import eventually
 
 SLEEPERS = 20
 
 
-class InProcess:
-    """The handler, served by aiohttp on the cluster's handler port, in this process."""
+class InProcess(Endpoint):
+    """The handler, served on the cluster's handler port, in this process."""
 
     def __init__(self, cluster: Cluster) -> None:
+        super().__init__()
+        self.port = cluster.handler_port
         self.handler = invocation_handler(
             f"127.0.0.1:{cluster.port}", workflows=flows.WORKFLOWS, secret=SECRET, trace=False
         )
-        self.port = cluster.handler_port
-        self.runner: web.AppRunner | None = None
-        self.answered = 0
 
     async def handle(self, request: web.Request) -> web.Response:
         status, headers, body = await self.handler.invoke(list(request.headers.items()), await request.read())
-        self.answered += 1
         return web.Response(status=status, body=body, headers=dict(headers))
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/{path:.*}", self.handle)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
-
-    async def stop(self) -> None:
-        if self.runner is not None:
-            await self.runner.cleanup()
 
 
 class Destroyed(logging.Handler):
@@ -104,7 +92,7 @@ async def test_an_invocation_ending_with_results_waiting_leaves_no_task_pending(
         # Asked at once, while the start's invocation holds the shards: each waits there,
         # and is answered MOVED_WAITING when the invocation lets its shard go.
         results = [asyncio.ensure_future(run.result()) for run in runs]
-        await until(lambda: held_by_nobody(server), timeout=5)  # the invocations are over
+        await eventually(lambda: held_by_nobody(server), timeout=5, every=0.05)  # the invocations are over
         assert not any(result.done() for result in results)
         await asyncio.sleep(0.05)  # what the invocation cancelled has run its cancellation
         left = engine_tasks()
@@ -113,7 +101,7 @@ async def test_an_invocation_ending_with_results_waiting_leaves_no_task_pending(
         assert not destroyed.found, destroyed.found
         woke = await asyncio.gather(*results)
         assert len(woke) == SLEEPERS
-        await until(lambda: held_by_nobody(server), timeout=5)
+        await eventually(lambda: held_by_nobody(server), timeout=5, every=0.05)
         await asyncio.sleep(0.05)
         left = engine_tasks()
         assert not left, [task.get_coro() for task in left]
