@@ -26,6 +26,8 @@ from typing import Any
 
 import pytest
 
+from tests.crash.lines import whole_lines
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -43,7 +45,8 @@ def lines(prefix: Path, kind: str, fields: int = 4) -> list[list[str]]:
     path = Path(f"{prefix}.{kind}")
     if not path.exists():
         return []
-    return [line.split(" ", fields - 1) for line in path.read_text().splitlines() if line]
+    # Only lines written in full: a kill can cut the child's last write short.
+    return [line.split(" ", fields - 1) for line in whole_lines(path.read_text())]
 
 
 def stderr_of(prefix: Path) -> str:
