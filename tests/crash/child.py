@@ -1,7 +1,8 @@
 """The process the crash tests kill: it runs workflows in local mode whose steps leave
 effects in a file outside Fusee, and records what it observed.
 
-Files it appends to (one line per event, O_APPEND writes, which a SIGKILL does not undo):
+Files it appends to (one line per event, O_APPEND writes, which a SIGKILL does not undo;
+each line ends with `lines.END`, so that one a kill cut short is told apart):
 - effects:  `effect <step key> <value> <pid>` each time a step's function runs;
 - acks:     `started <id>` once a start was acknowledged (the call returned);
 - observed: `observed <id> <step> <value>` for every recorded step result it finds at
@@ -29,6 +30,7 @@ from typing import Any
 
 import fusee
 from fusee import journal as R
+from tests.crash.lines import END, whole_lines
 
 PID = os.getpid()
 files: dict[str, int] = {}
@@ -38,7 +40,7 @@ mode = "plain"
 
 
 def emit(kind: str, line: str) -> None:
-    os.write(files[kind], f"{line}\n".encode())
+    os.write(files[kind], f"{line}{END}\n".encode())
 
 
 def effect(s: fusee.StepContext) -> str:
@@ -81,7 +83,7 @@ async def open_engine(args: argparse.Namespace) -> fusee.Engine:
 
 
 def acked_ids(prefix: str) -> list[str]:
-    acks = Path(f"{prefix}.acks").read_text().splitlines()
+    acks = whole_lines(Path(f"{prefix}.acks").read_text())
     return list(dict.fromkeys(line.split()[1] for line in acks if line.startswith("started ")))
 
 
@@ -98,6 +100,7 @@ async def main() -> None:
     mode = "churn" if args.churn else "plain"
     for kind in ("effects", "acks", "observed", "results"):
         files[kind] = os.open(f"{args.prefix}.{kind}", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.write(files[kind], b"\n")  # ends a line the last life's kill cut short
     while True:
         engine = await open_engine(args)
         await observe(engine)
