@@ -542,6 +542,19 @@ class Shard:
 
     async def checkpoint(self, *, wait: bool = False) -> None:
         await checkpoints.take(self, wait=wait)
+        if (
+            not self.ticking
+            and not self.runs
+            and not self.outbox.pending
+            and not self.closed
+            and not self.checkpointing
+            and self.appended > self.checkpoint_position
+        ):
+            # The last runs parked while this checkpoint was under way: the sweep that saw
+            # them go found it running and took none, and no tick comes again, so the
+            # shard would stay behind its log (more replay at the next open, a retirement
+            # held back, a caller of wait-for-checkpoint waiting forever).
+            self.spawn(self.checkpoint())
 
     async def close(self, deadline: float | None = None, *, budget_ended: bool = False) -> IdleReport:
         """Let go of the shard: flush, then checkpoint, then release it, and say how it was
