@@ -41,14 +41,15 @@ impl WritePath {
 
 static SAID_PATH: AtomicBool = AtomicBool::new(false);
 
-/// Once a process: which path its log writes take, and why not io_uring.
+/// Once a process, and only when the ring is not had: that the log's writes go through
+/// the writer thread, and why (the usual path says nothing: embedded local mode is a
+/// library, and a library does not write to a program's standard error for news;
+/// `Log.write_path` tells a program that asks).
 fn say_path(why_not_ring: Option<&str>) {
-    if SAID_PATH.swap(true, Ordering::Relaxed) {
-        return;
-    }
-    match why_not_ring {
-        None => eprintln!("fusee: the log's writes are submitted from the event loop through io_uring"),
-        Some(why) => eprintln!("fusee: the log's writes go through a writer thread (not io_uring: {why})"),
+    if let Some(why) = why_not_ring {
+        if !SAID_PATH.swap(true, Ordering::Relaxed) {
+            eprintln!("fusee: the log's writes go through a writer thread (not io_uring: {why})");
+        }
     }
 }
 
