@@ -42,6 +42,7 @@ class DurabilityHost(Protocol):
     @property
     def engine(self) -> Watchers: ...
     def check(self) -> None: ...
+    def stopped_error(self) -> FuseeError: ...
     def stop(self, error: FuseeError) -> None: ...
     def fail(self, exc: BaseException, why: str = ...) -> None: ...
 
@@ -140,6 +141,11 @@ class Durability:
         if self.durable >= lsn:
             return
         self.shard.check()
+        if self.shard.closed:
+            # Let go of (a close or a drop): nothing is flushed any more, so the gate would
+            # never open; a remote call that recorded this late is answered Moved, its
+            # record never sent (Shard.close).
+            raise self.shard.stopped_error()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.waiting.add(fut)
 

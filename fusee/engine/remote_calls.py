@@ -210,6 +210,15 @@ class CallServer:
                 answer = self._moved(call)
             else:
                 answer = m.Answer(call.rid, b"", errors.ConnectionError.code, f"{error}; retry")
+        except errors.ConnectionError as error:
+            # A shard let go of past its close's deadline, with records not known durable
+            # (Shard.close): a call that may have acted fails retriable, as at a crash; a
+            # read is asked again of the next holder.
+            answer = (
+                self._moved(call)
+                if call.shard >= 0 and call.method in READS
+                else m.Answer(call.rid, b"", error.code, error.message)
+            )
         except _FailureError as error:
             cause = _encode(error.cause) if error.cause is not None else b""
             answer = m.Answer(call.rid, cause, error.code, error.message)
@@ -334,6 +343,9 @@ async def _list(engine: ServedEngine, a: dict[str, Any]) -> Any:
 # Calls that wait for the run rather than act on it: at a handback they are answered MOVED
 # and wait again at the next holder (an update's ID makes its second sending harmless).
 WAITS = frozenset({"result", "update"})
+
+# Calls that only read: routed on at a handback whatever happened, as asking twice is harmless.
+READS = frozenset({"query", "status", "describe"})
 
 METHODS: dict[str, Callable[[ServedEngine, dict[str, Any]], Awaitable[Any]]] = {
     "start": _start,
