@@ -5,11 +5,13 @@ shard's close and the server's durable answer (docs/server.md, *Calls at a handb
 The race (issue 17, item 2, seen under load as "9 recorded for 7 acknowledged"): the
 signal, accepted while its parked run was read back, outlived the wait the handback
 gives accepted calls; it recorded while the shard was closing, and the shard let go
-before that record was known durable. The call heard the shard's ClosedError, answered
-`Moved`: the server routed it to the next holder, which found the record in the log and
-recorded the signal a second time. Each test holds the parked run's read (the call is
-accepted and has not acted), and holds the server's durable answers on the worker's
-side (a loaded worker reads its socket late)."""
+before that record was known durable (or the close missed its deadline and dropped the
+shard). The call heard the shard's ClosedError and was answered `Moved`: the server
+routed it to the next holder, which recovered the record from the log and recorded the
+signal again (here, with no invoker, a `Moved` that comes while the release is on its way
+is answered NoHolder instead: either fails these tests). Each test holds the parked run's
+read (the call is accepted and has not acted), and holds the server's durable answers on
+the worker's side (a loaded worker reads its socket late)."""
 
 from __future__ import annotations
 
