@@ -81,17 +81,6 @@ class Callers:
         self.results.clear()
         self.updates.clear()
 
-    def fail_durable(self, error: FuseeError) -> None:
-        """Fail the callers waiting for a durable position with `error`, ahead of a drop
-        (`fail_all` tells the others why the shard let go): Shard.close past its deadline
-        says their calls may have taken effect."""
-        waiting = self.shard.durability.waiting
-        for fut in waiting:
-            if not fut.done():
-                fut.set_exception(error)
-                fut.exception()  # one nobody awaits any more must not be reported as unretrieved
-        waiting.clear()
-
     def refuse_updates(self, run: RunState) -> None:
         """The run ended: an update it had not answered never will be."""
         for key in [k for k in self.updates if k[0] == run.wid]:

@@ -54,6 +54,8 @@ class Durability:
         self.durable = 0  # the last position the store reported durable
         self.gates: deque[tuple[int, Callable[[], None]]] = deque()
         self.waiting: set[asyncio.Future[Any]] = set()  # what a stop fails
+        self.awaited: dict[asyncio.Future[None], int] = {}  # durable_at's callers: their positions
+        self.flushed = 0  # the last position handed to the store's flush (maybe written)
         self.flushing = False  # a flush is asked for and not yet reported
         self.appending = False  # inside the store's append (it may report from there)
 
@@ -86,6 +88,7 @@ class Durability:
         if self.shard.closed:
             self.flushing = False
             return
+        self.flushed = self.appended
         self.shard.store.flush()
 
     def on_durable(self, durable: int | BaseException) -> None:
@@ -111,6 +114,7 @@ class Durability:
                 shard.engine.activity.set()
             self.release()
             if self.durable < self.appended and not shard.closed:
+                self.flushed = self.appended
                 shard.store.flush()
             else:
                 self.flushing = False
@@ -148,14 +152,28 @@ class Durability:
             raise self.shard.stopped_error()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.waiting.add(fut)
+        self.awaited[fut] = lsn
 
         def release() -> None:
             self.waiting.discard(fut)
+            self.awaited.pop(fut, None)
             if not fut.done():
                 fut.set_result(None)
 
         self.gates.append((lsn, release))
         await fut
+
+    def fail_sent(self, error: FuseeError) -> None:
+        """Fail with `error` the callers waiting for a record handed to the store and not
+        reported durable, ahead of a drop: it may be written all the same (Shard.close
+        past its deadline). Those waiting for a record never handed to the store hear
+        why the shard let go (Callers.fail_all): it was not written."""
+        for fut, lsn in list(self.awaited.items()):
+            if lsn <= self.flushed and not fut.done():
+                fut.set_exception(error)
+                fut.exception()  # one nobody awaits any more must not be reported as unretrieved
+                self.waiting.discard(fut)
+                del self.awaited[fut]
 
     def release(self) -> None:
         """Run what waited for the durable position. Called from the store's report, which
