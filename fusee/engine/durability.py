@@ -56,6 +56,7 @@ class Durability:
         self.waiting: set[asyncio.Future[Any]] = set()  # what a stop fails
         self.awaited: dict[asyncio.Future[None], int] = {}  # durable_at's callers: their positions
         self.flushed = 0  # the last position handed to the store's flush (maybe written)
+        self.sealed = False  # closing: nothing more is handed to the store (Shard.close)
         self.flushing = False  # a flush is asked for and not yet reported
         self.appending = False  # inside the store's append (it may report from there)
 
@@ -85,7 +86,7 @@ class Durability:
             asyncio.get_running_loop().call_soon(self._start_flush)
 
     def _start_flush(self) -> None:
-        if self.shard.closed:
+        if self.shard.closed or self.sealed:
             self.flushing = False
             return
         self.flushed = self.appended
@@ -113,7 +114,7 @@ class Durability:
             if shard.engine.idle_waiters:
                 shard.engine.activity.set()
             self.release()
-            if self.durable < self.appended and not shard.closed:
+            if self.durable < self.appended and not shard.closed and not self.sealed:
                 self.flushed = self.appended
                 shard.store.flush()
             else:

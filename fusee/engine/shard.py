@@ -563,11 +563,13 @@ class Shard:
                 # written, and its record is sent. Let go with that record not yet known
                 # durable, the call would hear ClosedError and be answered Moved, and the
                 # next holder would act on it again beside the record in the log. So
-                # every record a caller waits for is durable before the shard goes (no
-                # await between this and `abandon`); what a call records after that is
-                # never sent (nothing is flushed once closed) and it hears ClosedError.
-                while self.durability.waiting and self.durable < self.appended:
-                    await self.durable_at(self.appended)
+                # nothing more is sent from here on, and a record a caller waits for that
+                # was sent is durable before the shard goes (no await between this and
+                # `abandon`); a call whose record was never sent hears ClosedError.
+                durability = self.durability
+                durability.sealed = True
+                if durability.awaited and self.durable < durability.flushed:
+                    await self.durable_at(durability.flushed)
         except TimeoutError:
             log.warning(
                 "shard %d: not flushed within its %.3f s deadline; let go as after a crash",
