@@ -10,7 +10,7 @@ accepted: a call failed back to its caller after its record was written would be
 twice when the caller retries as told. Calls that only wait (a result, an update's
 answer) are answered MOVED instead, and the server routes them to the shard's next
 holder; so is any call that arrives once the shard is leaving, and one that had not
-recorded when the shard went (the shard lets go only once the records calls wait for are
+recorded when the shard went (the shard lets go only once the sent records calls wait for are
 durable: Shard.close). A remote caller never sees the engine's own ClosedError
 (docs/server.md, *Calls at a handback*).
 """
