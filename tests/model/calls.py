@@ -633,5 +633,8 @@ class Calls(Harness):
         except fusee.ClosedError:
             pass
         except STOPPED:
-            if self.faulty is None:
-                raise  # (faulty storage: its shard stopped before the crash; not acknowledged)
+            # Faulty storage: its shard stopped before the crash. Unanswered at the crash: a
+            # read it made after the crash met the closed directory (IoError), which is the
+            # crash's doing, as a ClosedError would be; it was not acknowledged.
+            if self.faulty is None and done:
+                raise

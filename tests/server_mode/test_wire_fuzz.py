@@ -291,10 +291,22 @@ def closes_after_open(data: bytes) -> bool:
         try:
             message = m.decode(kind, payload)
         except FrameError:
+            if kind == Kind.CALL and answerable_call(payload):
+                continue  # answered Rejected on the open connection (docs/server.md)
             return True
         if isinstance(message, NEVER_SENT_BY_PEERS):
             return True
     return False
+
+
+def answerable_call(payload: bytes) -> bool:
+    """A CALL whose fields do not decode but whose request number reads (a msgpack array
+    starting with an int): the server answers it Rejected and keeps the connection."""
+    try:
+        fields = msgspec.msgpack.decode(payload)
+    except msgspec.DecodeError:
+        return False
+    return isinstance(fields, list) and bool(fields) and type(fields[0]) is int
 
 
 def storm_case(rng: random.Random) -> Case:
