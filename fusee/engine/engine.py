@@ -31,6 +31,7 @@ from fusee.engine.idle import IdleReport
 from fusee.engine.recovery import recover
 from fusee.engine.run import RunState
 from fusee.engine.run_handle import Run, RunSummary, listed_status
+from fusee.engine.schedules import ScheduleHandle, Schedules, make_workflow
 from fusee.engine.shard import Shard
 from fusee.engine.tokens import make_token, parse_token
 from fusee.journal import STATUS_OF, Ack, Msg, Status
@@ -94,6 +95,9 @@ class Engine:
         self.before_leave: Callable[[int, float | None], Awaitable[None]] | None = None
         self._step_threads: ThreadPoolExecutor | None = None
         self.register(*workflows)
+        # Schedules are runs of a built-in workflow bound to this engine (docs/schedules.md).
+        self.schedules = Schedules(self)
+        self.register(make_workflow(self))
 
     @classmethod
     async def open(
@@ -515,6 +519,10 @@ class Engine:
     def run(self, id: str, wf: Workflow[Out] | None = None) -> Run[Out]:
         """A handle; makes no call."""
         return Run(self, id, wf)
+
+    async def schedule(self, name: str, spec: Any, wf: Workflow[Any] | str, input: Any = None) -> ScheduleHandle:
+        """Create or update a schedule (docs/schedules.md); its handle."""
+        return await self.schedules.create(name, spec, wf, input)
 
     async def signal_with_start(
         self,
