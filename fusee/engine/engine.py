@@ -10,6 +10,7 @@ import time
 import uuid
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fusee import _codec as codec
@@ -45,7 +46,7 @@ from fusee.workflow.definitions import (
     signal_of,
     update_of,
 )
-from fusee.workflow.durations import Duration, to_ms
+from fusee.workflow.durations import Duration, at_ms, to_ms
 from fusee.workflow.ops import StepOp, StepState
 
 if TYPE_CHECKING:
@@ -466,10 +467,14 @@ class Engine:
         id_policy: dict[str, str] | None = None,
         timeout: Duration | None = None,
         version: int | None = None,
+        delay: Duration | None = None,
+        at: datetime | int | float | None = None,
     ) -> Run[Out]:
         """Start a run; returns once its start is durable. A wrong input type, an unknown
-        workflow or a taken ID is refused before anything is recorded."""
-        run, _ = await self._start(wf, id, input, id_policy, timeout, version)
+        workflow or a taken ID is refused before anything is recorded. With `delay=` or
+        `at=` the run exists under its ID at once and its code begins then."""
+        not_before = delayed_until(self.clock.now_ms(), delay, at)
+        run, _ = await self._start(wf, id, input, id_policy, timeout, version, not_before=not_before)
         return run
 
     async def _start(
@@ -482,6 +487,7 @@ class Engine:
         version: int | None,
         update: tuple[str, str, bytes] | None = None,
         signal: tuple[str, bytes] | None = None,
+        not_before: int = 0,
     ) -> tuple[Run[Any], RunState | Any]:
         self._check_open()
         names.name(id, "workflow ID")
@@ -507,6 +513,7 @@ class Engine:
                 update=update,
                 version=version,
                 signal=signal,
+                not_before=not_before,
             )
         except AlreadyExistsError as error:
             await shard.durable_at(shard.durability.appended)  # the refusal rests on durable state only
@@ -659,6 +666,14 @@ def _check_policy(policy: dict[str, str] | None) -> None:
     for key, value in (policy or {}).items():
         if key not in allowed or value not in allowed[key]:
             raise RejectedError(f"id_policy {key}={value!r}: allowed are {allowed}")
+
+
+def delayed_until(now_ms: int, delay: Duration | None, at: datetime | int | float | None) -> int:
+    """A start's `delay=` or `at=` as the Unix ms its code begins (0: at once)."""
+    if delay is not None and at is not None:
+        raise RejectedError("start: give delay= or at=, not both")
+    due = now_ms + to_ms(delay, "delay") if delay is not None else at_ms(at, "at") if at is not None else 0
+    return due if due > now_ms else 0  # a time already past starts at once, with no timer
 
 
 def _where(fn: Callable[..., Any]) -> str:

@@ -778,6 +778,10 @@ async def _main(run: RunState, wf: Workflow[Any], input: bytes) -> Any:
     cancelled (never after terminate: that closes the coroutine)."""
     ctx = run.ctx
     try:
+        if run.started.not_before:
+            # A delayed start: a durable timer like any sleep (a crash, a park or an
+            # invocation's end changes nothing); on replay it is the journal's first op.
+            await ctx.sleep_until("fusee.delay", run.started.not_before)
         if wf.takes_input:
             arg = codec.decode(input, wf.input_type, "the workflow's input")
             return await wf.fn(ctx, arg)

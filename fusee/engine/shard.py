@@ -430,6 +430,7 @@ class Shard:
         update: tuple[str, str, bytes] | None = None,
         version: int | None = None,
         signal: tuple[str, bytes] | None = None,
+        not_before: int = 0,
     ) -> tuple[RunState | IndexEntry, bool]:
         """Record a new run (or apply the ID policy). Returns the run and whether it is new."""
         existing = self.find(wid)
@@ -471,6 +472,7 @@ class Shard:
             deadline,
             parent,
             *(update or (None, None, None)),
+            not_before=not_before,
         )
         return self._begin(wid, run_no, started, signal), True
 
