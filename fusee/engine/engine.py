@@ -527,7 +527,9 @@ class Engine:
         """A handle; makes no call."""
         return Run(self, id, wf)
 
-    async def schedule(self, name: str, spec: Any, wf: Workflow[Any] | str, input: Any = None) -> ScheduleHandle:
+    async def schedule(
+        self, name: str, spec: Any, wf: Workflow[Any] | str, input: Any = None
+    ) -> ScheduleHandle:
         """Create or update a schedule (docs/schedules.md); its handle."""
         return await self.schedules.create(name, spec, wf, input)
 

@@ -472,8 +472,8 @@ class Shard:
             deadline,
             parent,
             *(update or (None, None, None)),
-            not_before=not_before,
         )
+        started.not_before = not_before
         return self._begin(wid, run_no, started, signal), True
 
     def _begin(
