@@ -129,7 +129,7 @@ async def test_times_missed_in_an_outage_catch_up_within_the_window_only(window,
     t = await TestEngine.open([job])
     try:
         spec = {"every": "1h", "overlap": "allow-all", "catchup_window": window}
-        s = await t.engine.schedule("poll", spec, job, {})
+        await t.engine.schedule("poll", spec, job, {})
         await t.advance("2h")
         assert len(await runs_of(t, "job")) == 2
         await t.crash(down="3d")

@@ -141,7 +141,9 @@ class Starter:
                     buffered = at
                     continue
                 try:  # cancel-other
-                    await self.target.run(last).cancel("schedule: a newer time started (overlap cancel-other)")
+                    await self.target.run(last).cancel(
+                        "schedule: a newer time started (overlap cancel-other)"
+                    )
                 except NotFoundError:
                     pass  # it ended meanwhile
             try:
@@ -192,7 +194,9 @@ def make_workflow(target: Any) -> Workflow[Any]:
     """The schedule workflow, bound to `target` (the engine that registers it)."""
     starter = Starter(target)
 
-    async def fire(ctx: Ctx, s: dict[str, Any], times: list[int], overlap: str, name: str = "fire") -> list[Any]:
+    async def fire(
+        ctx: Ctx, s: dict[str, Any], times: list[int], overlap: str, name: str = "fire"
+    ) -> list[Any]:
         if not times:
             return []
         snapshot = {k: s[k] for k in ("name", "workflow", "input", "last", "buffered")}
@@ -232,7 +236,11 @@ def make_workflow(target: Any) -> Workflow[Any]:
 
     async def schedule(ctx: Ctx, state: dict[str, Any]) -> None:
         s = state
-        ctx.on_query(DESCRIBE, lambda _arg=None: describe(s))
+
+        def on_describe(_arg: Any = None) -> dict[str, Any]:
+            return describe(s)
+
+        ctx.on_query(DESCRIBE, on_describe)
 
         async def on_control(arg: dict[str, Any]) -> Any:
             return await control(ctx, s, arg)

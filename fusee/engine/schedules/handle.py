@@ -107,12 +107,13 @@ class Schedules:
                 continue  # deleted meanwhile
         return sorted(out, key=lambda d: d["name"])
 
-    async def create(self, name: str, spec: Any, wf: Workflow[Any] | str, input: Any = None) -> ScheduleHandle:
+    async def create(
+        self, name: str, spec: Any, wf: Workflow[Any] | str, input: Any = None
+    ) -> ScheduleHandle:
         """Make the schedule, or give an existing one this spec, workflow and input."""
         names.name(name, "schedule name")
         checked = check_spec(spec)
-        wf_name = wf if isinstance(wf, str) else getattr(wf, "name", None)
-        names.name(wf_name, "schedule workflow")
+        wf_name = names.name(wf if isinstance(wf, str) else getattr(wf, "name", None), "schedule workflow")
         workflow_of = getattr(self._target, "workflow_of", None)
         if workflow_of is not None:
             workflow_of(wf_name)  # an engine refuses a type it has no code for, now

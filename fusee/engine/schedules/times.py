@@ -56,7 +56,7 @@ def check_spec(spec: Any) -> dict[str, Any]:
     if cron is not None:
         out["cron"] = _cron(cron)
     else:
-        out["every_ms"] = to_ms(every, "schedule every")
+        out["every_ms"] = to_ms(every, "schedule every")  # type: ignore[arg-type]
         if out["every_ms"] < 1:
             raise RejectedError("schedule every: must be at least 1 ms")
     tz = spec.get("timezone") or "UTC"
@@ -82,7 +82,9 @@ def _cron(expr: Any) -> str:
         raise RejectedError(f"schedule cron: expected a string, got {type(expr).__name__}")
     text = ALIASES.get(expr.strip().lower(), expr.strip())
     if len(text.split()) != 5:
-        raise RejectedError(f"schedule cron {expr!r}: expected five fields or an alias ({', '.join(ALIASES)})")
+        raise RejectedError(
+            f"schedule cron {expr!r}: expected five fields or an alias ({', '.join(ALIASES)})"
+        )
     try:
         CronSim(text, datetime(2000, 1, 1))
     except CronSimError as error:
@@ -92,7 +94,7 @@ def _cron(expr: Any) -> str:
 
 def next_after(spec: dict[str, Any], after_ms: int) -> int:
     """The first scheduled instant strictly after `after_ms` (UTC milliseconds)."""
-    every = spec["every_ms"]
+    every: int | None = spec["every_ms"]
     if every is not None:
         # Anchored at the epoch: the same instants whenever the schedule was made or
         # reopened, so a time's run ID never depends on when it was computed.
@@ -146,4 +148,3 @@ def iso(at_ms: int | None) -> str | None:
     if at_ms is None:
         return None
     return (datetime.fromtimestamp(at_ms / 1000, tz=UTC)).isoformat().replace("+00:00", "Z")
-
