@@ -14,7 +14,7 @@ import json
 import math
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -139,22 +139,28 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run_invocations(args: argparse.Namespace) -> int:
+def _with_client(address: str, act: Callable[[Any], Awaitable[Any]]) -> Any:
+    """`act(client)` on a client of the server at `address`; a FuseeError is the
+    command's one-line failure."""
     import asyncio
 
-    async def ask() -> Any:
+    async def go() -> Any:
         from fusee.client import Client
 
-        client = await Client.connect(args.address)
+        client = await Client.connect(address)
         try:
-            return await client.call("invocations", {})
+            return await act(client)
         finally:
             await client.close()
 
     try:
-        metrics = asyncio.run(ask())
+        return asyncio.run(go())
     except fusee.FuseeError as error:
         raise _Stop(str(error)) from None
+
+
+def _run_invocations(args: argparse.Namespace) -> int:
+    metrics = _with_client(args.address, lambda client: client.call("invocations", {}))
     if args.json:
         print(json.dumps(metrics, indent=2))
         return EXIT_OK
@@ -178,30 +184,19 @@ SCHEDULE_COLUMNS = (
 
 
 def _run_schedules(args: argparse.Namespace) -> int:
-    import asyncio
-
     if args.action != "ls" and not args.name:
         raise _Stop(f"{args.action} needs the schedule's name")
 
-    async def act() -> Any:
-        from fusee.client import Client
+    async def act(client: Any) -> Any:
+        if args.action == "ls":
+            return await client.schedules.list()
+        handle = client.schedules.get(args.name)
+        if args.action == "trigger":
+            return {"id": (await handle.trigger()).id}
+        await getattr(handle, args.action)()
+        return {"name": args.name, args.action: True}
 
-        client = await Client.connect(args.address)
-        try:
-            if args.action == "ls":
-                return await client.schedules.list()
-            handle = client.schedules.get(args.name)
-            if args.action == "trigger":
-                return {"id": (await handle.trigger()).id}
-            await getattr(handle, args.action)()
-            return {"name": args.name, args.action: True}
-        finally:
-            await client.close()
-
-    try:
-        answer = asyncio.run(act())
-    except fusee.FuseeError as error:
-        raise _Stop(str(error)) from None
+    answer = _with_client(args.address, act)
     if args.json:
         print(json.dumps(answer, indent=2))
     elif args.action == "ls":
