@@ -39,7 +39,7 @@ from fusee.client._link import Link
 from fusee.engine.run_handle import RunDescription, RunSummary, listed_status
 from fusee.engine.schedules import ScheduleHandle, Schedules
 from fusee.protocol import messages as m
-from fusee.protocol.address import parse
+from fusee.protocol.address import Address, parse
 from fusee.protocol.connection import ClientConnection
 from fusee.protocol.frames import FrameError
 from fusee.workflow.definitions import Query, Signal, Update, Workflow, query_of, signal_of, update_of
@@ -171,7 +171,14 @@ class Client:
             extra["token_file"] = token_file
         if extra:
             parsed = msgspec.structs.replace(parsed, **extra)
-        link = Link(parsed)
+        return await cls.at(parsed)
+
+    @classmethod
+    async def at(cls, address: Address) -> Client:
+        """A client of the server a worker's `address` names (its worker options, the
+        shard cap and the invocation, dropped): how a worker's schedules reach runs on
+        shards it does not hold."""
+        link = Link(msgspec.structs.replace(address, max_shards=None, invocation=None))
         await link.open()
         return cls(link)
 

@@ -32,7 +32,7 @@ from fusee.engine.idle import IdleReport
 from fusee.engine.recovery import recover
 from fusee.engine.run import RunState
 from fusee.engine.run_handle import Run, RunSummary, listed_status
-from fusee.engine.schedules import ScheduleHandle, Schedules, make_workflow
+from fusee.engine.schedules import ScheduleHandle, Schedules
 from fusee.engine.shard import Shard
 from fusee.engine.tokens import make_token, parse_token
 from fusee.journal import STATUS_OF, Ack, Msg, Status
@@ -98,7 +98,7 @@ class Engine:
         self.register(*workflows)
         # Schedules are runs of a built-in workflow bound to this engine (docs/schedules.md).
         self.schedules = Schedules(self)
-        self.register(make_workflow(self))
+        self.register(self.schedules.workflow())
 
     @classmethod
     async def open(
@@ -305,6 +305,7 @@ class Engine:
             else:
                 reports.append(result)
         self._stop_step_threads()
+        await self.schedules.close()
         await self.storage.close()
         if error is not None:
             raise error

@@ -73,3 +73,24 @@ async def test_a_delayed_start_through_a_client_exists_at_once_and_begins_later(
         assert (await run.status()).status == "running"
         assert len(await run.result()) == 2
         assert time.monotonic() - began >= 1.4
+
+
+async def test_a_schedule_reaches_runs_on_shards_another_worker_holds(start_server, start_worker):
+    """Two workers split the shards: the schedule's worker starts the runs of times whose
+    IDs hash to the other's shards through the server."""
+    server = start_server(shards=4)
+    first = start_worker(server.address(max_shards=2))
+    second = start_worker(server.address(max_shards=2))
+    assert sorted(first.initial + second.initial) == [0, 1, 2, 3]
+    async with await fusee.Client.connect(server.address()) as client:
+        s = await client.schedule("split", {"every": "500ms", "overlap": "allow-all"}, "steps", 1)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            shards = {row.shard async for row in client.list(type="steps")}
+            if len(shards) == 4:
+                break
+            await asyncio.sleep(0.2)
+        assert shards == {0, 1, 2, 3}
+        described = await s.describe()
+        assert described["errors"] == 0 and described["fired"] >= 4
+        await s.delete()

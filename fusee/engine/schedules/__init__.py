@@ -2,7 +2,6 @@
 the instants, `flow` is the schedule's workflow, `handle` what `engine.schedule()` and
 `engine.schedules` give the application."""
 
-from fusee.engine.schedules.flow import make_workflow
 from fusee.engine.schedules.handle import ScheduleHandle, Schedules, ScheduleSpec
 
-__all__ = ["ScheduleHandle", "ScheduleSpec", "Schedules", "make_workflow"]
+__all__ = ["ScheduleHandle", "ScheduleSpec", "Schedules"]

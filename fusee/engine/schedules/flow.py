@@ -97,12 +97,43 @@ def describe(s: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# How a worker's schedules reach runs on shards other workers hold: a client of the same
+# server, made by `fusee/__init__.py` (the engine may not import the client package).
+connect_client: Callable[[Any], Awaitable[Any]] | None = None
+
+
 class Starter:
     """What the schedule's steps do outside the run: read a run's status, cancel it,
-    start a time's run. Bound to the engine (or client) the schedule runs under."""
+    start a time's run. Bound to the engine that registers the schedule workflow: in
+    local mode its own calls; on a worker of a server, a client of that server, since
+    the time's run may be on any shard and this worker may hold only some."""
 
-    def __init__(self, target: Any) -> None:
-        self.target = target
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.client: Any = None
+        self.connecting: asyncio.Future[Any] | None = None
+
+    @property
+    def target(self) -> Any:
+        return self.client if self.client is not None else self.engine
+
+    async def route(self) -> None:
+        """Connect the client first, on a worker of a server (once; shared by steps)."""
+        address = getattr(self.engine.storage, "address", None)
+        if self.client is not None or address is None or connect_client is None:
+            return
+        if self.connecting is None:
+            self.connecting = asyncio.ensure_future(connect_client(address))
+        try:
+            self.client = await asyncio.shield(self.connecting)
+        except BaseException:
+            self.connecting = None  # the next step's attempt connects again
+            raise
+
+    async def close(self) -> None:
+        client, self.client, self.connecting = self.client, None, None
+        if client is not None:
+            await client.close()
 
     async def exists(self, wid: str) -> bool:
         try:
@@ -124,6 +155,7 @@ class Starter:
         """Start the runs of `times`, oldest first, under the overlap policy; each
         outcome is [what, time, run ID or message] with what one of started, attached
         (its run existed already), skipped, buffered, error."""
+        await self.route()
         out: list[list[Any]] = []
         last, buffered = s["last"], s["buffered"]
         for at in times:
@@ -157,6 +189,7 @@ class Starter:
 
     async def watch(self, wid: str) -> str:
         """Until `wid` ends, however it ends."""
+        await self.route()
         try:
             await self.target.run(wid).result()
         except FuseeError:
@@ -190,9 +223,8 @@ def _apply(s: dict[str, Any], outcomes: list[list[Any]]) -> None:
             log.warning("schedule '%s': the run of %s was not started: %s", s["name"], iso(at), detail)
 
 
-def make_workflow(target: Any) -> Workflow[Any]:
-    """The schedule workflow, bound to `target` (the engine that registers it)."""
-    starter = Starter(target)
+def make_workflow(starter: Starter) -> Workflow[Any]:
+    """The schedule workflow, bound to the engine of `starter`."""
 
     async def fire(
         ctx: Ctx, s: dict[str, Any], times: list[int], overlap: str, name: str = "fire"

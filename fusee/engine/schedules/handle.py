@@ -13,7 +13,17 @@ import msgspec
 from fusee import _codec as codec
 from fusee import _names as names
 from fusee._errors import NotFoundError
-from fusee.engine.schedules.flow import CONTROL, DESCRIBE, PREFIX, SET_SIGNAL, TYPE, new_state, schedule_id
+from fusee.engine.schedules.flow import (
+    CONTROL,
+    DESCRIBE,
+    PREFIX,
+    SET_SIGNAL,
+    TYPE,
+    Starter,
+    make_workflow,
+    new_state,
+    schedule_id,
+)
 from fusee.engine.schedules.times import check_spec
 from fusee.journal import FINAL
 from fusee.workflow.definitions import Workflow
@@ -87,10 +97,22 @@ class ScheduleHandle:
 
 
 class Schedules:
-    """`engine.schedules`: `get(name)`, `list()`, and what `engine.schedule()` calls."""
+    """`engine.schedules` (and a client's): `get(name)`, `list()`, and what `schedule()`
+    calls. An engine's also holds what its schedule runs start with (`workflow()`)."""
 
     def __init__(self, target: Any) -> None:
         self._target = target
+        self._starter: Starter | None = None
+
+    def workflow(self) -> Workflow[Any]:
+        """The built-in schedule workflow, bound to this engine (it registers it)."""
+        self._starter = Starter(self._target)
+        return make_workflow(self._starter)
+
+    async def close(self) -> None:
+        """Close the client a worker's schedules reach other shards with, if made."""
+        if self._starter is not None:
+            await self._starter.close()
 
     def get(self, name: str) -> ScheduleHandle:
         return ScheduleHandle(self._target, names.name(name, "schedule name"))
