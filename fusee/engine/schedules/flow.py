@@ -19,7 +19,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from fusee._errors import FuseeError, NotFoundError, RejectedError, UnknownWorkflowError
+from fusee._errors import CodecError, FuseeError, NotFoundError, RejectedError, UnknownWorkflowError
 from fusee.engine.schedules.times import between, iso, next_after, run_id
 from fusee.journal import FINAL
 from fusee.workflow.definitions import Retry, Workflow
@@ -41,7 +41,7 @@ RECENT = 10
 ATTACH = {"running": "use-existing", "finished": "use-existing"}
 # A start refused for a cause no retry changes (the type has no code here, the input does
 # not fit it): recorded as that time's outcome instead of failing the schedule.
-FINAL_ERRORS = (UnknownWorkflowError, RejectedError)
+FINAL_ERRORS = (UnknownWorkflowError, RejectedError, CodecError)
 # Steps retry for as long as it takes: a schedule outlives any one failing start.
 PATIENT = Retry(attempts=1_000_000, initial="1s", max="1m")
 
@@ -274,8 +274,14 @@ def make_workflow(starter: Starter) -> Workflow[Any]:
 
         ctx.on_query(DESCRIBE, on_describe)
 
+        controls = [0]  # updates being handled: the run does not continue as new under them
+
         async def on_control(arg: dict[str, Any]) -> Any:
-            return await control(ctx, s, arg)
+            controls[0] += 1
+            try:
+                return await control(ctx, s, arg)
+            finally:
+                controls[0] -= 1
 
         ctx.on_update(CONTROL, on_control)
         if s["cursor"] is None:
@@ -286,7 +292,7 @@ def make_workflow(starter: Starter) -> Workflow[Any]:
         watch: Op | None = None
         actions = 0
         while True:
-            if actions >= ACTIONS_PER_RUN and watch is None:
+            if actions >= ACTIONS_PER_RUN and watch is None and not controls[0]:
                 ctx.continue_as_new(s)
             spec = s["spec"]
             at = next_after(spec, s["cursor"])
