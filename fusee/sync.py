@@ -10,6 +10,7 @@ import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Coroutine, Iterator
+from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from fusee._errors import Failure
@@ -59,8 +60,12 @@ class Client:
         id_policy: dict[str, str] | None = None,
         timeout: Duration | None = None,
         version: int | None = None,
+        delay: Duration | None = None,
+        at: datetime | int | float | None = None,
     ) -> Run[Out]:
-        started = self.inner.start(wf, id, input, id_policy=id_policy, timeout=timeout, version=version)
+        started = self.inner.start(
+            wf, id, input, id_policy=id_policy, timeout=timeout, version=version, delay=delay, at=at
+        )
         return Run(self, self._wait(started))
 
     def run(self, id: str, wf: Workflow[Out] | None = None) -> Run[Out]:
