@@ -247,6 +247,7 @@ async def test_a_delayed_start_exists_at_once_and_waits_through_a_reopen(tmp_pat
         began = t.now_ms()
         run = await t.engine.start(job, "later", {"x": 1}, delay="1h")
         assert (await run.status()).status == "running"
+        assert (await t.journal("later"))[0]["not_before"] == began + HOUR  # shown when set
         at = datetime.fromtimestamp((began + 2 * HOUR) / 1000, UTC)
         await t.engine.start(job, "at-two", {"x": 2}, at=at)
         await t.advance("30m")
