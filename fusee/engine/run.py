@@ -331,9 +331,12 @@ class RunState:
         """Give an operation its position, check it against the journal, start it."""
         if self.final:
             raise Stuck()
-        if inline_step[0] is not None or current_step.get() is not None:
-            # A step's function is running (on a task, a thread or inline): ctx belongs to
-            # the workflow's code, which a step's function is not.
+        here = inline_step[0] or current_step.get()
+        if here is not None and here[0] is self:
+            # A step's function of this run is running (on a task, a thread or inline): ctx
+            # belongs to the workflow's code, which a step's function is not. A step of
+            # another run may drive this one (it started or signalled it on this engine:
+            # the code runs on that step's stack), and this run's code is its own.
             raise RejectedError(
                 f"ctx.{op.kind} called inside a step's function: steps do not nest, and a step "
                 "function may not use ctx. Call it from the workflow's code, or do the work "
