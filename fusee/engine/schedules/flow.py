@@ -14,7 +14,6 @@ nothing twice.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -23,7 +22,6 @@ from fusee._errors import CodecError, FuseeError, NotFoundError, RejectedError, 
 from fusee.engine.schedules.times import between, iso, next_after, run_id
 from fusee.journal import FINAL
 from fusee.workflow.definitions import Retry, Workflow
-from fusee.workflow.driver import current_step
 
 if TYPE_CHECKING:
     from fusee.workflow.ctx import Ctx
@@ -197,15 +195,6 @@ class Starter:
         return "ended"
 
 
-async def outside_the_step(fn: Callable[[], Awaitable[Any]]) -> Any:
-    """Run `fn` in a context where no step's function runs: a run it starts on this
-    engine begins its code on the caller's stack, and would otherwise take itself for
-    code inside this step (and refuse its own ctx calls)."""
-    context = contextvars.copy_context()
-    context.run(current_step.set, None)
-    return await asyncio.create_task(fn(), context=context)  # type: ignore[arg-type]
-
-
 def _apply(s: dict[str, Any], outcomes: list[list[Any]]) -> None:
     for what, at, detail in outcomes:
         if what in ("started", "attached"):
@@ -234,7 +223,7 @@ def make_workflow(starter: Starter) -> Workflow[Any]:
         snapshot = {k: s[k] for k in ("name", "workflow", "input", "last", "buffered")}
 
         async def go() -> list[list[Any]]:
-            return await outside_the_step(lambda: starter.fire(snapshot, times, overlap))  # type: ignore[no-any-return]
+            return await starter.fire(snapshot, times, overlap)
 
         outcomes: list[list[Any]] = await ctx.step(name, go, retry=PATIENT)
         _apply(s, outcomes)
@@ -307,7 +296,7 @@ def make_workflow(starter: Starter) -> Workflow[Any]:
                 last = s["last"]
 
                 async def watching(wid: str = last) -> str:
-                    return await outside_the_step(lambda: starter.watch(wid))  # type: ignore[no-any-return]
+                    return await starter.watch(wid)
 
                 watch = ctx.step("watch", watching, retry=PATIENT)
             await ctx.race([op for op in (timer, signal, watch) if op is not None])
