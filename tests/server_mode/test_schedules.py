@@ -11,6 +11,7 @@ import sys
 import time
 
 import fusee
+import fusee.sync
 from tests.support.procs import ROOT
 
 
@@ -94,3 +95,24 @@ async def test_a_schedule_reaches_runs_on_shards_another_worker_holds(start_serv
         described = await s.describe()
         assert described["errors"] == 0 and described["fired"] >= 4
         await s.delete()
+
+
+async def test_a_blocking_client_has_the_same_schedules(start_server, start_worker):
+    server = start_server()
+    start_worker(server.address())
+
+    def blocking() -> tuple[dict, str, list, dict]:
+        with fusee.sync.Client.connect(server.address()) as client:
+            s = client.schedule("daily", "@daily", "steps", 2)
+            described = s.describe()
+            run = s.trigger()
+            result = run.result(timeout=30)
+            listed = [d["name"] for d in client.schedules.list()]
+            filled = client.schedules.get("daily").backfill(0, 3 * 86_400_000)
+            s.delete()
+            return described, run.id, [result, listed], filled
+
+    described, rid, (result, listed), filled = await asyncio.to_thread(blocking)
+    assert (described["cron"], described["fired"]) == ("0 0 * * *", 0)
+    assert rid.startswith("daily@") and len(result) == 2 and listed == ["daily"]
+    assert filled == {"times": 3, "started": 3, "attached": 0, "error": 0}
