@@ -263,3 +263,17 @@ async def test_a_delayed_start_exists_at_once_and_waits_through_a_reopen(tmp_pat
         await t.check()
     finally:
         await t.close()
+
+
+async def test_a_new_spec_starts_from_now_and_catches_up_none_of_its_earlier_times():
+    t = await TestEngine.open([job])
+    try:
+        await t.engine.schedule("s", "@daily", job, {})
+        await t.advance("6h")
+        assert await runs_of(t, "job") == {}
+        await t.engine.schedule("s", {"every": "1h"}, job, {})
+        await t.advance("90m")
+        assert sorted(await runs_of(t, "job")) == ["s@2026-01-01T07:00:00Z"]
+        assert len(await t.engine.schedules.list()) == 1
+    finally:
+        await t.close()

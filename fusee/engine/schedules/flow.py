@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from fusee._errors import CodecError, FuseeError, NotFoundError, RejectedError, UnknownWorkflowError
-from fusee.engine.schedules.times import between, iso, next_after, run_id
+from fusee.engine.schedules.times import between, count_between, iso, next_after, run_id
 from fusee.journal import FINAL
 from fusee.workflow.definitions import Retry, Workflow
 
@@ -306,6 +306,9 @@ def make_workflow(starter: Starter) -> Workflow[Any]:
                 signal = None
                 s["spec"], s["workflow"], s["input"] = new["spec"], new["workflow"], new["input"]
                 s["paused"] = new["spec"]["paused"]
+                # The new spec's times start from now: its earlier ones were never this
+                # schedule's, and must not be caught up.
+                s["cursor"] = max(s["cursor"], _ms(ctx))
                 continue
             if watch is not None and watch.done:
                 watch = None
@@ -326,7 +329,7 @@ async def _due(ctx: Ctx, s: dict[str, Any], fire: Any) -> None:
     spec = s["spec"]
     horizon = now - spec["catchup_window_ms"]
     if s["cursor"] < horizon:
-        s["missed"] += len(between(spec, s["cursor"], horizon, limit=1_000_000))
+        s["missed"] += count_between(spec, s["cursor"], horizon)
         s["cursor"] = horizon
     times = between(spec, s["cursor"], now)
     if times:

@@ -134,6 +134,15 @@ def between(spec: dict[str, Any], after_ms: int, until_ms: int, limit: int = 100
     return out
 
 
+def count_between(spec: dict[str, Any], after_ms: int, until_ms: int, limit: int = 10_000) -> int:
+    """How many instants (after_ms, until_ms] holds: exact for `every`, counted up to
+    `limit` for a cron (a year of a minutely cron would take seconds to walk)."""
+    every: int | None = spec["every_ms"]
+    if every is not None:
+        return max(0, until_ms // every - after_ms // every)
+    return len(between(spec, after_ms, until_ms, limit))
+
+
 def run_id(name: str, at_ms: int) -> str:
     """`name@2026-11-09T02:00:00Z`: the run of one scheduled time (milliseconds shown
     only when the time has some, as a trigger's may)."""
