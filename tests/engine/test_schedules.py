@@ -277,3 +277,39 @@ async def test_a_new_spec_starts_from_now_and_catches_up_none_of_its_earlier_tim
         assert len(await t.engine.schedules.list()) == 1
     finally:
         await t.close()
+
+
+CRASH = {"armed": False, "engine": None}
+
+
+@fusee.workflow
+async def crasher(ctx: fusee.Ctx, x: dict) -> str:
+    def note() -> str:
+        if CRASH["armed"]:
+            # The process dies here: this run's start is durable (its step runs after
+            # it), the schedule's record of having started it is not yet.
+            CRASH["armed"] = False
+            CRASH["engine"].abandon()
+        return "noted"
+
+    return await ctx.step("note", note)
+
+
+async def test_a_fire_lost_in_a_crash_after_its_start_attaches_to_the_run_it_started():
+    t = await TestEngine.open([crasher], flush_on_turn=True)
+    try:
+        await t.engine.schedule("c", {"every": "1h"}, crasher, {})
+        CRASH.update(armed=True, engine=t.engine)
+        await t.advance("1h")
+        assert t.engine.closed and not CRASH["armed"]
+        await t.crash(settle=False)
+        await t.advance("1m")
+        assert await t.result("c@2026-01-01T01:00:00Z") == "noted"
+        assert (await t.engine.run("c@2026-01-01T01:00:00Z").status()).run == 1
+        # The fire's step ran again after the crash and found the run it had started.
+        done = [r["value"] for r in await t.journal("fusee.schedule/c") if r["kind"] == "StepDone"]
+        assert done == [[["attached", 1_767_229_200_000, "c@2026-01-01T01:00:00Z"]]]
+        described = await t.engine.schedules.get("c").describe()
+        assert (described["fired"], described["errors"]) == (1, 0)
+    finally:
+        await t.close()
