@@ -333,10 +333,9 @@ class RunState:
             raise Stuck()
         here = inline_step[0] or current_step.get()
         if here is not None and here[0] is self:
-            # A step's function of this run is running (on a task, a thread or inline): ctx
-            # belongs to the workflow's code, which a step's function is not. A step of
-            # another run may drive this one (it started or signalled it on this engine:
-            # the code runs on that step's stack), and this run's code is its own.
+            # This run's step function runs (task, thread or inline): ctx is not for it. A
+            # step of another run may drive this run's code (it started or signalled it on
+            # this engine, and the code runs on that step's stack): that code is its own.
             raise RejectedError(
                 f"ctx.{op.kind} called inside a step's function: steps do not nest, and a step "
                 "function may not use ctx. Call it from the workflow's code, or do the work "
@@ -782,8 +781,7 @@ async def _main(run: RunState, wf: Workflow[Any], input: bytes) -> Any:
     ctx = run.ctx
     try:
         if run.started.not_before:
-            # A delayed start: a durable timer like any sleep (a crash, a park or an
-            # invocation's end changes nothing); on replay it is the journal's first op.
+            # A delayed start: a durable sleep, the journal's first operation.
             await ctx.sleep_until("fusee.delay", run.started.not_before)
         if wf.takes_input:
             arg = codec.decode(input, wf.input_type, "the workflow's input")
