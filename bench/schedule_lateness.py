@@ -80,7 +80,7 @@ async def server(fires: int, every: str, parent: str | None) -> list[int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--fires", type=int, default=40)
     parser.add_argument("--every", default="250ms")
     parser.add_argument("--dir", default=None, help="where the temporary data directory goes")
