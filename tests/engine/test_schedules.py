@@ -102,7 +102,14 @@ async def test_each_overlap_policy_against_a_run_that_outlasts_its_interval(over
     t = await TestEngine.open([slow])
     try:
         s = await t.engine.schedule("hourly", {"every": "1h", "overlap": overlap}, slow, {})
-        await t.advance("330m")
+        await t.advance("150m")
+        await t.advance("30s")
+        # 02:30:30, 02:00 waiting for 01:00's run (buffer-one): the schedule is parked
+        # between two looks at that run, not held in memory by a wait
+        loaded = any("fusee.schedule/hourly" in shard.runs for shard in t.engine.shards)
+        assert loaded is False
+        await t.advance("179m")
+        await t.advance("30s")
         runs = await runs_of(t, "slow")
         hours = {rid.split("T")[1][:2]: st for rid, st in runs.items()}
         assert sorted(hours) == started
@@ -115,6 +122,10 @@ async def test_each_overlap_policy_against_a_run_that_outlasts_its_interval(over
         if overlap == "buffer-one":
             assert described["buffered"] == "2026-01-01T05:00:00Z"
             assert described["skipped"] == 1
+            # 02:00's run started within a minute of 01:00's end (02:40)
+            started = (await t.engine.run("hourly@2026-01-01T02:00:00Z").describe()).journal[0].now
+            ended_at = datetime(2026, 1, 1, 2, 40, tzinfo=UTC).timestamp() * 1000
+            assert 0 <= started - ended_at <= 60_000
         if overlap == "skip":
             assert described["skipped"] == 2
         await t.check()

@@ -3,12 +3,12 @@
 
 Its state (spec, cursor, counters) is its input, carried through `continue_as_new` every
 ACTIONS_PER_RUN actions so its journal stays short. It sleeps on a durable timer until the
-next time; nothing else wakes it but a new spec (a signal), the end of the run a buffered
-time waits for (a step watching it), and the handle's updates. Every decision that depends
-on the outside world (does the time's run exist, does the previous run still run) is made
-inside a step and recorded, so a replay takes the same branch; the starts themselves
-attach to an existing run of the same ID, so a step run again after a crash starts
-nothing twice.
+next time; nothing else wakes it but a new spec (a signal), the handle's updates, and,
+while a buffer-one time waits, a timer to look again whether the run it waits for ended.
+Every decision that depends on the outside world (does the time's run exist, does the
+previous run still run) is made inside a step and recorded, so a replay takes the same
+branch; the starts themselves attach to an existing run of the same ID, so a step run
+again after a crash starts nothing twice.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from fusee._errors import CodecError, FuseeError, NotFoundError, RejectedError, UnknownWorkflowError
+from fusee._errors import CodecError, NotFoundError, RejectedError, UnknownWorkflowError
 from fusee.engine.schedules.times import between, count_between, iso, next_after, run_id
 from fusee.journal import FINAL
 from fusee.workflow.definitions import Retry, Workflow
@@ -35,6 +35,10 @@ SET_SIGNAL = "fusee.schedule.set"
 CONTROL = "control"
 DESCRIBE = "describe"
 ACTIONS_PER_RUN = 50
+# buffer-one: how soon the end of the run a buffered time waits for is looked for again,
+# doubling from the first to the last (nothing tells a run of another's end but a child's).
+RECHECK_FIRST_MS = 1_000
+RECHECK_LAST_MS = 60_000
 RECENT = 10
 ATTACH = {"running": "use-existing", "finished": "use-existing"}
 # A start refused for a cause no retry changes (the type has no code here, the input does
@@ -58,6 +62,7 @@ def new_state(name: str, spec: dict[str, Any], workflow: str, input: Any) -> dic
         "paused": spec["paused"],
         "last": None,  # the run the schedule started last
         "buffered": None,  # buffer-one: the time waiting for `last` to end
+        "recheck_ms": RECHECK_FIRST_MS,  # buffer-one: the wait before looking again
         "fired": 0,
         "skipped": 0,
         "missed": 0,  # older than the catch-up window when the schedule woke
@@ -185,14 +190,9 @@ class Starter:
             last = rid
         return out
 
-    async def watch(self, wid: str) -> str:
-        """Until `wid` ends, however it ends."""
+    async def ended(self, wid: str) -> bool:
         await self.route()
-        try:
-            await self.target.run(wid).result()
-        except FuseeError:
-            pass
-        return "ended"
+        return not await self.running(wid)
 
 
 def _apply(s: dict[str, Any], outcomes: list[list[Any]]) -> None:
@@ -278,10 +278,10 @@ def make_workflow(starter: Starter) -> Workflow[Any]:
         timer: Op | None = None
         planned = None
         signal: Op | None = None
-        watch: Op | None = None
+        recheck: Op | None = None
         actions = 0
         while True:
-            if actions >= ACTIONS_PER_RUN and watch is None and not controls[0]:
+            if actions >= ACTIONS_PER_RUN and not controls[0]:
                 ctx.continue_as_new(s)
             spec = s["spec"]
             at = next_after(spec, s["cursor"])
@@ -292,14 +292,11 @@ def make_workflow(starter: Starter) -> Workflow[Any]:
                 timer, planned = ctx.sleep_until("next", at + jitter), at
             if signal is None:
                 signal = ctx.wait_for(SET_SIGNAL)
-            if watch is None and s["buffered"] is not None and s["last"] is not None:
-                last = s["last"]
-
-                async def watching(wid: str = last) -> str:
-                    return await starter.watch(wid)
-
-                watch = ctx.step("watch", watching, retry=PATIENT)
-            await ctx.race([op for op in (timer, signal, watch) if op is not None])
+            if recheck is None and s["buffered"] is not None:
+                # A durable timer, not a step left waiting for the run's end: the schedule
+                # parks meanwhile, and an invoked shard is let go of between two looks.
+                recheck = ctx.sleep("recheck", s.setdefault("recheck_ms", RECHECK_FIRST_MS))
+            await ctx.race([op for op in (timer, signal, recheck) if op is not None])
             actions += 1
             if signal.done:
                 new = await signal
@@ -310,16 +307,31 @@ def make_workflow(starter: Starter) -> Workflow[Any]:
                 # schedule's, and must not be caught up.
                 s["cursor"] = max(s["cursor"], _ms(ctx))
                 continue
-            if watch is not None and watch.done:
-                watch = None
-                if s["buffered"] is not None:
-                    await fire(ctx, s, [s["buffered"]], "allow-all")
+            if recheck is not None and recheck.done:
+                recheck = None
+                await _recheck(ctx, s, starter, fire)
                 continue
             if timer.done:
                 timer = None
                 await _due(ctx, s, fire)
 
     return Workflow(schedule, TYPE, input=dict[str, Any])
+
+
+async def _recheck(ctx: Ctx, s: dict[str, Any], starter: Starter, fire: Any) -> None:
+    """buffer-one: the buffered time starts once the run it waits for has ended."""
+    if s["buffered"] is None:
+        return  # started meanwhile (a backfill, a new spec)
+    last = s["last"]
+
+    async def look() -> bool:
+        return last is None or await starter.ended(last)
+
+    if await ctx.step("ended", look, retry=PATIENT):
+        s["recheck_ms"] = RECHECK_FIRST_MS
+        await fire(ctx, s, [s["buffered"]], "allow-all")
+    else:
+        s["recheck_ms"] = min(2 * s["recheck_ms"], RECHECK_LAST_MS)
 
 
 async def _due(ctx: Ctx, s: dict[str, Any], fire: Any) -> None:
