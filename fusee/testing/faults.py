@@ -447,11 +447,12 @@ class HeldRecovery:
 @contextlib.contextmanager
 def held_recovery() -> Iterator[HeldRecovery]:
     """Every shard recovery this process's engines start waits until `release()`, then runs
-    as it would have (the engine's call of `fusee.engine.recovery.recover` is wrapped)."""
-    from fusee.engine import engine as engine_module
+    as it would have (the call of `fusee.engine.recovery.recover` that attaches a shard,
+    in fusee/engine/opening.py, is wrapped)."""
+    from fusee.engine import opening as opening_module
 
     held = HeldRecovery()
-    real = vars(engine_module)["recover"]
+    real = vars(opening_module)["recover"]
 
     async def recover(shard: Any) -> None:
         if not held.released.is_set():
@@ -459,7 +460,7 @@ def held_recovery() -> Iterator[HeldRecovery]:
             await held.released.wait()
         await real(shard)
 
-    with _replaced(engine_module, "recover", recover):
+    with _replaced(opening_module, "recover", recover):
         try:
             yield held
         finally:
