@@ -25,7 +25,7 @@ import fusee
 from fusee.protocol.address import parse as parse_address
 from tests.examples.dockerfile import Container, Image, build, ignore_rules, included, parse
 from tests.server_mode import certs
-from tests.support.invoked import LEASE_LINES, held_by_nobody
+from tests.support.cluster import LEASE_LINES, held_by_nobody
 from tests.support.procs import Proc, Server, free_port, retry
 from tests.support.waiting import eventually
 

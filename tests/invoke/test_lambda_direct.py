@@ -27,8 +27,8 @@ from fusee_server.lambda_client import Target
 import fusee
 from fusee._errors import SettingError
 from fusee.invoke import InvocationHandler
+from tests.support.cluster import LEASE_LINES, held_by_nobody, metrics, quiet
 from tests.support.handlers import AWS, FUNCTION, REGION, Listener, in_thread, published_vector
-from tests.support.invoked import LEASE_LINES, held_by_nobody, metrics, quiet
 from tests.support.procs import ROOT, Proc, Server, free_port, retry
 from tests.support.server_cli import endpoints
 from tests.support.waiting import eventually

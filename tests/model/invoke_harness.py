@@ -184,10 +184,10 @@ class InvokeCalls(ServerCalls):
         ends = self.cluster.budget_ends()
         if ends - self.budget_ends_opened >= HANDBACKS_PER_OPENING:
             self.log(
-                f"open('{self.cluster.root}/valve/open-{self.cluster.valve_openings}')"
+                f"open('{self.cluster.valve.next()}')"
                 f"  # {ends - self.budget_ends_opened} budgets ended: gated steps finish"
             )
-            self.cluster.open_valve()
+            self.cluster.valve.open()
             self.budget_ends_opened = ends
 
     async def open_valve(self) -> None:

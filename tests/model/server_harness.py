@@ -36,7 +36,7 @@ from fusee.engine.tokens import parse_token
 from .calls import Calls
 from .harness import Violation
 from .journal import FINAL
-from .server_cluster import Cluster, Ledger, ModelWorker
+from .server_cluster import Ledger, ModelWorker, WorkersCluster
 from .server_cluster import status as _status
 from .workflows import BUMP, BUMP_STEP, GO, PLAN_TYPE, PROGRESS, Plan
 
@@ -73,7 +73,7 @@ class ServerCalls(Calls):
     def __init__(self) -> None:
         super().__init__("server")
         self.root = Path(tempfile.mkdtemp(prefix="fusee-model-server-"))
-        self.cluster: Cluster | None = None
+        self.cluster: WorkersCluster | None = None
         self.client: fusee.Client
         self.ledger = Ledger(self.root / "ledger")
         self.t = WallClock()  # type: ignore[assignment]
@@ -101,7 +101,7 @@ class ServerCalls(Calls):
         return self.loop.run_until_complete(bounded())
 
     async def open(self, fault_seed: int = 0) -> None:
-        self.cluster = Cluster(self.root)
+        self.cluster = WorkersCluster(self.root)
         self.client = await fusee.Client.connect(self.cluster.address())
         self.log(
             f"# fusee server on {self.cluster.host_port}; workers {[w.pid for w in self.cluster.workers]}"
@@ -531,10 +531,8 @@ class ServerCalls(Calls):
 
     async def open_valve(self) -> None:
         assert self.cluster is not None
-        self.log(
-            f"open('{self.cluster.root}/valve/open-{self.cluster.valve_openings}')  # gated steps finish"
-        )
-        self.cluster.open_valve()
+        self.log(f"open('{self.cluster.valve.next()}')  # gated steps finish")
+        self.cluster.valve.open()
         await asyncio.sleep(0.05)
 
     async def pause(self, ms: int) -> None:
