@@ -34,7 +34,7 @@ from fusee import journal as R
 from fusee.engine.tokens import parse_token
 
 from .calls import Calls
-from .harness import Violation
+from .harness import Violation, answer_of
 from .journal import FINAL
 from .server_cluster import Ledger, ModelWorker, WorkersCluster
 from .server_cluster import status as _status
@@ -232,9 +232,8 @@ class ServerCalls(Calls):
         self.log(line)
         await self._connected()
         self.calling.set()
-        try:
-            value = await asyncio.wait_for(make(), MOVE_TIMEOUT_S if self.moving else CALL_TIMEOUT_S)
-        except UNACKED as error:
+
+        async def excuse(error: BaseException) -> tuple[str, Any]:
             if not self.moving:
                 raise Violation(
                     "documented-errors",
@@ -242,17 +241,9 @@ class ServerCalls(Calls):
                 ) from error
             self.log(f"#   -> {type(error).__name__}: {error}  (not acknowledged)")
             return "lost", error
-        except fusee.FuseeError as error:
-            self.log(f"#   -> {type(error).__name__}: {error}")
-            return "err", error
-        except TimeoutError:
-            raise Violation("no-hang", f"`{line}` did not answer") from None
-        except Exception as error:
-            raise Violation(
-                "documented-errors", f"`{line}` raised {type(error).__name__}: {error}"
-            ) from error
-        self.log(f"#   -> {value!r}")
-        return "ok", value
+
+        timeout_s = MOVE_TIMEOUT_S if self.moving else CALL_TIMEOUT_S
+        return await answer_of(self.log, line, make(), timeout_s, UNACKED, excuse)
 
     async def start(
         self, wid: str, plan: list[str], policy: dict[str, str], timed: bool, timeout: int | None
