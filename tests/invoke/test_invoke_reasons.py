@@ -7,16 +7,14 @@ that ended, `code` for runs whose type another endpoint lists. Read from the ser
 from __future__ import annotations
 
 import asyncio
-import re
 from pathlib import Path
 
 import pytest
 
-from tests.support.cluster import Cluster, Handler, quiet
+from tests.support.cluster import Cluster, Handler, quiet, sends
 from tests.support.procs import Proc, Server, free_port
 from tests.support.waiting import eventually
 
-SEND = re.compile(r"fusee invoke: send invocation=\w+ url=(\S+) shards=\[([\d, ]*)\] reasons=(\S*)")
 NAMES = {"call", "message", "timer", "recovery", "handback", "code"}
 
 
@@ -24,16 +22,6 @@ NAMES = {"call", "message", "timer", "recovery", "handback", "code"}
 def cluster(procs: list[Proc], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Cluster:
     monkeypatch.setenv("FUSEE_INVOKE_TRACE", "1")  # the server's processes inherit it
     return Cluster(tmp_path, procs=procs)
-
-
-def sends(server: Server) -> list[tuple[str, list[int], set[str]]]:
-    """(URL, shards, reasons) of every invocation the server sent so far."""
-    found = []
-    for line in list(server.lines):
-        if match := SEND.search(line):
-            shards = [int(s) for s in match.group(2).split(",") if s.strip()]
-            found.append((match.group(1), shards, set(match.group(3).split(","))))
-    return found
 
 
 def reasons_since(server: Server, mark: int) -> set[str]:

@@ -225,6 +225,20 @@ async def quiet(
     return result
 
 
+_SEND = re.compile(r"fusee invoke: send invocation=\w+ url=(\S+) shards=\[([\d, ]*)\] reasons=(\S*)")
+
+
+def sends(server: Server) -> list[tuple[str, list[int], set[str]]]:
+    """(URL, shards, reasons) of every invocation the server sent so far (its
+    FUSEE_INVOKE_TRACE=1 lines)."""
+    found = []
+    for line in list(server.lines):
+        if match := _SEND.search(line):
+            shards = [int(s) for s in match.group(2).split(",") if s.strip()]
+            found.append((match.group(1), shards, set(match.group(3).split(","))))
+    return found
+
+
 def held_by_nobody(server: Server) -> bool:
     """Every lease the server granted was let go of (from its log lines, which need
     LEASE_LINES), and one was granted at least: a server that logs none proves nothing."""
