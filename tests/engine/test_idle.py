@@ -111,6 +111,21 @@ async def poker(ctx: fusee.Ctx, poke: Poke) -> int:
 # -- helpers --------------------------------------------------------------------------------
 
 
+async def opened_during_wait(
+    engine: fusee.Engine, gate: asyncio.Event, busy_s: float
+) -> tuple[asyncio.Future[bool], list[float], float, float]:
+    """`engine.wait_idle(grace=0.05)` begun while `gate` keeps a shard busy; `busy_s` later
+    (the wait still going) the gate opens. The wait, when it returned (`done_at`), and when
+    the gate opened (monotonic, and on the loop's clock)."""
+    loop = asyncio.get_running_loop()
+    waiting = asyncio.ensure_future(engine.wait_idle(grace=0.05, timeout=10))
+    returned = done_at(waiting)
+    await asyncio.sleep(busy_s)
+    assert not waiting.done()
+    gate.set()
+    return waiting, returned, time.monotonic(), loop.time()
+
+
 async def open_engine(storage: Any, clock: Any = None, **options: Any) -> fusee.Engine:
     options.setdefault("workflows", [nap, gated, waiter, updatable, kid, parent, poker])  # every test's code
     return await fusee.Engine.open(storage=storage, clock=clock or fusee.VirtualClock(), **options)
@@ -302,12 +317,7 @@ def test_a_checkpoint_being_written_keeps_the_shard_busy_and_its_end_wakes_wait_
         await turns()
         assert not checkpoint.done()
         assert busy(shard)[:2] == (False, True)
-        waiting = asyncio.ensure_future(engine.wait_idle(grace=0.05, timeout=10))
-        returned = done_at(waiting)
-        await asyncio.sleep(0.1)  # twice the grace
-        assert not waiting.done()
-        gate.set()
-        released, released_at = time.monotonic(), loop.time()
+        waiting, returned, released, released_at = await opened_during_wait(engine, gate, 0.1)
         await asyncio.wait_for(checkpoint, 5)
         assert storage.stores[0].checkpoint_data is not None
         assert shard.idle()
@@ -348,12 +358,7 @@ def test_a_checkpoint_during_the_grace_delays_wait_idle_but_does_not_restart_the
         await turns()
         checkpoint = asyncio.ensure_future(shard.checkpoint(wait=True))
         await turns()
-        waiting = asyncio.ensure_future(engine.wait_idle(grace=0.05, timeout=10))
-        returned = done_at(waiting)
-        await asyncio.sleep(0.2)
-        assert not waiting.done()
-        gate.set()
-        released, released_at = time.monotonic(), loop.time()
+        waiting, returned, released, released_at = await opened_during_wait(engine, gate, 0.2)
         await asyncio.wait_for(checkpoint, 5)
         assert await asyncio.wait_for(waiting, 5)
         assert returned[0] >= released
@@ -454,12 +459,7 @@ def test_wait_idle_wakes_when_a_step_finishes():
         engine = await open_engine(MemoryStorage(1))
         await engine.start(gated, "g-1")
         await turns()
-        waiting = asyncio.ensure_future(engine.wait_idle(grace=0.05, timeout=10))
-        returned = done_at(waiting)
-        await asyncio.sleep(0.1)
-        assert not waiting.done()
-        gate.set()
-        released, released_at = time.monotonic(), loop.time()
+        waiting, returned, released, released_at = await opened_during_wait(engine, gate, 0.1)
         assert await asyncio.wait_for(waiting, 5)
         assert returned[0] >= released  # the step held it, not a slow loop
         # its grace, from the step's end: woken, not polled
