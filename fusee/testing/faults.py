@@ -78,6 +78,7 @@ __all__ = [
     "Faults",
     "FaultyLease",
     "FaultyStorage",
+    "Held",
     "HeldRead",
     "HeldRecovery",
     "frozen_clock",
@@ -441,16 +442,30 @@ def _conforms(storage: FaultyStorage, lease: FaultyLease) -> tuple[Storage, Shar
     return storage, lease
 
 
-class HeldRecovery:
-    """What `held_recovery()` gives the test: `recovering` is set when a recovery waits;
-    `release()` lets it (and every later one) through."""
+class Held:
+    """What a held fault point gives the test: `reached` is set when something waits at
+    it; `release()` lets it (and every later one) through."""
 
     def __init__(self) -> None:
-        self.recovering = asyncio.Event()
+        self.reached = asyncio.Event()
         self.released = asyncio.Event()
 
     def release(self) -> None:
         self.released.set()
+
+    async def wait(self) -> None:
+        """At the fault point: wait here until the test releases it."""
+        if not self.released.is_set():
+            self.reached.set()
+            await self.released.wait()
+
+
+class HeldRecovery(Held):
+    """What `held_recovery()` gives the test (`recovering`: a recovery waits)."""
+
+    @property
+    def recovering(self) -> asyncio.Event:
+        return self.reached
 
 
 @contextlib.contextmanager
@@ -464,9 +479,7 @@ def held_recovery() -> Iterator[HeldRecovery]:
     real = vars(opening_module)["recover"]
 
     async def recover(shard: Any) -> None:
-        if not held.released.is_set():
-            held.recovering.set()
-            await held.released.wait()
+        await held.wait()
         await real(shard)
 
     with _replaced(opening_module, "recover", recover):
@@ -476,17 +489,16 @@ def held_recovery() -> Iterator[HeldRecovery]:
             held.release()
 
 
-class HeldRead:
-    """What `held_read()` gives the test: `asked` is set when the held read comes;
-    `release()` lets it through."""
+class HeldRead(Held):
+    """What `held_read()` gives the test (`asked`: the read of frame `ref` waits)."""
 
     def __init__(self, ref: int) -> None:
+        super().__init__()
         self.ref = ref
-        self.asked = asyncio.Event()
-        self.released = asyncio.Event()
 
-    def release(self) -> None:
-        self.released.set()
+    @property
+    def asked(self) -> asyncio.Event:
+        return self.reached
 
 
 @contextlib.contextmanager
@@ -497,9 +509,8 @@ def held_read(store: ShardStore, ref: int) -> Iterator[HeldRead]:
     real = store.get_runs
 
     async def get_runs(offsets: Sequence[int]) -> list[bytes]:
-        if not held.asked.is_set() and ref in offsets:
-            held.asked.set()
-            await held.released.wait()
+        if not held.reached.is_set() and ref in offsets:  # the first read of it alone
+            await held.wait()
         return await real(offsets)
 
     with _replaced(store, "get_runs", get_runs):
