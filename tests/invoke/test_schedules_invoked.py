@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.invoked import Cluster, held_by_nobody, metrics, quiet
+from tests.support.cluster import Cluster, held_by_nobody, metrics, quiet
 from tests.support.procs import Proc
 from tests.support.waiting import eventually
 
 
 @pytest.fixture
 def cluster(procs: list[Proc], tmp_path: Path) -> Cluster:
-    return Cluster(procs, tmp_path)
+    return Cluster(tmp_path, procs=procs)
 
 
 def scheduled_ms(run_id: str) -> int:
@@ -28,7 +28,7 @@ def scheduled_ms(run_id: str) -> int:
 
 async def test_an_every_two_seconds_schedule_fires_on_time_through_invocations(cluster):
     cluster.start_handler()
-    server = cluster.start_server()
+    server = cluster.start_invoked()
     client = await cluster.client()
     await quiet(client)  # the server's first invocations, done
     before = (await metrics(client))["endpoints"][0]["invocations"]
