@@ -14,10 +14,7 @@ for an expression that matches every hour.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-from cronsim import CronSim, CronSimError
+from typing import TYPE_CHECKING, Any
 
 from fusee._errors import RejectedError
 from fusee.workflow.durations import to_ms
@@ -33,6 +30,13 @@ ALIASES = {
     "@hourly": "0 * * * *",
 }
 YEAR_MS = 365 * 86_400_000
+
+if TYPE_CHECKING:
+    from cronsim import CronSim
+
+# cronsim and zoneinfo are imported by the first schedule's spec or time, not by
+# `import fusee`: every engine registers the schedule workflow, and an invoked
+# function's cold start imports the engine.
 SPEC_KEYS = ("cron", "every", "timezone", "overlap", "catchup_window", "jitter", "paused")
 
 
@@ -59,6 +63,8 @@ def check_spec(spec: Any) -> dict[str, Any]:
         out["every_ms"] = to_ms(every, "schedule every")  # type: ignore[arg-type]
         if out["every_ms"] < 1:
             raise RejectedError("schedule every: must be at least 1 ms")
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
     tz = spec.get("timezone") or "UTC"
     try:
         ZoneInfo(tz)
@@ -78,6 +84,8 @@ def check_spec(spec: Any) -> dict[str, Any]:
 
 
 def _cron(expr: Any) -> str:
+    from cronsim import CronSim, CronSimError
+
     if not isinstance(expr, str):
         raise RejectedError(f"schedule cron: expected a string, got {type(expr).__name__}")
     text = ALIASES.get(expr.strip().lower(), expr.strip())
@@ -99,6 +107,10 @@ def next_after(spec: dict[str, Any], after_ms: int) -> int:
         # Anchored at the epoch: the same instants whenever the schedule was made or
         # reopened, so a time's run ID never depends on when it was computed.
         return (after_ms // every + 1) * every
+    from zoneinfo import ZoneInfo
+
+    from cronsim import CronSim
+
     tz = ZoneInfo(spec["timezone"])
     # cronsim steps from a whole second; start at the second holding `after_ms`.
     start = datetime.fromtimestamp(after_ms // 1000, tz=UTC).astimezone(tz)
