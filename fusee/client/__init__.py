@@ -243,6 +243,11 @@ class Client:
     ) -> ClientRun[Out]:
         if delay is not None and at is not None:
             raise errors.RejectedError("start: give delay= or at=, not both")
+        # Sent only when given (a start without them is the call it always was); the
+        # worker's clock counts the delay: the run's timer is on it.
+        later = (
+            {"delay": _ms(delay)} if delay is not None else {"at": at_ms(at, "at")} if at is not None else {}
+        )
         await self.call(
             "start",
             self.shard_of(id),
@@ -252,9 +257,7 @@ class Client:
             id_policy=id_policy,
             timeout=_ms(timeout),
             version=version,
-            # The worker's clock counts the delay: the run's timer is on it.
-            delay=_ms(delay),
-            at=at_ms(at, "at") if at is not None else None,
+            **later,
         )
         return ClientRun(self, id, wf)
 

@@ -74,6 +74,10 @@ async def test_a_delayed_start_through_a_client_exists_at_once_and_begins_later(
         assert (await run.status()).status == "running"
         assert len(await run.result()) == 2
         assert time.monotonic() - began >= 1.4
+        at = time.time() + 1.0
+        later = await client.start("steps", "at-1", 1, at=at * 1000)
+        assert len(await later.result()) == 1
+        assert time.time() >= at
 
 
 async def test_a_schedule_reaches_runs_on_shards_another_worker_holds(start_server, start_worker):
