@@ -28,6 +28,7 @@ from fusee._errors import (
 )
 from fusee.engine.engine import Engine
 from fusee.engine.run_handle import Run, RunDescription, RunSummary
+from fusee.engine.schedules import ScheduleHandle, ScheduleSpec
 from fusee.engine.schedules import flow as _schedule_flow
 from fusee.storage import Durability
 from fusee.workflow.ctx import ChildHandle, Completion, Ctx, StepContext
@@ -79,6 +80,8 @@ __all__ = [
     "Run",
     "RunDescription",
     "RunSummary",
+    "ScheduleHandle",
+    "ScheduleSpec",
     "Signal",
     "StepContext",
     "StepError",

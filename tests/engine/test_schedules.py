@@ -227,6 +227,16 @@ async def test_jitter_is_recorded_and_the_run_keeps_its_scheduled_time():
 
 def test_cron_spec_aliases_and_refusals():
     assert check_spec("@daily")["cron"] == "0 0 * * *"
+    spec = fusee.ScheduleSpec(every="5m", timezone="Europe/London", overlap="buffer-one", jitter="10s")
+    assert check_spec(spec) | {"catchup_window_ms": 0} == {
+        "cron": None,
+        "every_ms": 300_000,
+        "timezone": "Europe/London",
+        "overlap": "buffer-one",
+        "catchup_window_ms": 0,
+        "jitter_ms": 10_000,
+        "paused": False,
+    }
     assert check_spec({"cron": "@hourly", "timezone": "Europe/London"})["timezone"] == "Europe/London"
     for bad in ("* * *", "61 * * * *", {"cron": "* * * * *", "every": "1h"}, {"every": "1h", "overlap": "x"}):
         with pytest.raises(fusee.RejectedError):

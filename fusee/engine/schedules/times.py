@@ -30,14 +30,13 @@ ALIASES = {
     "@hourly": "0 * * * *",
 }
 YEAR_MS = 365 * 86_400_000
-
-if TYPE_CHECKING:
-    from cronsim import CronSim
+SPEC_KEYS = ("cron", "every", "timezone", "overlap", "catchup_window", "jitter", "paused")
 
 # cronsim and zoneinfo are imported by the first schedule's spec or time, not by
 # `import fusee`: every engine registers the schedule workflow, and an invoked
 # function's cold start imports the engine.
-SPEC_KEYS = ("cron", "every", "timezone", "overlap", "catchup_window", "jitter", "paused")
+if TYPE_CHECKING:
+    from cronsim import CronSim
 
 
 def check_spec(spec: Any) -> dict[str, Any]:
