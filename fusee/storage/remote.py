@@ -446,6 +446,9 @@ class RemoteShardStore:
         self.first_page: tuple[int, list[bytes]] | None = None  # (after, records) from the open
         self.stopped: BaseException | None = None
         self.dropped = False
+        # time.monotonic() of the first APPEND sent and of the first DURABLE taken (0: not
+        # yet): the invoke trace's `appended` and `durable`, a cold start's first write.
+        self.first_sent_at = self.first_durable_at = 0.0
 
     def opened(self, reply: m.Reply) -> None:
         self.next_position = self.durable_position = self.sent_position = reply.position
@@ -472,6 +475,8 @@ class RemoteShardStore:
     def durable(self, position: int) -> None:
         if self.stopped is None and position > self.durable_position:
             self.durable_position = position
+            if not self.first_durable_at:
+                self.first_durable_at = time.monotonic()
             self.report(position)
 
     def append(self, entry: bytes) -> int:
@@ -509,6 +514,8 @@ class RemoteShardStore:
             asyncio.get_running_loop().call_soon(self.report, self.durable_position)
 
     def _send_records(self, records: list[bytes], first: int) -> None:
+        if not self.first_sent_at:
+            self.first_sent_at = time.monotonic()
         self.storage.send(m.Append(self.index, self.epoch, first, records))
 
     def put_run(self, frame: bytes) -> int:
