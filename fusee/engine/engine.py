@@ -34,7 +34,7 @@ from fusee.engine.run_handle import Run, RunSummary, listed_status
 from fusee.engine.shard import Shard
 from fusee.engine.tokens import make_token, parse_token
 from fusee.journal import STATUS_OF, Ack, Msg, Status
-from fusee.storage import Durability, MemoryStorage, Storage
+from fusee.storage import Durability, Storage
 from fusee.workflow.definitions import (
     DEFAULT_RETRY,
     Retry,
@@ -132,6 +132,8 @@ class Engine:
                 if shard_ids is None:
                     shard_ids = storage.initial_shards
             elif durability == "memory":
+                from fusee.storage.memory import MemoryStorage  # not on an invoked cold path
+
                 storage = MemoryStorage(shards or 4)
             else:
                 raise RejectedError(
@@ -175,7 +177,13 @@ class Engine:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            await asyncio.gather(*(self._attach(index) for index in dict.fromkeys(indexes)))
+            unique = list(dict.fromkeys(indexes))
+            if len(unique) == 1:
+                # Awaited here: a task and a gather for one shard cost an invoked cold start
+                # two turns of the loop (about 0.1 ms when the process just woke).
+                await self._attach(unique[0])
+            else:
+                await asyncio.gather(*(self._attach(index) for index in unique))
         finally:
             if collecting:
                 gc.enable()

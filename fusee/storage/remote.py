@@ -134,15 +134,17 @@ class RemoteStorage:
             self._ping()
             if welcome.session:
                 # The pings that do not depend on this event loop (pinger.py).
-                self.pinger = Pinger(self.address, welcome.session, self.ping_s, self.silence_limit_s)
                 if self.address.invocation is None:
-                    self.pinger.start()
+                    self._start_pinger(welcome.session)
                 else:
                     # Most invocations end within a few hundred ms: their thread and second
                     # connection would cost more than the pings they send (the loop's own
-                    # pings cover a loop that is not blocked).
+                    # pings cover a loop that is not blocked). Not even made before then:
+                    # its thread and event objects cost the cold start about 40 us.
                     delay = self.ping_s / 2
-                    self.ticker_thread = asyncio.get_running_loop().call_later(delay, self.pinger.start)
+                    self.ticker_thread = asyncio.get_running_loop().call_later(
+                        delay, self._start_pinger, welcome.session
+                    )
         if self.on_lease is not None:
             # Connected again: the engine takes what this connection was granted (before
             # the calls behind the WELCOME, which wait for their shard's attach).
@@ -153,6 +155,10 @@ class RemoteStorage:
             if self.lost is not None:
                 break  # (lost again meanwhile: what is left belongs to a dead connection)
             self.on_message(message)
+
+    def _start_pinger(self, session: bytes) -> None:
+        self.pinger = Pinger(self.address, session, self.ping_s, self.silence_limit_s)
+        self.pinger.start()
 
     @property
     def initial_shards(self) -> list[int]:
