@@ -10,6 +10,10 @@
 - oversleep: how much later than asked `asyncio.sleep` returns after quiet (the loop's
   timer rounds up to the millisecond, and the process wakes from idle).
 
+Printed beside them, not part of any floor: the same durable write after 20 ms of quiet
+(a cold start's flush comes after quiet; on a VM's shared disk it is often several times
+disk-check's back-to-back p50).
+
 From them, the floors of the figures (docs/invoke.md says what each crosses):
 - a cold start: 4 RTT (the start reaching the server and the request the handler, the
   connection, the lease, the append made durable) + 1 flush;
@@ -19,6 +23,8 @@ From them, the floors of the figures (docs/invoke.md says what each crosses):
 from __future__ import annotations
 
 import asyncio
+import mmap
+import os
 import socket
 import statistics
 import subprocess
@@ -48,6 +54,7 @@ class Floors:
     rtt_busy_ms: float  # p50, back to back
     flush_ms: float  # disk-check's p50
     oversleep_ms: float  # p50
+    flush_quiet_ms: float  # p50 of one durable 4 KiB write after QUIET_S of quiet (not a floor)
 
     @property
     def cold_start_ms(self) -> float:
@@ -62,7 +69,8 @@ class Floors:
             f"This machine's floor, measured in this run: a raw TCP round trip to an idle process "
             f"(RTT) p50 {self.rtt_quiet_ms:.3f} ms after {QUIET_S * 1000:.0f} ms of quiet "
             f"({self.rtt_busy_ms:.3f} ms back to back); a durable flush (disk-check p50) "
-            f"{self.flush_ms:.3f} ms; asyncio.sleep's oversleep after quiet p50 {self.oversleep_ms:.3f} ms. "
+            f"{self.flush_ms:.3f} ms (after {QUIET_S * 1000:.0f} ms of quiet: {self.flush_quiet_ms:.3f} ms, "
+            f"not counted); asyncio.sleep's oversleep after quiet p50 {self.oversleep_ms:.3f} ms. "
             f"Cold-start floor = 4 RTT + 1 flush = {self.cold_start_ms:.2f} ms; "
             f"wake-up floor = oversleep + 1 RTT + 1 flush = {self.wake_up_ms:.2f} ms."
         )
@@ -109,6 +117,36 @@ def flush_ms(scratch: Path) -> float:
     return statistics.median(latencies_ns) / 1e6
 
 
+def flush_quiet_ms(scratch: Path) -> float:
+    """p50 of one durable 4 KiB write (O_DIRECT with RWF_DSYNC, as the log writes; a
+    buffered write and fdatasync where the filesystem refuses O_DIRECT) after quiet."""
+    path = scratch / "disk-check" / "quiet"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
+        direct = True
+    except OSError:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        direct = False
+    block = mmap.mmap(-1, 4096)  # page-aligned, as O_DIRECT requires
+    block.write(b"q" * 4096)
+    try:
+        os.ftruncate(fd, 4096 * 64)
+        os.fsync(fd)
+        samples = []
+        for i in range(SAMPLES // 2):
+            time.sleep(QUIET_S)
+            began = time.perf_counter()
+            if direct:
+                os.pwritev(fd, [block], 4096 * (i % 64), os.RWF_DSYNC)
+            else:
+                os.pwrite(fd, block, 4096 * (i % 64))
+                os.fdatasync(fd)
+            samples.append((time.perf_counter() - began) * 1000)
+        return statistics.median(samples)
+    finally:
+        os.close(fd)
+
+
 async def oversleep_ms(asked_s: float = QUIET_S) -> float:
     """p50 of how much later than `asked_s` asyncio.sleep(asked_s) returns."""
     samples = []
@@ -123,4 +161,5 @@ async def measure(scratch: Path) -> Floors:
     """The floors, with the processes under test idle (call it between the rows)."""
     quiet, busy = await asyncio.to_thread(round_trips)
     flush = await asyncio.to_thread(flush_ms, scratch)
-    return Floors(quiet, busy, flush, await oversleep_ms())
+    flush_quiet = await asyncio.to_thread(flush_quiet_ms, scratch)
+    return Floors(quiet, busy, flush, await oversleep_ms(), flush_quiet)
