@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from aiohttp import web
-
 from fusee_server.http_client import HttpClient, HttpError
 
 Serve = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -25,7 +24,9 @@ async def _request(reader: asyncio.StreamReader) -> bytes:
     """One request, whole (head and Content-Length body)."""
     head = await reader.readuntil(b"\r\n\r\n")
     length = next(
-        int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length")
     )
     return head + await reader.readexactly(length)
 
@@ -109,7 +110,7 @@ async def test_a_peer_that_closes_before_answering_or_answers_garbage_fails_the_
 
     server, url = await _raw(serve)
     client = HttpClient(url, None)
-    with pytest.raises(HttpError, match="not an HTTP/1.x response"):
+    with pytest.raises(HttpError, match=r"not an HTTP/1\.x response"):
         await client.post({}, b"{}", 5)
     server.close()
     with pytest.raises(HttpError, match="Cannot connect to host"):
