@@ -37,12 +37,17 @@ Rows (COLD, FAN, SLEEPS, PARKED are the four arguments):
    invokes at the start of the 100 ms bucket of the shard's earliest timer (the run
    index's granularity), so how long before the timer the engine is open varies from
    run to run; the line under the table says how long it was. Then the same runs on a
-   long-lived worker, and in local mode in this process (no server: the floor here);
+   long-lived worker, and in local mode in this process (no server);
 6. PARKED runs asleep for an hour on one shard (IDs chosen by zlib.crc32(id) % 4), their
    invocation over: then starts on that shard as in row 1 (COLD / 5 of them, at least 5),
    p50, and of which the shard's recovery. The parked runs are counted afterwards (a
    listing), so a wrong shard or a lost run fails the benchmark.
-Under the table: where a cold start's time goes (p50 of each part).
+Under the table: where a cold start's time goes (p50 of each part, from the handler's
+trace: its TCP connect, OPEN to WELCOME, Engine.open, the first APPEND sent and made
+durable), and this machine's floor, measured first in the same run (bench/_floors.py: a
+raw TCP round trip to an idle process, disk-check's flush, asyncio.sleep's oversleep); each
+figure says how many times its floor it is (cold starts: 4 RTT + 1 flush; the step after
+a sleep: oversleep + 1 RTT + 1 flush).
 
 `--profile DIR`: the server and the handler run under cProfile, their stats written to
 DIR (server.prof, handler.prof) when they stop; the times are then cProfile's, not the
@@ -66,6 +71,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from _floors import Floors, times
+from _floors import measure as measure_floors
 from _invoke_procs import Served, handler_args, served, server_args, worker_args
 from _server_procs import Child, run_in
 
@@ -81,7 +88,7 @@ PARKED_CONCURRENCY = 256  # starts in flight while parking runs
 QUIET_TIMEOUT_S = 120.0
 SETTLE_S = 0.02  # after the last invocation's answer, before a cold start: its process's tail
 
-GOAL_COLD_P50_MS = 2.0
+GOAL_COLD_FLOORS = 2.5  # the cold start's p50 against its floor (bench/_floors.py)
 GOAL_FAN_INVOCATIONS = 4
 GOAL_LATE_P50_MS = 1.0
 GOAL_TIME_PER_RUN_MS = 15.0
@@ -189,10 +196,13 @@ class ColdStart:
         s = self.served
         return {
             "dispatch": (s.arrived - self.began) * 1000,
-            "lease": (s.at("leased") - s.arrived) * 1000,
+            "connect": (s.at("connected") - s.arrived) * 1000,
+            "grant": (s.at("leased") - s.at("connected")) * 1000,
             "open": (s.at("opened") - s.at("leased")) * 1000,
             "recovery": self.recovery_ms,
-            "step": (self.step - s.at("opened")) * 1000,
+            "append": (s.at("appended") - s.at("opened")) * 1000,
+            "durable": (s.at("durable") - s.at("appended")) * 1000,
+            "step": (self.step - s.at("durable")) * 1000,
         }
 
 
@@ -388,16 +398,18 @@ def table(rows: list[tuple[str, str]]) -> str:
     return "\n".join(lines)
 
 
-def cold_rows(cold: list[ColdStart]) -> list[tuple[str, str]]:
+def cold_rows(cold: list[ColdStart], floors: Floors) -> list[tuple[str, str]]:
     total = [c.total_ms for c in cold]
     until_open = [c.until_open_ms for c in cold]
     recovery = [c.recovery_ms for c in cold]
     p50 = pct(total, 50)
+    floor = floors.cold_start_ms
     return [
         (
             "Start for a shard nobody holds, call to the first step's body",
-            f"p50 {ms(p50)}, p90 {ms(pct(total, 90))}, max {ms(max(total))} "
-            + goal(p50 <= GOAL_COLD_P50_MS, f"p50 \u2264 {GOAL_COLD_P50_MS:g} ms"),
+            f"p50 {ms(p50)} ({times(p50, floor)} of {floor:.2f} ms), p90 {ms(pct(total, 90))}, "
+            f"max {ms(max(total))} "
+            + goal(p50 <= GOAL_COLD_FLOORS * floor, f"p50 \u2264 {GOAL_COLD_FLOORS:g}\u00d7 the floor"),
         ),
         (
             "Of which: until the engine is open and the workflows registered",
@@ -415,7 +427,7 @@ def fan_row(what: str, invocations: int, steps: int, note: str = "") -> tuple[st
     )
 
 
-def sleep_row(result: Sleeps) -> tuple[str, str]:
+def sleep_row(result: Sleeps, floors: Floors) -> tuple[str, str]:
     late_p50 = pct(result.late_ms, 50)
     runs = len(result.late_ms)
     per_run_ms = sum(s.took_s for s in result.invocations) * 1000 / runs
@@ -423,7 +435,8 @@ def sleep_row(result: Sleeps) -> tuple[str, str]:
     opens = [(s.at("opened") - s.at("leased")) * 1000 for s in result.invocations]
     return (
         "Step after a 1 s sleep, invoked",
-        f"late by {ms(late_p50)} p50 (p90 {ms(pct(result.late_ms, 90))}) "
+        f"late by {ms(late_p50)} p50 ({times(late_p50, floors.wake_up_ms)} of {floors.wake_up_ms:.2f} ms; "
+        f"p90 {ms(pct(result.late_ms, 90))}) "
         + goal(late_p50 <= GOAL_LATE_P50_MS, f"\u2264 {GOAL_LATE_P50_MS:g} ms")
         + f"; engine open {ms(statistics.mean(opens))} per invocation and invocation time "
         f"{ms(per_run_ms)} per resumed run ({runs} runs, {len(result.invocations)} invocations, "
@@ -433,11 +446,11 @@ def sleep_row(result: Sleeps) -> tuple[str, str]:
     )
 
 
-def parked_row(parked: int, cold: list[ColdStart]) -> tuple[str, str]:
+def parked_row(parked: int, cold: list[ColdStart], floors: Floors) -> tuple[str, str]:
     p50 = pct([c.total_ms for c in cold], 50)
     return (
         f"Start on a shard holding {parked:,} runs asleep for an hour",
-        f"p50 {ms(p50)}, of which recovery {ms(pct([c.recovery_ms for c in cold], 50))} "
+        f"p50 {ms(p50)} ({times(p50, floors.cold_start_ms)}), of which recovery {ms(pct([c.recovery_ms for c in cold], 50))} "
         f"({len(cold)} starts) " + goal(p50 <= GOAL_PARKED_P50_MS, f"\u2264 {GOAL_PARKED_P50_MS:g} ms"),
     )
 
@@ -453,10 +466,13 @@ def breakdown(title: str, cold: list[ColdStart]) -> str:
         [
             f"{title} ({len(cold)} starts; p50s of the parts need not add up to the total's):",
             f"  client.start to the request at the handler (server dispatch, HTTP)  {p('dispatch')}",
-            f"  to leased (connect, handshake, the grant)                           {p('lease')}",
+            f"  to connected (the handler's TCP connect)                            {p('connect')}",
+            f"  to leased (OPEN to WELCOME: the handshake and the grant)            {p('grant')}",
             f"  to opened (Engine.open)                                             {p('open')}",
             f"    of which the shard's own recovery (open_ms)                       {p('recovery')}",
-            f"  to the first step's body (the start routed, the run, its records)   {p('step')}",
+            f"  to the first append sent (the start routed, its run begun)          {p('append')}",
+            f"  to the append durable (its DURABLE back)                            {p('durable')}",
+            f"  to the first step's body (the rest)                                 {p('step')}",
         ]
     )
 
@@ -482,6 +498,8 @@ async def run_all(args: argparse.Namespace, scratch: Path) -> None:
     try:
         await cluster.quiet()  # the invocations of every shard a starting server sends
         progress = Progress(began)
+        floors = await measure_floors(scratch)
+        progress("the floors")
         cold = await cold_starts(cluster, args.cold)
         progress(f"{args.cold} cold starts")
         at_once = await fan_out(cluster, args.fan, together=True)
@@ -509,32 +527,34 @@ async def run_all(args: argparse.Namespace, scratch: Path) -> None:
         progress(f"{args.sleeps} runs sleeping 1 s in local mode")
     finally:
         await cluster.client.close()
-    rows = cold_rows(cold)
+    rows = cold_rows(cold, floors)
     rows.append(fan_row(f"{args.fan} workflows of {FAN_STEPS} steps on 4 shards, started at once", *at_once))
     rows.append(fan_row("The same started one after another", *serial))
-    rows.append(sleep_row(slept))
+    rows.append(sleep_row(slept, floors))
     late = pct(long_lived, 50)
     rows.append(
         (
             "The same on a long-lived worker (no invoking)",
-            f"late by {ms(late)} p50 (p90 {ms(pct(long_lived, 90))}): invoked is "
+            f"late by {ms(late)} p50 ({times(late, floors.wake_up_ms)}; p90 {ms(pct(long_lived, 90))}): invoked is "
             f"{ms(pct(slept.late_ms, 50) - late)} later at p50",
         )
     )
     rows.append(
         (
             "The same in local mode (one process, no server)",
-            f"late by {ms(pct(local, 50))} p50 (p90 {ms(pct(local, 90))}): the floor here; invoked is "
+            f"late by {ms(pct(local, 50))} p50 ({times(pct(local, 50), floors.wake_up_ms)}; "
+            f"p90 {ms(pct(local, 90))}): invoked is "
             f"{ms(pct(slept.late_ms, 50) - pct(local, 50))} later at p50",
         )
     )
-    rows.append(parked_row(args.parked, parked))
+    rows.append(parked_row(args.parked, parked, floors))
     print()
     print(table(rows))
     print()
     print(breakdown("Cold start, where the time goes", cold))
     print(breakdown(f"On the shard holding {args.parked:,} runs", parked))
     print(timers(slept))
+    print(floors.describe())
     print(
         f"This machine's floor: an HTTP round trip to the handler (a GET answered at once) takes "
         f"p50 {floor[0]:.2f} ms back to back and {floor[1]:.2f} ms after {SETTLE_S * 1000:.0f} ms of "

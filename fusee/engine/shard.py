@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
+import os
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -153,7 +153,7 @@ class Shard(RunLife):
     def new_seed(self) -> int:
         # The key of the run's completion tokens (engine.make_token): from the OS CSPRNG,
         # since `random`'s outputs predict its next ones and any code may seed it.
-        return secrets.randbits(63)
+        return int.from_bytes(os.urandom(8), "big") >> 1  # 63 bits (what secrets.randbits does)
 
     # -- records ---------------------------------------------------------------------------
 

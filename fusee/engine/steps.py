@@ -7,7 +7,6 @@ import asyncio
 import contextvars
 import inspect
 import logging
-import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -260,6 +259,8 @@ class Steps:
             if not again:
                 return 0
         now = self.shard.now_ms()
+        import random  # a retry's jitter: loaded on first use, not by `import fusee`
+
         retry_at = now + policy.delay_ms(op.attempt, random.random())
         if policy.max_elapsed is not None:
             from fusee.workflow.durations import to_ms
