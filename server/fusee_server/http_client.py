@@ -6,18 +6,21 @@ byte at an idle peer (a raw write: about 0.1 ms), on every invocation's critical
 cold start waits for it (bench/invoke_cost.py, the dispatch part). What the invoker needs
 is small: one request shape, the status, two headers (Retry-After, Location) and the start
 of the body; no redirect followed (a signed request goes to the configured URL only), no
-proxy, no cookies, no compression. So:
+proxy, no cookies, no compression. The protocol (the request's bytes, the response's
+parsing: status, headers, Content-Length, chunked and close-delimited bodies, 1xx; whether
+the connection may carry another exchange) is h11's, a sans-I/O HTTP/1.1 library; this
+file only moves bytes and keeps the pool:
 
 - a connection is taken from the idle ones (the newest first: the oldest are the likeliest
   to have been closed by the peer's keep-alive timeout) or made, and goes back only after
-  a whole response that leaves it reusable (HTTP/1.1, no `Connection: close`, the body's
-  end known); on any failure, timeout or cancellation it is closed, never reused with a
-  request half sent or a response half read;
+  a whole exchange that h11 says leaves it reusable (both sides DONE: HTTP/1.1, no
+  `Connection: close`, the body's end known); on any failure, timeout or cancellation it
+  is closed, never reused with a request half sent or a response half read;
 - an idle connection the peer closed meanwhile is seen as such before it is used (its EOF
   was read while it sat idle) and dropped; one closed in the instant before the request
   was written fails that invocation as a connection failure, as aiohttp's pool does;
-- a response's body is read whole (Content-Length, chunked, or to the connection's end)
-  up to BODY_BYTES_MAX, of which DETAIL_BYTES are kept.
+- a response's body is read whole up to BODY_BYTES_MAX, of which DETAIL_BYTES are kept; a
+  larger one is cut there and its connection closed.
 """
 
 from __future__ import annotations
@@ -26,11 +29,14 @@ import asyncio
 import ssl
 from urllib.parse import urlsplit
 
+import h11
+
 from fusee_server.invoke_answer import Answer
 
 BODY_BYTES_MAX = 1 << 20  # a larger answer is cut here, and its connection not reused
 DETAIL_BYTES = 500
 HEADER_BYTES_MAX = 64 << 10
+READ_BYTES = 64 << 10
 IDLE_MAX = 32  # idle connections kept per endpoint (its concurrency is 16 by default)
 
 
@@ -42,6 +48,7 @@ class _Conn:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
+        self.http = h11.Connection(h11.CLIENT, max_incomplete_event_size=HEADER_BYTES_MAX)
 
     def usable(self) -> bool:
         return not self.writer.is_closing() and not self.reader.at_eof()
@@ -99,7 +106,7 @@ class HttpClient:
                 self.port,
                 ssl=self.context,
                 server_hostname=self.host if self.tls else None,
-                limit=HEADER_BYTES_MAX,
+                limit=READ_BYTES,
             )
         except OSError as error:  # (ssl.SSLError too: a certificate that does not verify)
             why = error.strerror or str(error) or type(error).__name__
@@ -107,106 +114,95 @@ class HttpClient:
         return _Conn(reader, writer)
 
     async def _exchange(self, conn: _Conn, headers: dict[str, str], body: bytes) -> tuple[Answer, bool]:
-        lines = [f"POST {self.target} HTTP/1.1", f"host: {self.authority}"]
-        lines += [f"{name}: {value}" for name, value in headers.items()]
-        lines.append(f"content-length: {len(body)}")
-        conn.writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
-        reader = conn.reader
-        while True:
-            version, status = _status_line(await _line(reader))
-            fields = await _fields(reader)
-            if not 100 <= status < 200:
-                break  # (1xx: an interim answer, such as 100 Continue; the real one follows)
-        data, ended = await _body(reader, fields)
-        reusable = (
-            ended
-            and version == "HTTP/1.1"
-            and "close" not in fields.get("connection", "").lower()
-            and conn.usable()
-        )
+        http = conn.http
+        fields = [("host", self.authority), *headers.items(), ("content-length", str(len(body)))]
+        try:
+            request = http.send(h11.Request(method="POST", target=self.target, headers=fields))
+            conn.writer.write(request + http.send(h11.Data(data=body)) + http.send(h11.EndOfMessage()))
+        except h11.LocalProtocolError as error:  # a header value h11 refuses to send
+            raise HttpError(f"the request could not be sent: {error}") from None
+        reading = _Reading(conn)
+        response = await reading.response()
+        detail, ended = await reading.body()
+        # h11 decides reuse: both sides DONE (an HTTP/1.0 answer or `Connection: close`
+        # leaves the peer in MUST_CLOSE); and the peer must not have closed it meanwhile.
+        reusable = ended and http.our_state is h11.DONE and http.their_state is h11.DONE and conn.usable()
+        if reusable:
+            http.start_next_cycle()
         answer = Answer(
-            status,
-            fields.get("retry-after"),
-            data[:DETAIL_BYTES].decode(errors="replace"),
-            fields.get("location"),
+            response.status_code,
+            _field(response, b"retry-after"),
+            detail.decode(errors="replace"),
+            _field(response, b"location"),
         )
         return answer, reusable
 
 
-async def _line(reader: asyncio.StreamReader) -> bytes:
-    try:
-        line = await reader.readuntil(b"\n")
-    except asyncio.IncompleteReadError:
-        raise HttpError("the endpoint closed the connection before it answered") from None
-    except asyncio.LimitOverrunError:
-        raise HttpError(f"a response line over {HEADER_BYTES_MAX} bytes") from None
-    return line.rstrip(b"\r\n")
+class _Reading:
+    """One response read through h11, its failures said as HttpError."""
 
+    def __init__(self, conn: _Conn) -> None:
+        self.conn = conn
+        self.first = b""  # the first bytes received: what a non-HTTP answer said
+        self.eof = False
+        self.answered = False  # the response's head was read (h11's state is ERROR once it failed)
 
-def _status_line(line: bytes) -> tuple[str, int]:
-    version, _, rest = line.decode("latin-1").partition(" ")
-    code = rest[:3]
-    if version not in ("HTTP/1.1", "HTTP/1.0") or not code.isdigit():
-        raise HttpError(f"not an HTTP/1.x response: {line[:80]!r}")
-    return version, int(code)
+    async def _event(self) -> h11.Event:
+        http = self.conn.http
+        while True:
+            try:
+                event = http.next_event()
+            except h11.RemoteProtocolError as error:
+                raise self._broken(str(error)) from None
+            if isinstance(event, h11.Event):
+                return event
+            if event is h11.PAUSED:  # (only after a whole response; never read past it)
+                raise self._broken("more data after the response")
+            data = await self.conn.reader.read(READ_BYTES)
+            self.first = self.first or data[:80]
+            self.eof = not data
+            http.receive_data(data)  # (b"": the peer's EOF, which h11 judges)
 
+    def _broken(self, why: str) -> HttpError:
+        if not self.answered:
+            if self.first and not self.first.startswith(b"HTTP/1."):
+                return HttpError(f"not an HTTP/1.x response: {self.first!r}")
+            if self.eof:
+                return HttpError("the endpoint closed the connection before it answered")
+        elif self.eof:
+            return HttpError("the endpoint closed the connection in the middle of its answer")
+        return HttpError(f"a malformed response: {why}")
 
-async def _fields(reader: asyncio.StreamReader) -> dict[str, str]:
-    """The header fields, names lowercased (a repeated one: the last)."""
-    fields: dict[str, str] = {}
-    size = 0
-    while line := await _line(reader):
-        size += len(line)
-        if size > HEADER_BYTES_MAX:
-            raise HttpError(f"response headers over {HEADER_BYTES_MAX} bytes")
-        name, colon, value = line.decode("latin-1").partition(":")
-        if not colon:
-            raise HttpError(f"a malformed header line: {line[:80]!r}")
-        fields[name.strip().lower()] = value.strip()
-    return fields
+    async def response(self) -> h11.Response:
+        while True:
+            event = await self._event()
+            if isinstance(event, h11.Response):
+                self.answered = True
+                return event
+            if not isinstance(event, h11.InformationalResponse):  # (1xx: the real one follows)
+                raise self._broken(f"{type(event).__name__} where a response was due")
 
-
-async def _body(reader: asyncio.StreamReader, fields: dict[str, str]) -> tuple[bytes, bool]:
-    """The body (up to BODY_BYTES_MAX) and whether its end was read, the connection then
-    being ready for the next response."""
-    try:
-        if "chunked" in fields.get("transfer-encoding", "").lower():
-            return await _chunked(reader)
-        length = fields.get("content-length")
-        if length is not None:
-            if not length.isdigit():
-                raise HttpError(f"a malformed Content-Length: {length[:40]!r}")
-            size = int(length)
-            if size > BODY_BYTES_MAX:
-                return await reader.readexactly(DETAIL_BYTES), False
-            return await reader.readexactly(size), True
-        # Neither: the body runs to the connection's end (never reused).
-        chunks: list[bytes] = []
+    async def body(self) -> tuple[bytes, bool]:
+        """The body's first DETAIL_BYTES, and whether its end was read within BODY_BYTES_MAX."""
+        kept = bytearray()
         size = 0
-        while size < BODY_BYTES_MAX and (chunk := await reader.read(BODY_BYTES_MAX - size)):
-            chunks.append(chunk)
-            size += len(chunk)
-        return b"".join(chunks), False
-    except asyncio.IncompleteReadError:
-        raise HttpError("the endpoint closed the connection in the middle of its answer") from None
+        while True:
+            event = await self._event()
+            if isinstance(event, h11.EndOfMessage):
+                return bytes(kept), True
+            if not isinstance(event, h11.Data):
+                raise self._broken(f"{type(event).__name__} within a body")
+            size += len(event.data)
+            if len(kept) < DETAIL_BYTES:
+                kept += event.data[: DETAIL_BYTES - len(kept)]
+            if size > BODY_BYTES_MAX:
+                return bytes(kept), False  # cut: the rest is never read, the connection closed
 
 
-async def _chunked(reader: asyncio.StreamReader) -> tuple[bytes, bool]:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        head = (await _line(reader)).split(b";", 1)[0].strip()
-        try:
-            length = int(head, 16)
-        except ValueError:
-            raise HttpError(f"a malformed chunk size: {head[:40]!r}") from None
-        if length == 0:
-            while await _line(reader):  # trailer fields, up to the blank line
-                pass
-            return b"".join(chunks), True
-        size += length
-        if size > BODY_BYTES_MAX:
-            return b"".join(chunks), False
-        chunks.append(await reader.readexactly(length))
-        if await reader.readexactly(2) != b"\r\n":
-            raise HttpError("a chunk not followed by CRLF")
+def _field(response: h11.Response, name: bytes) -> str | None:
+    """A response header's value (repeated: the last), h11 having lowercased the names."""
+    value = None
+    for field, data in response.headers:
+        if field == name:
+            value = data.decode("latin-1")
+    return value

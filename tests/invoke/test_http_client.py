@@ -116,3 +116,54 @@ async def test_a_peer_that_closes_before_answering_or_answers_garbage_fails_the_
     with pytest.raises(HttpError, match="Cannot connect to host"):
         await client.post({}, b"{}", 5)
     assert client.idle == []
+
+
+async def test_a_redirect_is_answered_not_followed_and_a_body_over_the_cap_is_cut() -> None:
+    from fusee_server.http_client import BODY_BYTES_MAX, DETAIL_BYTES
+
+    elsewhere: list[bytes] = []
+
+    async def other(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        elsewhere.append(await _request(reader))
+        writer.close()
+
+    other_server, other_url = await _raw(other)
+    big = b"x" * (BODY_BYTES_MAX + 1)
+    chunked_big = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (b"a" * 600, big))
+    answers = [
+        b"HTTP/1.1 307 Temporary Redirect\r\nLocation: "
+        + other_url.encode()
+        + b"\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nyes",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked_big + b"0\r\n\r\n",
+        b"HTTP/1.1 500 Oops\r\nContent-Length: %d\r\n\r\n%s" % (len(big), big),
+    ]
+    connections = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        try:
+            while answers:
+                await _request(reader)
+                writer.write(answers.pop(0))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the client closed a connection it does not reuse
+        writer.close()
+
+    server, url = await _raw(serve)
+    client = HttpClient(url, None)
+    moved = await client.post({}, b"{}", 5)
+    assert (moved.status, moved.location) == (307, other_url)  # a failed answer, for the invoker
+    assert (await client.post({}, b"{}", 5)).detail == "yes"  # on the same connection
+    assert connections == 1 and elsewhere == []  # the Location was never asked
+    cut = await client.post({}, b"{}", 5)
+    assert (cut.status, cut.detail) == (200, "a" * DETAIL_BYTES)
+    assert client.idle == []  # its rest unread: closed, not reused
+    cut = await client.post({}, b"{}", 5)
+    assert (cut.status, cut.detail) == (500, "x" * DETAIL_BYTES)
+    assert client.idle == [] and connections == 2
+    server.close()
+    other_server.close()
+    client.close()
