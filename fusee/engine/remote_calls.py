@@ -31,7 +31,7 @@ from fusee._errors import (
     RejectedError,
     _FailureError,
 )
-from fusee.engine.run_handle import Run, RunSummary
+from fusee.engine.run_handle import Run, RunSummary, list_runs
 from fusee.engine.shard import Shard
 from fusee.protocol import messages as m
 from fusee.protocol.frames import FrameError
@@ -196,7 +196,12 @@ class CallServer:
             args = m.decode_value(call.args)
             if not isinstance(args, dict):
                 raise RejectedError("a call's arguments are a map")
-            if call.method in WAITS:
+            if call.method == "list" and call.shard >= 0:
+                # One shard's part of a listing (the server sends a part per shard and
+                # merges them): that shard's rows only, so a part routed on to the shard's
+                # next holder is not answered twice for another.
+                value = await _list_shard(self.engine, call.shard, args)
+            elif call.method in WAITS:
                 answered, value = await self._unless_leaving(call.shard, method(self.engine, args))
                 if not answered:
                     self.storage.send(self._moved(call, self._waiting_on_run(call, args)))
@@ -333,6 +338,11 @@ async def _fail(engine: ServedEngine, a: dict[str, Any]) -> Any:
 
 async def _list(engine: ServedEngine, a: dict[str, Any]) -> Any:
     return [_summary(row) async for row in engine.list(a.get("type"), a.get("status"))]
+
+
+async def _list_shard(engine: ServedEngine, index: int, a: dict[str, Any]) -> Any:
+    shard = engine.by_index[index]
+    return [_summary(row) async for row in list_runs([shard], a.get("type"), a.get("status"))]
 
 
 # Calls that wait for the run rather than act on it: at a handback they are answered MOVED

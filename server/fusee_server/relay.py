@@ -1,12 +1,14 @@
 """The relay: messages between shards, clients' calls to the holders of their shards, and
-listings sent to every holder, each kept here while its shard has no holder.
+listings (one call per shard, merged here), each kept here while its shard has no holder.
 
 A message for a shard nobody holds waits (the newest RELAY_FRAMES_MAX, RELAY_BYTES_MAX),
 its sender resending it every second until acknowledged. A call for such a shard fails at
 once (NoHolder) unless an invoker may bring a holder: then it waits up to CALL_WAIT_S and
 makes its shard due. A call its worker answered MOVED, or never answered because it left,
 goes to the shard's next holder as if it arrived then (docs/server.md, *Calls and
-messages*).
+messages*). A listing's part for each shard is such a call: a holder that lets the shard
+go with the part unanswered (an invoked worker's idle end) has it routed on like any
+other, instead of the whole listing failing.
 """
 
 from __future__ import annotations
@@ -49,17 +51,43 @@ class Waker(Protocol):
 
 
 class Listing:
-    """A listing sent to every holder; answered once each has, merged in shard order."""
+    """A listing: one `list` call per shard, each routed as any call for that shard is
+    (waiting for a holder, invoking one, rerouted when its holder lets the shard go), and
+    answered to the client once every part is in, merged in shard order. A listing sent
+    whole to each holder would lose a shard's rows, or fail, when its holder let it go
+    before answering; a part per shard follows its shard."""
 
-    def __init__(self, client: ServerConnection, rid: int, parts: int) -> None:
+    def __init__(self, client: ServerConnection | Listing, rid: int, parts: int) -> None:
         self.client = client
         self.rid = rid
         self.parts = parts
         self.rows: list[Any] = []
         self.error: m.Answer | None = None
 
+    @property
+    def closed(self) -> bool:
+        return self.client.closed
 
-Waiting = tuple["ServerConnection", m.Call, float]  # the client, its call, until when (loop time)
+    def send(self, answer: m.Answer) -> None:
+        """A part that failed (the first failure is the listing's answer)."""
+        self.part(answer, [])
+
+    def part(self, answer: m.Answer, rows: list[Any]) -> None:
+        """One shard's part; the whole goes back once every part is in."""
+        self.parts -= 1
+        if answer.code is not None:
+            self.error = self.error or answer
+        self.rows.extend(rows)
+        if self.parts == 0:
+            if self.error is not None:
+                error = self.error
+                self.client.send(m.Answer(self.rid, error.value, error.code, error.message))
+            else:
+                ordered = sorted(self.rows, key=lambda row: row["shard"])  # stable: each shard's order kept
+                self.client.send(m.Answer(self.rid, m.encode_value(ordered)))
+
+
+Waiting = tuple["ServerConnection | Listing", m.Call, float]  # who asked, the call, until when (loop time)
 
 
 class Relay:
@@ -70,7 +98,6 @@ class Relay:
         self.messages_bytes = [0 for _ in table]
         # Calls waiting for a holder (invoked workers), per shard.
         self.calls_waiting: list[deque[Waiting]] = [deque() for _ in table]
-        self.listings_waiting: list[Waiting] = []
         # Calls relayed to a worker, by the server's number: who asked (and its number for
         # it), the worker, the call.
         self.calls: dict[int, tuple[ServerConnection | Listing, int, ServerConnection, m.Call]] = {}
@@ -78,11 +105,11 @@ class Relay:
         self.invoker: Waker | None = None
 
     def waiting(self) -> int:
-        """The calls and listings waiting for a holder."""
-        return sum(map(len, self.calls_waiting)) + len(self.listings_waiting)
+        """The calls (and listings' parts) waiting for a holder."""
+        return sum(map(len, self.calls_waiting))
 
     def calls_wait(self, index: int) -> bool:
-        return bool(self.calls_waiting[index] or self.listings_waiting)
+        return bool(self.calls_waiting[index])
 
     def granted(self, index: int) -> None:
         """`index` has a holder now: what waited for one goes to it."""
@@ -96,11 +123,6 @@ class Relay:
             client, call, _ = calls.popleft()
             if not client.closed:
                 self._route(client, call, holder)
-        if self.listings_waiting:
-            waiting, self.listings_waiting = self.listings_waiting, []
-            for client, call, _ in waiting:
-                if not client.closed:
-                    self._list(client, call)
 
     # -- messages between shards --------------------------------------------------------
 
@@ -134,7 +156,7 @@ class Relay:
 
     # -- calls from clients ---------------------------------------------------------------
 
-    def call(self, client: ServerConnection, call: m.Call) -> None:
+    def call(self, client: ServerConnection | Listing, call: m.Call) -> None:
         if call.method == "invocations":
             # Answered here, whatever the shard and the arguments say (it names neither).
             metrics = self.invoker.metrics() if self.invoker is not None else {"endpoints": []}
@@ -164,7 +186,9 @@ class Relay:
             return
         self._route(client, call, holder)
 
-    def _reroute(self, mover: ServerConnection, client: ServerConnection, call: m.Call, due: bool) -> None:
+    def _reroute(
+        self, mover: ServerConnection, client: ServerConnection | Listing, call: m.Call, due: bool
+    ) -> None:
         """A call `mover` answered MOVED (it let the shard go before hearing of the call,
         or with the call waiting on its run): to the shard's next holder, as if it arrived
         now. While `mover` still holds the shard here (its release is on its way) it
@@ -184,30 +208,22 @@ class Relay:
             if due:
                 self.invoker.make_due(call.shard, Reason.CALL, type=_type_of(call))
 
-    def _route(self, client: ServerConnection, call: m.Call, holder: ServerConnection) -> None:
+    def _route(self, client: ServerConnection | Listing, call: m.Call, holder: ServerConnection) -> None:
         rid = next(self.rids)
         self.calls[rid] = (client, call.rid, holder, call)
         holder.calls.add(rid)
         holder.send(m.Call(rid, call.method, call.shard, call.args))
 
-    def _list(self, client: ServerConnection, call: m.Call) -> None:
+    def _list(self, client: ServerConnection | Listing, call: m.Call) -> None:
         free = [s.index for s in self.table if s.holder is None or s.index in s.holder.draining]
-        if free:
-            if self.invoker is None:
-                client.send(m.Answer(call.rid, code="NoHolder", message=no_holder(free[0])))
-                return
-            # A listing invokes every shard nobody holds, and waits for all of them.
-            self.listings_waiting.append((client, call, asyncio.get_running_loop().time() + CALL_WAIT_S))
-            for index in free:
-                self.invoker.make_due(index, Reason.CALL)
+        if free and self.invoker is None:
+            client.send(m.Answer(call.rid, code="NoHolder", message=no_holder(free[0])))
             return
-        holders = list(dict.fromkeys(lease.holder for lease in self.table if lease.holder is not None))
-        listing = Listing(client, call.rid, len(holders))
-        for holder in holders:
-            rid = next(self.rids)
-            self.calls[rid] = (listing, call.rid, holder, call)
-            holder.calls.add(rid)
-            holder.send(m.Call(rid, call.method, -1, call.args))
+        # A part per shard, each a call for its shard: one nobody holds waits for the
+        # holder it invokes.
+        listing = Listing(client, call.rid, self.shards)
+        for index in range(self.shards):
+            self.call(listing, m.Call(call.rid, call.method, index, call.args))
 
     def answered(self, conn: ServerConnection, answer: m.Answer) -> None:
         entry = self.calls.get(answer.rid)
@@ -220,7 +236,7 @@ class Relay:
         del self.calls[answer.rid]
         holder.calls.discard(answer.rid)
         call = entry[3]
-        if answer.code in (m.MOVED, m.MOVED_WAITING) and not isinstance(origin, Listing) and call.shard >= 0:
+        if answer.code in (m.MOVED, m.MOVED_WAITING) and call.shard >= 0:
             self._reroute(
                 conn, origin, m.Call(rid, call.method, call.shard, call.args), answer.code == m.MOVED
             )
@@ -236,30 +252,9 @@ class Relay:
                 conn.fail(f"a malformed listing: {error}")
                 answer = m.Answer(answer.rid, code="Connection", message=GONE)
                 rows = []
-            self._listed(origin, answer, rows)
+            origin.part(answer, rows)
             return
-        self._answer(origin, rid, answer)
-
-    def _answer(self, origin: ServerConnection | Listing, rid: int, answer: m.Answer) -> None:
-        if isinstance(origin, Listing):
-            self._listed(origin, answer, [])
-        else:
-            origin.send(m.Answer(rid, answer.value, answer.code, answer.message))
-
-    def _listed(self, listing: Listing, answer: m.Answer, rows: list[Any]) -> None:
-        """One holder's part of a listing; the whole goes back once every part is in."""
-        listing.parts -= 1
-        if answer.code is not None:
-            listing.error = listing.error or answer
-        listing.rows.extend(rows)
-        if listing.parts == 0:
-            if listing.error is not None:
-                self._answer(listing.client, listing.rid, listing.error)
-            else:
-                ordered = sorted(
-                    listing.rows, key=lambda row: row["shard"]
-                )  # stable: each shard's order kept
-                listing.client.send(m.Answer(listing.rid, m.encode_value(ordered)))
+        origin.send(m.Answer(rid, answer.value, answer.code, answer.message))
 
     def lost(self, conn: ServerConnection, held: set[int]) -> None:
         """`conn` is gone, and with it the shards it `held`: the calls relayed to it go on."""
@@ -267,10 +262,8 @@ class Relay:
             entry = self.calls.pop(rid, None)
             if entry is None:
                 continue
-            origin, _, _, call = entry
-            if isinstance(origin, Listing):
-                self._answer(origin, entry[1], m.Answer(0, code="Connection", message=GONE))
-            elif call.method == "result" and self.invoker is not None:
+            origin, rid, _, call = entry
+            if call.method == "result" and self.invoker is not None:
                 # A wait for a result (a run asleep) outlives its worker: it goes to the
                 # shard's next holder, or waits here for one without invoking one itself.
                 self._reroute(conn, origin, call, due=False)
@@ -279,32 +272,25 @@ class Relay:
                 # every call it acted on before its release (fusee/engine/remote_calls.py): this
                 # one it never acted on (it came too late), so it goes to the shard's next
                 # holder, as a MOVED answer would have sent it.
+                # (A listing's part too: only that shard's rows are asked again.)
                 self._reroute(conn, origin, call, due=True)
             else:
-                self._answer(origin, entry[1], m.Answer(0, code="Connection", message=GONE))
+                origin.send(m.Answer(rid, code="Connection", message=GONE))
         conn.calls.clear()
 
     # -- calls that waited in vain --------------------------------------------------------
 
     def expire(self) -> None:
-        """The calls and listings that waited CALL_WAIT_S for a holder fail, saying why."""
+        """The calls (and listings' parts) that waited CALL_WAIT_S for a holder fail, saying why."""
         now = asyncio.get_running_loop().time()
         for index, calls in enumerate(self.calls_waiting):
             while calls and calls[0][2] <= now:
                 client, call, _ = calls.popleft()
                 why = f"no worker took shard {index} within {CALL_WAIT_S:g} s{self._why(index)}; retry"
                 client.send(m.Answer(call.rid, code="NoHolder", message=why))
-        expired = [entry for entry in self.listings_waiting if entry[2] <= now]
-        if expired:
-            self.listings_waiting = [entry for entry in self.listings_waiting if entry[2] > now]
-            free = [s.index for s in self.table if s.holder is None]
-            why = self._why(free[0]) if free else ""
-            for client, call, _ in expired:
-                message = f"not every shard found a holder in time{why}; retry"
-                client.send(m.Answer(call.rid, code="NoHolder", message=message))
 
     def fail_waiting(self, index: int, before: float, why: str) -> None:
-        """The calls waiting for `index` (and the listings) that arrived by `before` fail
+        """The calls waiting for `index` (listings' parts too) that arrived by `before` fail
         now, saying `why`: the invocation made for them failed on an endpoint that keeps
         failing (invoker.py, FAILED_ROUNDS_FOR_CALLS), so waiting out CALL_WAIT_S would
         only hide the reason. Those that came later wait for the next try."""
@@ -316,11 +302,6 @@ class Relay:
             else:
                 keep.append((client, call, deadline))
         self.calls_waiting[index] = keep
-        listings = [entry for entry in self.listings_waiting if entry[2] - CALL_WAIT_S <= before]
-        if listings:
-            self.listings_waiting = [entry for entry in self.listings_waiting if entry not in listings]
-            for client, call, _ in listings:
-                client.send(m.Answer(call.rid, code="NoHolder", message=message))
 
     def _why(self, index: int) -> str:
         return f": {self.invoker.why_no_worker(index)}" if self.invoker is not None else ""
