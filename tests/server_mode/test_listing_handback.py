@@ -15,6 +15,7 @@ from typing import Any
 import fusee
 from fusee.testing.faults import held_read
 from tests.server_mode.flows import WORKFLOWS
+from tests.support.engine_kit import parked_ref
 from tests.support.waiting import eventually
 
 
@@ -45,8 +46,7 @@ async def test_listings_at_a_holders_clean_exit_are_answered_with_every_shards_r
         await eventually(lambda: not any(wid in engine.shard_of(wid).runs for wid in ids))  # parked
         start_worker(server.address())  # the standby: the shards' next holder
         held_shard = engine.shard_of(ids[0])
-        ref = held_shard.index_entries.get(ids[0]).ref
-        with held_read(held_shard.store, ref) as held:
+        with held_read(held_shard.store, parked_ref(engine, ids[0])) as held:
             # Accepted by the holder, which is reading its parked runs when it starts to
             # let its shards go: answered before the shard goes.
             accepted = asyncio.ensure_future(_ids(client))
