@@ -37,6 +37,8 @@ from fusee import journal as R
 from fusee._errors import Failure, FuseeError, NoHolderError, failure_from
 from fusee.client._link import Link
 from fusee.engine.run_handle import RunDescription, RunSummary, listed_status
+from fusee.engine.coordinators import Coordinators
+from fusee.engine.coordinators.handle import wait_started
 from fusee.engine.schedules import ScheduleHandle, Schedules
 from fusee.protocol import messages as m
 from fusee.protocol.address import Address, parse
@@ -155,6 +157,7 @@ class Client:
         self.link = link
         self.address = link.address
         self.schedules = Schedules(self)  # the same handles as an engine's (docs/schedules.md)
+        self.coordinators = Coordinators(self)  # debounce and batch (docs/coordinators.md)
 
     @classmethod
     async def connect(
@@ -266,6 +269,16 @@ class Client:
     ) -> ScheduleHandle:
         """Create or update a schedule (docs/schedules.md); its handle."""
         return await self.schedules.create(name, spec, wf, input)
+
+    async def debounce(self, wf: Workflow[Any] | str, key: str, input: Any = None, **options: Any) -> ClientRun[Any]:
+        """Collapse starts of `wf` with `key` inside `window=` into one run (docs/coordinators.md)."""
+        run: ClientRun[Any] = await self.coordinators.debounce(wf, key, input, **options)
+        return run
+
+    async def batch(self, wf: Workflow[Any] | str, key: str, event: Any = None, **options: Any) -> ClientRun[Any]:
+        """Add an event to the key's batch; one run per batch (docs/coordinators.md)."""
+        run: ClientRun[Any] = await self.coordinators.batch(wf, key, event, **options)
+        return run
 
     def run(self, id: str, wf: Workflow[Out] | None = None) -> ClientRun[Out]:
         """A handle; makes no call. `wf` types its result."""
@@ -445,6 +458,12 @@ class ClientRun(Generic[Out]):
     async def status(self) -> RunSummary:
         row = await self.client.call("status", self.shard, id=self.id)
         return msgspec.convert(row, RunSummary)
+
+    async def started(self) -> RunSummary:
+        """Wait until the run exists (a debounced or batched run: once its window
+        closes); its summary."""
+        summary: RunSummary = await wait_started(self)
+        return summary
 
     async def describe(self) -> RunDescription:
         """The summary and the journal, as records (as the engine's)."""

@@ -25,6 +25,7 @@ from fusee.engine import idle, opening, registry
 from fusee.engine.idle import IdleReport
 from fusee.engine.run import RunState
 from fusee.engine.run_handle import Run, RunSummary, list_runs
+from fusee.engine.coordinators import Coordinators
 from fusee.engine.schedules import ScheduleHandle, Schedules
 from fusee.engine.shard import Shard
 from fusee.engine.step_threads import StepThreads
@@ -90,6 +91,9 @@ class Engine:
         # Schedules are runs of a built-in workflow bound to this engine (docs/schedules.md).
         self.schedules = Schedules(self)
         self.register(self.schedules.workflow())
+        # Debounce and batch coordinators: built-in workflows too (docs/coordinators.md).
+        self.coordinators = Coordinators(self)
+        self.register(*self.coordinators.workflows())
 
     @classmethod
     async def open(
@@ -435,6 +439,16 @@ class Engine:
     ) -> ScheduleHandle:
         """Create or update a schedule (docs/schedules.md); its handle."""
         return await self.schedules.create(name, spec, wf, input)
+
+    async def debounce(self, wf: Workflow[Any] | str, key: str, input: Any = None, **options: Any) -> Run[Any]:
+        """Collapse starts of `wf` with `key` inside `window=` into one run (docs/coordinators.md)."""
+        run: Run[Any] = await self.coordinators.debounce(wf, key, input, **options)
+        return run
+
+    async def batch(self, wf: Workflow[Any] | str, key: str, event: Any = None, **options: Any) -> Run[Any]:
+        """Add an event to the key's batch; one run per batch (docs/coordinators.md)."""
+        run: Run[Any] = await self.coordinators.batch(wf, key, event, **options)
+        return run
 
     async def signal_with_start(
         self,

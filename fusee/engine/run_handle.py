@@ -23,6 +23,7 @@ from fusee._errors import (
     error_from,
     failure_from,
 )
+from fusee.engine.coordinators.handle import wait_started
 from fusee.engine.loader import StoredRun
 from fusee.engine.run import RunState
 from fusee.engine.shard import Shard
@@ -363,6 +364,12 @@ class Run(Generic[Out]):
 
     async def status(self) -> RunSummary:
         return (await self.describe()).summary
+
+    async def started(self) -> RunSummary:
+        """Wait until the run exists (a debounced or batched run: once its window
+        closes); its summary."""
+        summary: RunSummary = await wait_started(self)
+        return summary
 
     async def describe(self) -> RunDescription:
         """The summary and the journal, as records."""
