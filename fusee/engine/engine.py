@@ -26,6 +26,7 @@ from fusee.engine.idle import IdleReport
 from fusee.engine.run import RunState
 from fusee.engine.run_handle import Run, RunSummary, list_runs
 from fusee.engine.coordinators import Coordinators
+from fusee.engine.coordinators.concurrency import from_outside
 from fusee.engine.schedules import ScheduleHandle, Schedules
 from fusee.engine.shard import Shard
 from fusee.engine.step_threads import StepThreads
@@ -381,6 +382,13 @@ class Engine:
         workflow or a taken ID is refused before anything is recorded. With `delay=` or
         `at=` the run exists under its ID at once and its code begins then."""
         not_before = delayed_until(self.clock.now_ms(), delay, at)
+        self._check_open()
+        names.name(id, "workflow ID")
+        definition = self.workflow_of(wf)
+        if definition.concurrency is not None and not not_before and id_policy is None and from_outside():
+            # Runs at once: the start waits its turn in the type's queue (docs/coordinators.md).
+            queued: Run[Out] = await self.coordinators.enqueue(definition, id, input)
+            return queued
         run, _ = await self._start(wf, id, input, id_policy, timeout, version, not_before=not_before)
         return run
 

@@ -23,6 +23,7 @@ from fusee._errors import (
     error_from,
     failure_from,
 )
+from fusee.engine.coordinators.concurrency import cancel_queued, through_queue
 from fusee.engine.coordinators.handle import wait_started
 from fusee.engine.loader import StoredRun
 from fusee.engine.run import RunState
@@ -340,7 +341,11 @@ class Run(Generic[Out]):
                 # have woken it and it ended meanwhile): waiting by it, nothing answers.
                 state = await shard.finished_run(self.id)
                 if state is None:
-                    await self._refuse(shard, NotFoundError(f"no workflow '{self.id}'", workflow_id=self.id))
+                    try:  # a run waiting its turn (runs at once, docs/coordinators.md)
+                        await through_queue(self)
+                    except NotFoundError:
+                        await self._refuse(shard, NotFoundError(f"no workflow '{self.id}'", workflow_id=self.id))
+                    continue
             if state.status in FINISHED:
                 if isinstance(state, RunState):
                     await shard.durable_at(state.last_lsn)
@@ -392,7 +397,14 @@ class Run(Generic[Out]):
         its code is fixed."""
         reason = names.text(reason, "cancel reason")
         shard = self._shard
-        state = await self._running(shard)
+        try:
+            state = await self._running(shard)
+        except NotFoundError as error:
+            try:  # a run waiting its turn leaves its queue (docs/coordinators.md)
+                await cancel_queued(self, reason)
+            except NotFoundError:
+                raise error from None
+            return
         state.event(R.CancelRequested(reason))
         await shard.durable_at(state.last_lsn)
 

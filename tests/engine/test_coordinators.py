@@ -4,6 +4,8 @@ life with each acknowledged event in exactly one run's input, once."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 import fusee
@@ -177,6 +179,53 @@ async def test_a_crash_after_every_event_keeps_each_acknowledged_event_once(tmp_
             else:
                 assert out == {"i": max(events)}  # the latest input of the window
             assert (await t.engine.run(rid).status()).run == 1  # one run per window
+        await t.check()
+    finally:
+        await t.close()
+
+
+ORDER: list[str] = []
+
+
+@fusee.workflow("report", concurrency=fusee.Concurrency(2, key=lambda input: input["tenant"]))
+async def report(ctx: fusee.Ctx, input: dict) -> str:
+    await ctx.step("begin", lambda: ORDER.append(ctx.workflow_id))
+    await ctx.sleep("work", "10s")
+    return ctx.workflow_id
+
+
+async def test_runs_at_once_admits_in_start_order_through_crashes(tmp_path):
+    """Two at a time per tenant: the rest are listed as queued, admitted in the order
+    started as turns free, and each once, with crashes in between; result() waits
+    through the queue and a cancelled queued run leaves it."""
+    ORDER.clear()
+    t = await TestEngine.open([report], dir=tmp_path / "data", shards=2)
+    try:
+        runs = [await t.engine.start(report, f"a{i}", {"tenant": "a"}) for i in range(6)]
+        other = await t.engine.start(report, "b0", {"tenant": "b"})
+        await t.settle()
+        assert sorted(ORDER) == ["a0", "a1", "b0"]  # two of a, and b's own turn
+        queued = {r.id async for r in t.engine.list(type="fusee.queued") if r.status == "running"}
+        assert queued == {f"fusee.queued/a{i}" for i in range(2, 6)}
+        await runs[3].cancel("not needed")
+        with pytest.raises(fusee.CancelledError):
+            await runs[3].result()
+        await t.crash(settle=False)
+        await t.advance("10s")  # a0, a1 end: a2 and a4 take their turns
+        await t.crash(settle=False)
+        assert (await t.engine.run("fusee.queued/a5").status()).status == "running"
+        waiter = asyncio.ensure_future(t.engine.run("a5").result())  # waits through the queue
+        await t.advance("10s")  # a2, a4 end: a5's turn
+        assert not waiter.done()
+        await t.advance("10s")
+        assert await waiter == "a5"
+        await t.crash()
+        assert [x for x in ORDER if x.startswith("a")] == ["a0", "a1", "a2", "a4", "a5"]
+        assert await t.engine.run(other.id).result() == "b0"
+        for i in (0, 1, 2, 4, 5):
+            assert (await t.engine.run(f"a{i}").status()).run == 1  # admitted once
+        with pytest.raises(fusee.NotFoundError):
+            await t.engine.run("a3").status()
         await t.check()
     finally:
         await t.close()

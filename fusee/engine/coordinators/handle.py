@@ -29,9 +29,10 @@ class Coordinators:
         self._target = target
 
     def workflows(self) -> list[Workflow[Any]]:
+        from fusee.engine.coordinators import concurrency
         from fusee.engine.coordinators.flow import make_workflow
 
-        return [make_workflow(DEBOUNCE), make_workflow(BATCH)]
+        return [make_workflow(DEBOUNCE), make_workflow(BATCH), *concurrency.workflows()]
 
     async def debounce(
         self,
@@ -94,24 +95,39 @@ class Coordinators:
             arg["dedup_window_ms"] = _positive(dedup_window, "dedup_window")
         if event_id is not None:
             arg["event_id"] = names.name(event_id, "event_id")
-        cid = coordinator_id(kind, wf_name, key)
-        # One update ID for every send: a send whose reply was lost, sent again to the
-        # same coordinator run, gets the recorded receipt instead of adding the event twice.
-        update_id = uuid.uuid4().hex
-        for attempt in range(ATTEMPTS):
-            try:
-                _, receipt = await self._target.update_with_start(
-                    kind, cid, new_state(kind, wf_name, key), EVENT, arg, update_id=update_id
-                )
-            except (RejectedError, NotFoundError) as error:
-                # The coordinator ended as the event reached it: refused before its
-                # handler ran, so the event is in no window; the next send starts the
-                # key's next coordinator.
-                if attempt + 1 == ATTEMPTS or not _ended(error):
-                    raise
-                continue
-            return self._target.run(receipt["id"], wf if isinstance(wf, Workflow) else None)
-        raise AssertionError("unreachable")
+        receipt = await send(
+            self._target, kind, coordinator_id(kind, wf_name, key), new_state(kind, wf_name, key), EVENT, arg
+        )
+        return self._target.run(receipt["id"], wf if isinstance(wf, Workflow) else None)
+
+    async def enqueue(self, definition: Workflow[Any], id: str, input: Any) -> Any:
+        """A start of a type with `concurrency=`, from outside a workflow: queued."""
+        from fusee.engine.coordinators.concurrency import enqueue
+
+        names.name(id, "workflow ID")
+        codec.convert(input, definition.input_type, "the workflow's input")
+        value = msgspec.json.decode(codec.encode(input, "the workflow's input"))
+        return await enqueue(self._target, definition, id, input, value)
+
+
+async def send(target: Any, kind: str, cid: str, state: dict[str, Any], update: str, arg: Any) -> Any:
+    """Update-with-start on coordinator `cid`, sent again while the coordinator it reaches
+    is ending; the update's result."""
+    # One update ID for every send: a send whose reply was lost, sent again to the same
+    # coordinator run, gets the recorded receipt instead of adding the event twice.
+    update_id = uuid.uuid4().hex
+    for attempt in range(ATTEMPTS):
+        try:
+            _, receipt = await target.update_with_start(kind, cid, state, update, arg, update_id=update_id)
+        except (RejectedError, NotFoundError) as error:
+            # The coordinator ended as the event reached it: refused before its handler
+            # ran, so the event is in no window; the next send starts the key's next
+            # coordinator.
+            if attempt + 1 == ATTEMPTS or not _ended(error):
+                raise
+            continue
+        return receipt
+    raise AssertionError("unreachable")
 
 
 def _ended(error: Exception) -> bool:
