@@ -38,6 +38,7 @@ from fusee._errors import Failure, FuseeError, NoHolderError, failure_from
 from fusee.client._link import Link
 from fusee.engine.run_handle import RunDescription, RunSummary, listed_status
 from fusee.engine.coordinators import Coordinators
+from fusee.engine.coordinators.concurrency import cancel_queued, through_queue
 from fusee.engine.coordinators.handle import wait_started
 from fusee.engine.schedules import ScheduleHandle, Schedules
 from fusee.protocol import messages as m
@@ -246,6 +247,10 @@ class Client:
     ) -> ClientRun[Out]:
         if delay is not None and at is not None:
             raise errors.RejectedError("start: give delay= or at=, not both")
+        if isinstance(wf, Workflow) and wf.concurrency is not None and delay is None and at is None:
+            if id_policy is None:  # runs at once: queued on the type's coordinator (docs/coordinators.md)
+                queued: ClientRun[Out] = await self.coordinators.enqueue(wf, id, input)
+                return queued
         # Sent only when given (a start without them is the call it always was); the
         # worker's clock counts the delay: the run's timer is on it.
         later = (
@@ -404,6 +409,9 @@ class ClientRun(Generic[Out]):
             except (NoHolderError, errors.ConnectionError):
                 if self.client.closed:
                     raise
+            except errors.NotFoundError:
+                await through_queue(self)  # a run waiting its turn (docs/coordinators.md)
+                continue
             await asyncio.sleep(pause)
             pause = min(pause * 2, 1.0)
         type_ = self.workflow.output_type if self.workflow is not None else Any
@@ -472,7 +480,13 @@ class ClientRun(Generic[Out]):
 
     async def cancel(self, reason: str | None = None) -> None:
         reason = names.text(reason, "cancel reason")
-        await self.client.call("cancel", self.shard, id=self.id, reason=reason)
+        try:
+            await self.client.call("cancel", self.shard, id=self.id, reason=reason)
+        except errors.NotFoundError as error:
+            try:  # a run waiting its turn leaves its queue (docs/coordinators.md)
+                await cancel_queued(self, reason)
+            except errors.NotFoundError:
+                raise error from None
 
     async def terminate(self, reason: str | None = None) -> None:
         reason = names.text(reason, "terminate reason")

@@ -343,7 +343,7 @@ class Run(Generic[Out]):
                 if state is None:
                     try:  # a run waiting its turn (runs at once, docs/coordinators.md)
                         await through_queue(self)
-                    except NotFoundError:
+                    except (NotFoundError, RejectedError):  # Rejected: its slot's shard is not held here
                         await self._refuse(shard, NotFoundError(f"no workflow '{self.id}'", workflow_id=self.id))
                     continue
             if state.status in FINISHED:
