@@ -4,10 +4,12 @@ worker (docs/coordinators.md)."""
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import pytest
 
 import fusee
+from tests.support.procs import Proc, listed, retry
 
 
 async def test_debounce_and_batch_through_a_client(start_server, start_worker):
@@ -39,3 +41,46 @@ async def test_runs_at_once_through_a_client(start_server, start_worker):
             await runs[2].result()
         ends = await asyncio.gather(runs[3].result(), runs[1].result(), runs[0].result())
         assert ends[2] + 0.3 <= ends[1] + 0.05 and ends[1] + 0.3 <= ends[0] + 0.05  # one at a time, in order
+
+
+async def test_four_client_processes_batch_through_worker_kills_each_event_once(start_server, start_worker, procs):
+    """Four client processes send batch events (each with an event ID, sent again until
+    acknowledged) while the workers running the coordinators are SIGKILLed and replaced:
+    every acknowledged event is in exactly one run's input, once, under the run its
+    receipt named, and every run's input is events that were sent."""
+    server = start_server(shards=4)
+    workers = [start_worker(server.address()), start_worker(server.address())]
+    clients = [
+        Proc([sys.executable, "-m", "tests.server_mode.batch_client", server.address(), str(c), "60", "3", "0.05"])
+        for c in range(4)
+    ]
+    procs.extend(clients)
+    for _ in range(3):
+        await asyncio.sleep(0.8)
+        assert not any(line == "done" for c in clients for line in list(c.lines))  # under load
+        victim = workers.pop(0)
+        victim.kill()  # mid-handler: coordinators and runs on its shards recover elsewhere
+        workers.append(start_worker(server.address()))
+    for c in clients:
+        await c.wait_for_async(r"^done$", timeout=120)
+    acked: dict[str, str] = {}
+    for c in clients:
+        for line in list(c.lines):
+            if line.startswith("ack "):
+                _, event, rid = line.split()
+                acked[event] = rid
+    assert len(acked) == 240
+    async with await fusee.Client.connect(server.address()) as client:
+        seen: dict[str, str] = {}
+        for rid in sorted(set(acked.values())):
+            # The last windows close up to max_wait after the last event (later if their
+            # coordinator's worker was killed): each receipt's run must come to exist.
+            await asyncio.wait_for(client.run(rid).started(), 60)
+            events = await retry(lambda rid=rid: client.run(rid).result(), timeout=60)
+            assert len(events) == len(set(events)) <= 5  # once each, never over max_events
+            for event in events:
+                assert event not in seen, f"{event} in {seen[event]} and {rid}"
+                seen[event] = rid
+        assert seen == acked  # each acknowledged event in the run its receipt named
+        runs = {row.id for row in await retry(lambda: listed(client, type="gather"))}
+        assert runs == set(acked.values())  # no run besides those named by receipts
