@@ -36,10 +36,10 @@ from fusee import _names as names
 from fusee import journal as R
 from fusee._errors import Failure, FuseeError, NoHolderError, failure_from
 from fusee.client._link import Link
-from fusee.engine.run_handle import RunDescription, RunSummary, listed_status
 from fusee.engine.coordinators import Coordinators
 from fusee.engine.coordinators.concurrency import cancel_queued, through_queue
 from fusee.engine.coordinators.handle import wait_started
+from fusee.engine.run_handle import RunDescription, RunSummary, listed_status
 from fusee.engine.schedules import ScheduleHandle, Schedules
 from fusee.protocol import messages as m
 from fusee.protocol.address import Address, parse
@@ -275,12 +275,16 @@ class Client:
         """Create or update a schedule (docs/schedules.md); its handle."""
         return await self.schedules.create(name, spec, wf, input)
 
-    async def debounce(self, wf: Workflow[Any] | str, key: str, input: Any = None, **options: Any) -> ClientRun[Any]:
+    async def debounce(
+        self, wf: Workflow[Any] | str, key: str, input: Any = None, **options: Any
+    ) -> ClientRun[Any]:
         """Collapse starts of `wf` with `key` inside `window=` into one run (docs/coordinators.md)."""
         run: ClientRun[Any] = await self.coordinators.debounce(wf, key, input, **options)
         return run
 
-    async def batch(self, wf: Workflow[Any] | str, key: str, event: Any = None, **options: Any) -> ClientRun[Any]:
+    async def batch(
+        self, wf: Workflow[Any] | str, key: str, event: Any = None, **options: Any
+    ) -> ClientRun[Any]:
         """Add an event to the key's batch; one run per batch (docs/coordinators.md)."""
         run: ClientRun[Any] = await self.coordinators.batch(wf, key, event, **options)
         return run

@@ -22,11 +22,11 @@ from fusee._errors import (
     failure_from,
 )
 from fusee.engine import idle, opening, registry
+from fusee.engine.coordinators import Coordinators
+from fusee.engine.coordinators.concurrency import from_outside
 from fusee.engine.idle import IdleReport
 from fusee.engine.run import RunState
 from fusee.engine.run_handle import Run, RunSummary, list_runs
-from fusee.engine.coordinators import Coordinators
-from fusee.engine.coordinators.concurrency import from_outside
 from fusee.engine.schedules import ScheduleHandle, Schedules
 from fusee.engine.shard import Shard
 from fusee.engine.step_threads import StepThreads
@@ -448,7 +448,9 @@ class Engine:
         """Create or update a schedule (docs/schedules.md); its handle."""
         return await self.schedules.create(name, spec, wf, input)
 
-    async def debounce(self, wf: Workflow[Any] | str, key: str, input: Any = None, **options: Any) -> Run[Any]:
+    async def debounce(
+        self, wf: Workflow[Any] | str, key: str, input: Any = None, **options: Any
+    ) -> Run[Any]:
         """Collapse starts of `wf` with `key` inside `window=` into one run (docs/coordinators.md)."""
         run: Run[Any] = await self.coordinators.debounce(wf, key, input, **options)
         return run

@@ -344,7 +344,9 @@ class Run(Generic[Out]):
                     try:  # a run waiting its turn (runs at once, docs/coordinators.md)
                         await through_queue(self)
                     except (NotFoundError, RejectedError):  # Rejected: its slot's shard is not held here
-                        await self._refuse(shard, NotFoundError(f"no workflow '{self.id}'", workflow_id=self.id))
+                        await self._refuse(
+                            shard, NotFoundError(f"no workflow '{self.id}'", workflow_id=self.id)
+                        )
                     continue
             if state.status in FINISHED:
                 if isinstance(state, RunState):

@@ -42,7 +42,16 @@ class Workflow(Generic[Out]):
     """A workflow type: its name, version, code and the input and result types read once
     from the function's annotations."""
 
-    __slots__ = ("concurrency", "fn", "input_type", "name", "output_type", "takes_input", "timeout_ms", "version")
+    __slots__ = (
+        "concurrency",
+        "fn",
+        "input_type",
+        "name",
+        "output_type",
+        "takes_input",
+        "timeout_ms",
+        "version",
+    )
 
     def __init__(
         self,

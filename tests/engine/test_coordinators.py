@@ -151,7 +151,9 @@ async def test_a_crash_after_every_event_keeps_each_acknowledged_event_once(tmp_
             if kind == "batch":
                 run = await t.engine.batch(ingest, key, i, max_events=4, max_wait="3s", event_id=f"e{i}")
             else:
-                run = await t.engine.debounce(reindex, key, {"i": i}, window="2s", max_wait="3s", event_id=f"e{i}")
+                run = await t.engine.debounce(
+                    reindex, key, {"i": i}, window="2s", max_wait="3s", event_id=f"e{i}"
+                )
             receipts[i] = run.id
             await t.crash(settle=False)
             if i % 5 == 4:
@@ -187,8 +189,8 @@ async def test_a_crash_after_every_event_keeps_each_acknowledged_event_once(tmp_
 ORDER: list[str] = []
 
 
-@fusee.workflow("report", concurrency=fusee.Concurrency(2, key=lambda input: input["tenant"]))
-async def report(ctx: fusee.Ctx, input: dict) -> str:
+@fusee.workflow("report", concurrency=fusee.Concurrency(2, key=lambda job: job["tenant"]))
+async def report(ctx: fusee.Ctx, job: dict) -> str:
     await ctx.step("begin", lambda: ORDER.append(ctx.workflow_id))
     await ctx.sleep("work", "10s")
     return ctx.workflow_id

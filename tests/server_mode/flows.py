@@ -163,5 +163,16 @@ async def one_at_a_time(ctx: fusee.Ctx, seconds: float) -> float:
 
 
 WORKFLOWS = [
-    steps, parent, waiter, sender, hog, big, sleeper, slow_step, checkout, collector, gather, one_at_a_time
+    steps,
+    parent,
+    waiter,
+    sender,
+    hog,
+    big,
+    sleeper,
+    slow_step,
+    checkout,
+    collector,
+    gather,
+    one_at_a_time,
 ]

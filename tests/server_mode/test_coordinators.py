@@ -16,9 +16,11 @@ async def test_debounce_and_batch_through_a_client(start_server, start_worker):
     server = start_server()
     start_worker(server.address())
     async with await fusee.Client.connect(server.address()) as client:
-        runs = [await client.debounce("gather", "doc-1", [i], window="500ms", event_id=f"d{i}") for i in range(3)]
+        runs = [
+            await client.debounce("gather", "doc-1", [i], window="500ms", event_id=f"d{i}") for i in range(3)
+        ]
         again = await client.debounce("gather", "doc-1", [99], window="500ms", event_id="d1")
-        assert len({r.id for r in runs + [again]}) == 1
+        assert len({r.id for r in [*runs, again]}) == 1
         await runs[0].started()
         assert await runs[0].result() == [2]  # the latest input; the repeated ID added nothing
 
@@ -43,7 +45,9 @@ async def test_runs_at_once_through_a_client(start_server, start_worker):
         assert ends[2] + 0.3 <= ends[1] + 0.05 and ends[1] + 0.3 <= ends[0] + 0.05  # one at a time, in order
 
 
-async def test_four_client_processes_batch_through_worker_kills_each_event_once(start_server, start_worker, procs):
+async def test_four_client_processes_batch_through_worker_kills_each_event_once(
+    start_server, start_worker, procs
+):
     """Four client processes send batch events (each with an event ID, sent again until
     acknowledged) while the workers running the coordinators are SIGKILLed and replaced:
     every acknowledged event is in exactly one run's input, once, under the run its
@@ -51,7 +55,18 @@ async def test_four_client_processes_batch_through_worker_kills_each_event_once(
     server = start_server(shards=4)
     workers = [start_worker(server.address()), start_worker(server.address())]
     clients = [
-        Proc([sys.executable, "-m", "tests.server_mode.batch_client", server.address(), str(c), "60", "3", "0.05"])
+        Proc(
+            [
+                sys.executable,
+                "-m",
+                "tests.server_mode.batch_client",
+                server.address(),
+                str(c),
+                "60",
+                "3",
+                "0.05",
+            ]
+        )
         for c in range(4)
     ]
     procs.extend(clients)

@@ -59,7 +59,7 @@ async def slot(ctx: Ctx, entry: dict[str, Any]) -> None:
 
 
 class _Entry:
-    __slots__ = ("id", "input", "slot", "run")
+    __slots__ = ("id", "input", "run", "slot")
 
     def __init__(self, id: str, input: Any, slot: Op) -> None:
         self.id = id
@@ -89,7 +89,9 @@ async def coordinator(ctx: Ctx, state: dict[str, Any]) -> None:
             if rid not in seen:
                 seen[rid] = slot_id(rid)
                 # Awaited: the slot exists before the caller's start returns.
-                handle = await ctx.start_child(SLOT, seen[rid], {"id": rid, "workflow": wf}, parent_close="abandon")
+                handle = await ctx.start_child(
+                    SLOT, seen[rid], {"id": rid, "workflow": wf}, parent_close="abandon"
+                )
                 queue.append(_Entry(rid, arg.get("input"), handle.result()))
             return {"id": rid, "slot": seen[rid]}
         finally:
@@ -98,16 +100,17 @@ async def coordinator(ctx: Ctx, state: dict[str, Any]) -> None:
             wake()
 
     ctx.on_update(ENQUEUE, on_enqueue)
-    ctx.on_query(
-        DESCRIBE,
-        lambda _arg=None: {
+
+    def on_describe(_arg: Any = None) -> dict[str, Any]:
+        return {
             "workflow": wf,
             "key": state.get("key"),
             "limit": limit[0],
             "queued": [e.id for e in queue],
             "running": [e.id for e in admitted],
-        },
-    )
+        }
+
+    ctx.on_query(DESCRIBE, on_describe)
     while True:
         # Cancelled slots leave the queue; a turn is free once its run has ended, or its
         # slot ended without admission (cancelled between the signal and its end).
@@ -146,7 +149,8 @@ async def _start(ctx: Ctx, wf: str, e: _Entry) -> Op | None:
     except FuseeError as error:
         log.warning("runs at once '%s': the run %s was not started: %s", wf, e.id, error)
         return None
-    return handle.result()
+    end: Op = handle.result()
+    return end
 
 
 def workflows() -> list[Workflow[Any]]:

@@ -137,7 +137,10 @@ def make_workflow(kind: str) -> Workflow[Any]:
                 handled[0] += 1
                 wake()
 
-        ctx.on_query(DESCRIBE, lambda _arg=None: describe(s))
+        def on_describe(_arg: Any = None) -> dict[str, Any]:
+            return describe(s)
+
+        ctx.on_query(DESCRIBE, on_describe)
         ctx.on_update(EVENT, on_event)
         timer: Op | None = None
         planned: int | None = None
@@ -209,5 +212,3 @@ async def _add(ctx: Ctx, s: dict[str, Any], kind: str, arg: dict[str, Any], clos
         s["window"] = None
         await close(w)
     return {"id": rid, "duplicate": False}
-
-
