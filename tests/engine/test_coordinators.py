@@ -231,3 +231,32 @@ async def test_runs_at_once_admits_in_start_order_through_crashes(tmp_path):
         await t.check()
     finally:
         await t.close()
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+async def test_a_crash_a_few_turns_into_each_step_of_the_coordinator(tmp_path, shards):
+    """The engine crashes after 0 to 10 turns (records not flushed by then are lost) after
+    each acknowledged event, with the clock moved past the batch's max_wait every other
+    event: the crash lands in a handler, a timer's firing, the child start or its answer.
+    Each acknowledged event is in exactly one run's input, once."""
+    t = await TestEngine.open([ingest], dir=tmp_path / "data", shards=shards)
+    try:
+        receipts: dict[int, str] = {}
+        for i in range(44):
+            run = await t.engine.batch(ingest, f"k{i % 2}", i, max_events=3, max_wait="2s", event_id=f"e{i}")
+            receipts[i] = run.id
+            if i % 2:
+                t.clock.set(t.now_ms() + 2_500)
+            for _ in range(i % 11):
+                await asyncio.sleep(0)
+            await t.crash(settle=False)
+        await t.advance("5s")
+        by_run: dict[str, list[int]] = {}
+        for i, rid in receipts.items():
+            by_run.setdefault(rid, []).append(i)
+        assert set(await runs_of(t, "ingest")) == set(by_run)
+        for rid, events in by_run.items():
+            assert await t.result(rid) == events
+        await t.check()
+    finally:
+        await t.close()
