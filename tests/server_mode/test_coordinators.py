@@ -9,6 +9,7 @@ import sys
 import pytest
 
 import fusee
+import fusee.sync
 from tests.support.procs import Proc, listed, retry
 
 
@@ -29,6 +30,17 @@ async def test_debounce_and_batch_through_a_client(start_server, start_worker):
         assert await batched[0].result() == [0, 1, 2]
         await batched[3].started()
         assert await batched[3].result() == [3]
+
+
+def test_debounce_and_batch_through_the_blocking_client(start_server, start_worker):
+    server = start_server()
+    start_worker(server.address())
+    with fusee.sync.Client.connect(server.address()) as client:
+        run = client.debounce("gather", "doc-2", [1], window="300ms")
+        assert run.started(timeout=30).status in ("running", "ok")
+        assert run.result(timeout=30) == [1]
+        batch = client.batch("gather", "t-8", "x", max_events=1)
+        assert batch.result(timeout=30) == ["x"]
 
 
 async def test_runs_at_once_through_a_client(start_server, start_worker):
