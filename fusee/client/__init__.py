@@ -37,8 +37,8 @@ from fusee import journal as R
 from fusee._errors import Failure, FuseeError, NoHolderError, failure_from
 from fusee.client._link import Link
 from fusee.engine.coordinators import Coordinators
+from fusee.engine.coordinators.calls import wait_started
 from fusee.engine.coordinators.concurrency import cancel_queued, through_queue
-from fusee.engine.coordinators.handle import wait_started
 from fusee.engine.run_handle import RunDescription, RunSummary, listed_status
 from fusee.engine.schedules import ScheduleHandle, Schedules
 from fusee.protocol import messages as m

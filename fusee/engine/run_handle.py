@@ -23,8 +23,8 @@ from fusee._errors import (
     error_from,
     failure_from,
 )
+from fusee.engine.coordinators.calls import wait_started
 from fusee.engine.coordinators.concurrency import cancel_queued, through_queue
-from fusee.engine.coordinators.handle import wait_started
 from fusee.engine.loader import StoredRun
 from fusee.engine.run import RunState
 from fusee.engine.shard import Shard

@@ -23,6 +23,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from fusee._errors import FuseeError, NotFoundError
+from fusee.engine.coordinators.calls import send, wait_started
 from fusee.engine.coordinators.flow import Wake
 from fusee.workflow.definitions import Workflow
 from fusee.workflow.driver import current_step, inline_step
@@ -162,8 +163,6 @@ def workflows() -> list[Workflow[Any]]:
 
 async def enqueue(target: Any, definition: Workflow[Any], id: str, input: Any, value: Any) -> Any:
     """A start of a type with `concurrency=`: queued on its coordinator; the run's handle."""
-    from fusee.engine.coordinators.handle import send
-
     c = definition.concurrency
     assert c is not None
     key = str(c.key(input)) if c.key is not None else None
@@ -177,8 +176,6 @@ async def through_queue(run: Any) -> None:
     """`result()` of a run that does not exist: if it waits in a queue, wait for its slot
     to end (raising its cancellation) and then for the run to exist. NotFoundError if
     there is no slot either."""
-    from fusee.engine.coordinators.handle import wait_started
-
     if run.id.startswith(SLOT + "/"):
         raise NotFoundError(f"no workflow '{run.id}'", workflow_id=run.id)
     await _owner(run).run(slot_id(run.id)).result()

@@ -4,22 +4,27 @@ it only sends update-with-start, which both can, so no remote call of its own ex
 
 from __future__ import annotations
 
-import asyncio
-import uuid
 from typing import Any
 
 import msgspec
 
 from fusee import _codec as codec
 from fusee import _names as names
-from fusee._errors import NotFoundError, RejectedError
-from fusee.engine.coordinators.flow import BATCH, DEBOUNCE, EVENT, MAX_EVENTS, coordinator_id, new_state
+from fusee._errors import RejectedError
+from fusee.engine.coordinators import concurrency
+from fusee.engine.coordinators.calls import send
+from fusee.engine.coordinators.concurrency import enqueue
+from fusee.engine.coordinators.flow import (
+    BATCH,
+    DEBOUNCE,
+    EVENT,
+    MAX_EVENTS,
+    coordinator_id,
+    make_workflow,
+    new_state,
+)
 from fusee.workflow.definitions import Workflow
 from fusee.workflow.durations import Duration, to_ms
-
-# Sends to one key before giving up: each retry follows a coordinator that ended as the
-# event reached it, and the next one is started by the retry itself.
-ATTEMPTS = 20
 
 
 class Coordinators:
@@ -29,9 +34,6 @@ class Coordinators:
         self._target = target
 
     def workflows(self) -> list[Workflow[Any]]:
-        from fusee.engine.coordinators import concurrency
-        from fusee.engine.coordinators.flow import make_workflow
-
         return [make_workflow(DEBOUNCE), make_workflow(BATCH), *concurrency.workflows()]
 
     async def debounce(
@@ -102,37 +104,10 @@ class Coordinators:
 
     async def enqueue(self, definition: Workflow[Any], id: str, input: Any) -> Any:
         """A start of a type with `concurrency=`, from outside a workflow: queued."""
-        from fusee.engine.coordinators.concurrency import enqueue
-
         names.name(id, "workflow ID")
         codec.convert(input, definition.input_type, "the workflow's input")
         value = msgspec.json.decode(codec.encode(input, "the workflow's input"))
         return await enqueue(self._target, definition, id, input, value)
-
-
-async def send(target: Any, kind: str, cid: str, state: dict[str, Any], update: str, arg: Any) -> Any:
-    """Update-with-start on coordinator `cid`, sent again while the coordinator it reaches
-    is ending; the update's result."""
-    # One update ID for every send: a send whose reply was lost, sent again to the same
-    # coordinator run, gets the recorded receipt instead of adding the event twice.
-    update_id = uuid.uuid4().hex
-    for attempt in range(ATTEMPTS):
-        try:
-            _, receipt = await target.update_with_start(kind, cid, state, update, arg, update_id=update_id)
-        except (RejectedError, NotFoundError) as error:
-            # The coordinator ended as the event reached it: refused before its handler
-            # ran, so the event is in no window; the next send starts the key's next
-            # coordinator.
-            if attempt + 1 == ATTEMPTS or not _ended(error):
-                raise
-            continue
-        return receipt
-    raise AssertionError("unreachable")
-
-
-def _ended(error: Exception) -> bool:
-    text = str(error)
-    return "ended before the update finished" in text or "no running workflow" in text
 
 
 def _positive(value: Duration, what: str) -> int:
@@ -140,16 +115,3 @@ def _positive(value: Duration, what: str) -> int:
     if ms <= 0:
         raise RejectedError(f"{what}={value!r}: expected a positive duration")
     return ms
-
-
-async def wait_started(run: Any) -> Any:
-    """`run.started()` of an engine's run and a client's: the run's summary once it
-    exists. A debounced or batched run exists only once its window closes; nothing tells
-    a caller when, so it looks again, backing off to a second."""
-    pause = 0.01
-    while True:
-        try:
-            return await run.status()
-        except NotFoundError:
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 1.0)
