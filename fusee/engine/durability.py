@@ -55,6 +55,7 @@ class Durability:
         self.waiting: set[asyncio.Future[Any]] = set()  # what a stop fails
         self.flushing = False  # a flush is asked for and not yet reported
         self.appending = False  # inside the store's append (it may report from there)
+        self.releasing = False  # running the gates a durable position opened
 
     def reset(self, position: int) -> None:
         """Recovery: the log is durable up to `position`, nothing staged."""
@@ -157,10 +158,14 @@ class Durability:
         other shards' waiters behind it would be dropped, and this shard would stay
         `flushing` for ever), so the error stops this shard alone."""
         gates = self.gates
-        while gates and gates[0][0] <= self.durable:
-            try:
-                gates.popleft()[1]()
-            except Exception as error:
-                log.exception("shard %d: stopping after an internal error", self.shard.index)
-                self.shard.fail(error, "stopped after an internal error")
-                return
+        self.releasing = True
+        try:
+            while gates and gates[0][0] <= self.durable:
+                try:
+                    gates.popleft()[1]()
+                except Exception as error:
+                    log.exception("shard %d: stopping after an internal error", self.shard.index)
+                    self.shard.fail(error, "stopped after an internal error")
+                    return
+        finally:
+            self.releasing = False

@@ -28,7 +28,7 @@ from fusee.engine import idle
 from fusee.engine.callers import Callers
 from fusee.engine.durability import Durability
 from fusee.engine.idle import IdleReport
-from fusee.engine.index import RunIndex, key_of
+from fusee.engine.index import RunIndex, key_of, load_at
 from fusee.engine.loader import RunLoader
 from fusee.engine.outbox import RESEND_MS, Outbox
 from fusee.engine.run import RunState, stop_step
@@ -280,8 +280,10 @@ class Shard:
             run.event(R.TimerFired(seq))
 
     def next_due_ms(self, *, resends: bool = True) -> int:
-        """The earliest timer, retry or resend this shard has (0: none)."""
-        due = self.index_entries.next_due_ms()
+        """The earliest timer, retry or resend this shard has, or load of parked runs due
+        soon (0: none): an invoked worker is asked back for the load, so a woken run's
+        lateness does not include it."""
+        due = self.index_entries.next_load_ms()
         loaded = self.timers.next_due_ms()
         if loaded and (not due or loaded < due):
             due = loaded
@@ -343,6 +345,7 @@ class Shard:
                 and not run.pending_start
                 and not run.in_flight()
                 and not run.updates_running
+                and not self._loads_soon(run, now)
             ):
                 self.park(run)
                 parked = True
@@ -368,6 +371,13 @@ class Shard:
                 # the index instead of replaying every run since the last one.
                 self.spawn(self.checkpoint())
 
+    @staticmethod
+    def _loads_soon(run: RunState, now: int) -> bool:
+        """Parked now, the run would be loaded back at once (its bucket loads ahead): it
+        stays, or a run loaded ahead would go back and forth until its timer."""
+        due = run.next_due()
+        return bool(due) and load_at(due) <= now
+
     def park(self, run: RunState) -> None:
         """Write the run to the run store and drop it from memory; its index entry keeps
         its next due time, so the shard knows its timers without loading it."""
@@ -383,7 +393,7 @@ class Shard:
         run.close_fibers()
         self.timers.forget(run)
         if due:
-            self.timers.arm_for(due)
+            self.timers.arm_for(load_at(due))
 
     def put_frame(self, run: RunState) -> int:
         """Write a run's journal to the run store; its offset. A write the store cannot make

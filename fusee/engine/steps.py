@@ -235,7 +235,20 @@ class Steps:
             else:
                 rec = R.StepFailed(op.seq, op.name, failure)
         op.state = _IDLE
+        if self.shard.durability.releasing:
+            # One of many steps a durable position released (a mass wake-up): its outcome
+            # is applied on the next turn, so the steps released after it run their
+            # functions first instead of waiting for each run before them to advance
+            # (docs/engine.md, *Durability*). Queued now: the run is not idle meanwhile,
+            # and the sweep does not park it.
+            run.completions.append(rec)
+            asyncio.get_running_loop().call_soon(self._apply, run)
+            return
         run.event(rec)
+
+    def _apply(self, run: RunState) -> None:
+        if not run.final and not self.shard.closed:
+            run.drive()
 
     def _retry_at(self, op: StepOp, exc: BaseException, failure: Failure) -> int:
         """When to try again, or 0 when the failure is final."""

@@ -1,0 +1,58 @@
+"""Wake-ups that do not wait for loads (docs/engine.md, *Timers, parking, the run index*;
+*Durability*): a parked run is loaded LOAD_AHEAD_MS before its bucket begins, so a run due
+just after a bucket's start is in memory before its timer; and the steps one flush
+releases each run their function before the runs before them go on."""
+
+from __future__ import annotations
+
+import time
+
+import fusee
+from fusee.engine.index import BUCKET_MS, LOAD_AHEAD_MS
+
+ran: list[tuple[str, str]] = []  # (workflow ID, what): in the order it happened
+
+
+@fusee.workflow("wakeups-nap")
+async def nap(ctx: fusee.Ctx, ms: int) -> float:
+    await ctx.sleep("nap", ms)
+    woke: float = await ctx.step("woke", lambda: ran.append((ctx.workflow_id, "step")) or time.time())
+    ran.append((ctx.workflow_id, "after"))
+    return woke
+
+
+async def test_a_parked_run_due_just_after_a_bucket_starts_is_loaded_before_it(kit):
+    ran.clear()
+    t = await kit(nap, shards=1, park_after="100ms")
+    start = t.now_ms()
+    # Due 1 ms into its bucket: loaded at the bucket's start, its load would make it late.
+    due = (start + 10_000) // BUCKET_MS * BUCKET_MS + 1
+    await t.start(nap, "early", due - start)
+    await t.advance("1s")
+    shard = t.engine.shards[0]
+    assert "early" not in shard.runs  # parked
+    assert shard.next_due_ms() == due - 1 - LOAD_AHEAD_MS  # the load, not the timer
+    await t.advance(due - 1 - LOAD_AHEAD_MS - t.now_ms())
+    await t.settle()
+    assert "early" in shard.runs  # loaded ahead, waiting for its own timer
+    await t.advance(LOAD_AHEAD_MS // 2)
+    assert "early" in shard.runs  # not parked again while its bucket loads
+    assert not any(wid == "early" for wid, _ in ran)
+    await t.advance(due - t.now_ms())
+    assert await t.result("early")
+    assert ("early", "step") in ran
+
+
+async def test_steps_one_flush_releases_run_their_functions_before_any_run_goes_on(kit):
+    ran.clear()
+    t = await kit(nap, shards=1, flush_on_turn=True)
+    ids = [f"together-{i}" for i in range(5)]
+    for wid in ids:
+        await t.start(nap, wid, 1000)
+    await t.advance("1s")
+    for wid in ids:
+        await t.result(wid)
+    steps = [i for i, (_, what) in enumerate(ran) if what == "step"]
+    afters = [i for i, (_, what) in enumerate(ran) if what == "after"]
+    assert len(steps) == len(afters) == len(ids)
+    assert max(steps) < min(afters), ran
