@@ -235,14 +235,16 @@ class Steps:
             else:
                 rec = R.StepFailed(op.seq, op.name, failure)
         op.state = _IDLE
-        if self.shard.durability.releasing:
+        durability = self.shard.durability
+        if durability.releasing:
             # One of many steps a durable position released (a mass wake-up): its outcome
-            # is applied on the next turn, so the steps released after it run their
-            # functions first instead of waiting for each run before them to advance
+            # is applied once the release has run every step it opened, so those run
+            # their functions first instead of waiting for each run before them to advance
             # (docs/engine.md, *Durability*). Queued now: the run is not idle meanwhile,
-            # and the sweep does not park it.
+            # and the sweep does not park it. Applied within the same release, never on a
+            # later turn: a close resumed by that release would let go of it unrecorded.
             run.completions.append(rec)
-            asyncio.get_running_loop().call_soon(self._apply, run)
+            durability.hold(lambda: self._apply(run))
             return
         run.event(rec)
 

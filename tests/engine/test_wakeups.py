@@ -5,10 +5,14 @@ releases each run their function before the runs before them go on."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import fusee
 from fusee.engine.index import BUCKET_MS, LOAD_AHEAD_MS
+from fusee.storage import MemoryStorage
+from fusee.testing import TestEngine
+from fusee.testing.faults import Faults, FaultyStorage
 
 ran: list[tuple[str, str]] = []  # (workflow ID, what): in the order it happened
 
@@ -56,3 +60,47 @@ async def test_steps_one_flush_releases_run_their_functions_before_any_run_goes_
     afters = [i for i, (_, what) in enumerate(ran) if what == "after"]
     assert len(steps) == len(afters) == len(ids)
     assert max(steps) < min(afters), ran
+
+
+effects: list[str] = []  # the workflow IDs whose "after" step ran, each time it ran
+
+
+@fusee.workflow("wakeups-sleep")
+async def sleep_only(ctx: fusee.Ctx, ms: int) -> int:
+    await ctx.sleep("nap", ms)
+    return ms
+
+
+@fusee.workflow("wakeups-nap-then-step")
+async def nap_then_step(ctx: fusee.Ctx, ms: int) -> int:
+    await ctx.sleep("nap", ms)
+    return await ctx.step("after", lambda: effects.append(ctx.workflow_id) or len(effects))
+
+
+async def test_a_step_released_with_a_closes_flush_is_recorded_before_the_close_goes_on():
+    """Regression (a step ran twice in one process across a clean close): a close waits
+    for a flush, and the same durable position releases a woken run's step behind it.
+    The step's function runs; its outcome must be recorded before the close takes its
+    last checkpoint, or the checkpoint covers a log without it and the next open runs the
+    step again. (Held durability reports, as a slow disk delivers them, let the close's
+    wait and the wake-up meet in one release.)"""
+    effects.clear()
+    storage = FaultyStorage(MemoryStorage(1), Faults(delay=1.0, min_turns=8, max_turns=8))
+    t = await TestEngine.open(workflows=[sleep_only, nap_then_step], shards=1, park_after="1h", storage=storage)
+    try:
+        await t.start(sleep_only, "other", 1000)
+        await t.start(nap_then_step, "sleeper", 2000)
+        await t.settle()
+        shard = t.engine.shards[0]
+        t.clock.set(t.now_ms() + 1000)  # `other` ends: records the close will wait for
+        closing = asyncio.ensure_future(t.restart())
+        for _ in range(4):  # fewer turns than the report is held
+            await asyncio.sleep(0)
+        assert shard.durability.waiting, "the close waits for its flush"
+        t.clock.set(t.now_ms() + 1000)  # `sleeper` wakes: its step waits behind the close
+        await closing
+        assert effects == ["sleeper"]
+        assert await t.result("sleeper") == 1
+        assert effects == ["sleeper"]  # not run again after the reopen
+    finally:
+        await t.close()
