@@ -280,10 +280,12 @@ class Shard:
             run.event(R.TimerFired(seq))
 
     def next_due_ms(self, *, resends: bool = True) -> int:
-        """The earliest timer, retry or resend this shard has, or load of parked runs due
-        soon (0: none): an invoked worker is asked back for the load, so a woken run's
-        lateness does not include it."""
-        due = self.index_entries.next_load_ms()
+        """The earliest timer, retry or resend this shard has (0: none): what an invoked
+        worker reports. A parked run's is its bucket's start, not the load ahead of it: the
+        server invokes for the timer (its lead covers the open), and the opening shard
+        loads the bucket at once (recovery arms the load, already past), so the
+        invocation does not wait out the load-ahead time idle."""
+        due = self.index_entries.next_due_ms()
         loaded = self.timers.next_due_ms()
         if loaded and (not due or loaded < due):
             due = loaded

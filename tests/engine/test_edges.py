@@ -146,9 +146,7 @@ async def test_a_shard_whose_next_timer_is_exactly_250_ms_away_is_idle(kit):
     t = await kit(nap, shards=1)
     await t.start(nap, "idle-1", 10)
     await t.settle()
-    await t.advance("2s")  # parked (after 1 s): its due time is now when it loads ahead
     shard = t.engine.shards[0]
-    assert not shard.runs
     due = shard.next_due_ms()
     await t.advance(due - t.now_ms() - 250)
     await eventually(lambda: not shard.checkpointing)  # local mode writes one on a thread

@@ -35,7 +35,8 @@ async def test_a_parked_run_due_just_after_a_bucket_starts_is_loaded_before_it(k
     await t.advance("1s")
     shard = t.engine.shards[0]
     assert "early" not in shard.runs  # parked
-    assert shard.next_due_ms() == due - 1 - LOAD_AHEAD_MS  # the load, not the timer
+    # What an invoked worker reports: the timer's bucket, not the load ahead of it.
+    assert shard.next_due_ms() == due - 1
     await t.advance(due - 1 - LOAD_AHEAD_MS - t.now_ms())
     await t.settle()
     assert "early" in shard.runs  # loaded ahead, waiting for its own timer
@@ -45,6 +46,29 @@ async def test_a_parked_run_due_just_after_a_bucket_starts_is_loaded_before_it(k
     await t.advance(due - t.now_ms())
     assert await t.result("early")
     assert ("early", "step") in ran
+
+
+async def test_an_invoked_shard_reports_its_runs_bucket_and_loads_it_as_it_opens_for_it(kit):
+    """The report's next due time is the parked run's bucket, not the load ahead of it (an
+    invocation made for the load would wait out up to 200 ms idle); the shard the server
+    opens for it, a lead ahead, loads the bucket at once, before the timer."""
+    ran.clear()
+    t = await kit(nap, shards=1, park_after="100ms")
+    start = t.now_ms()
+    bucket = (start + 10_000) // BUCKET_MS * BUCKET_MS
+    await t.start(nap, "invoked", bucket + 50 - start)
+    await t.advance("1s")
+    assert "invoked" not in t.engine.shards[0].runs  # parked
+    [report] = await t.engine.close()
+    assert report.next_due_ms == bucket - t.now_ms()
+    t.clock.set(bucket - 5)  # the server's lead: it invokes a little before the due time
+    await t._open()
+    await t.settle()
+    assert "invoked" in t.engine.shards[0].runs  # loaded by the open, 55 ms before its timer
+    assert not ran
+    await t.advance(55)
+    assert await t.result("invoked")
+    assert ("invoked", "step") in ran
 
 
 async def test_steps_one_flush_releases_run_their_functions_before_any_run_goes_on(kit):

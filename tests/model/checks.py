@@ -31,7 +31,7 @@ from typing import Any
 import fusee
 from fusee import journal as R
 from fusee.engine.idle import IDLE_DUE_MS
-from fusee.engine.index import BUCKET_MS, key_of, load_at
+from fusee.engine.index import BUCKET_MS, key_of
 from fusee.workflow.ops import StepOp, StepState
 
 from .harness import STOPPED, Harness, Violation
@@ -304,12 +304,11 @@ def _check_shards(
                 continue
             due, parked = expected_due(h, wid, readings[wid], status)
             if due:
-                # A parked run's is when its bucket loads, LOAD_AHEAD_MS before the bucket.
-                dues.append((load_at(due) if parked else due, due, wid, parked))
+                dues.append((due // BUCKET_MS * BUCKET_MS if parked else due, due, wid, parked))
             elif status == "waiting_for_code" and readings[wid].deadline and not readings[wid].final:
                 # Its deadline may be kept without the code (then it must end the run).
                 deadline = readings[wid].deadline
-                maybe.update({deadline, load_at(deadline)})
+                maybe.update({deadline, deadline // BUCKET_MS * BUCKET_MS})
         want = min(dues, default=None)
         got = shard.next_due_ms()
         if "stale-due" in AVOID and got and got in _stale_buckets(shard, dues):
@@ -356,12 +355,12 @@ def _check_shards(
 
 
 def _stale_buckets(shard: Any, dues: list[tuple[int, int, str, bool]]) -> set[int]:
-    """Bucket loads that hold no parked run due then (left by runs loaded since)."""
+    """Bucket starts that hold no parked run due then (left by runs loaded since)."""
     live = {key_of(wid): floored for floored, _due, wid, parked in dues if parked}
     out = set()
     for bucket, keys in shard.index_entries._buckets.items():
-        if not any(live.get(key) == load_at(bucket * BUCKET_MS) for key in keys):
-            out.add(load_at(bucket * BUCKET_MS))
+        if not any(live.get(key) == bucket * BUCKET_MS for key in keys):
+            out.add(bucket * BUCKET_MS)
     return out
 
 
