@@ -110,7 +110,9 @@ async def test_a_step_released_with_a_closes_flush_is_recorded_before_the_close_
     wait and the wake-up meet in one release.)"""
     effects.clear()
     storage = FaultyStorage(MemoryStorage(1), Faults(delay=1.0, min_turns=8, max_turns=8))
-    t = await TestEngine.open(workflows=[sleep_only, nap_then_step], shards=1, park_after="1h", storage=storage)
+    t = await TestEngine.open(
+        workflows=[sleep_only, nap_then_step], shards=1, park_after="1h", storage=storage
+    )
     try:
         await t.start(sleep_only, "other", 1000)
         await t.start(nap_then_step, "sleeper", 2000)
