@@ -605,7 +605,9 @@ def arguments() -> argparse.Namespace:
         "parked", type=int, nargs="?", default=10_000, help="runs parked on one shard (default 10000)"
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run: 10 20 10 500")
-    parser.add_argument("--only", choices=("sleeps", "parked"), help="row 5 alone (each --sleepers), or row 6")
+    parser.add_argument(
+        "--only", choices=("sleeps", "parked"), help="row 5 alone (each --sleepers), or row 6"
+    )
     parser.add_argument("--sleepers", help="with --only sleeps: comma-separated counts (default SLEEPS)")
     parser.add_argument(
         "--loop",
