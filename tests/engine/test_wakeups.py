@@ -104,10 +104,12 @@ async def nap_then_step(ctx: fusee.Ctx, ms: int) -> int:
 async def test_a_step_released_with_a_closes_flush_is_recorded_before_the_close_goes_on():
     """Regression (a step ran twice in one process across a clean close): a close waits
     for a flush, and the same durable position releases a woken run's step behind it.
-    The step's function runs; its outcome must be recorded before the close takes its
-    last checkpoint, or the checkpoint covers a log without it and the next open runs the
-    step again. (Held durability reports, as a slow disk delivers them, let the close's
-    wait and the wake-up meet in one release.)"""
+    The step's function runs; its outcome must be recorded within that release, whose
+    end asks for the flush that a store's close still completes. Applied on a later turn
+    (as it once was), it came after the close had taken its last checkpoint and let go:
+    dropped, or staged with no flush asked, and the next open ran the step again. (Held
+    durability reports, as a slow disk delivers them, let the close's wait and the
+    wake-up meet in one release.)"""
     effects.clear()
     storage = FaultyStorage(MemoryStorage(1), Faults(delay=1.0, min_turns=8, max_turns=8))
     t = await TestEngine.open(
