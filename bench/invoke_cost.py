@@ -283,7 +283,7 @@ class Sleeps:
         return found
 
 
-async def sleeps(cluster: Cluster, count: int) -> Sleeps:
+async def sleeps(cluster: Cluster, count: int, prefix: str = "nap") -> Sleeps:
     client = cluster.client
     before = (await cluster.quiet())["endpoints"][0]
     mark = cluster.mark()
@@ -296,7 +296,7 @@ async def sleeps(cluster: Cluster, count: int) -> Sleeps:
         due, woke = await run.result()
         return run.shard, float(due), float(woke)
 
-    runs = await asyncio.gather(*(one(f"nap-{i}") for i in range(count)))
+    runs = await asyncio.gather(*(one(f"{prefix}-{i}") for i in range(count)))
     after = (await cluster.quiet())["endpoints"][0]
     found = await cluster.handled(mark, after["invocations"] - before["invocations"])
     return Sleeps(list(runs), found, began)
@@ -487,8 +487,8 @@ def timers(result: Sleeps) -> str:
 async def run_only(args: argparse.Namespace, cluster: Cluster, progress: Progress) -> None:
     """`--only`: row 5 for each count of `--sleepers`, or row 6, and nothing else."""
     if args.only == "sleeps":
-        for count in args.sleepers:
-            slept = await sleeps(cluster, count)
+        for round, count in enumerate(args.sleepers):
+            slept = await sleeps(cluster, count, f"nap-{round}")  # fresh IDs: no earlier run read
             late = slept.late_ms
             print(
                 f"Step after a 1 s sleep, invoked, {count} sleepers: late by p50 {ms(pct(late, 50))}, "
