@@ -73,7 +73,8 @@ from _invoke_procs import Served, handler_args, served, server_args, worker_args
 from _server_procs import Child, run_in
 
 import fusee
-from tests.support.procs import free_port  # (the repository on sys.path: _server_procs)
+from tests.support.cluster import Cluster as Processes  # (the repository on sys.path: _server_procs)
+from tests.support.cluster import quiet
 
 SHARDS = 4
 FAN_STEPS = 4
@@ -103,33 +104,21 @@ def goal(met: bool, text: str) -> str:
 # -- the processes and the client --------------------------------------------------------
 
 
-@dataclass
-class Cluster:
-    server: Child
-    handler: Child
-    client: fusee.Client
-    port: int
-    handler_port: int
+class Cluster(Processes[Child]):
+    """The processes (tests/support/cluster.py; here the benchmark's children) and the
+    client the figures are taken through."""
 
-    async def metrics(self) -> dict[str, Any]:
-        answer: dict[str, Any] = await self.client.call("invocations", {})
-        return answer
+    client: fusee.Client
 
     async def quiet(self, due_allowed: int = 0) -> dict[str, Any]:
         """The metrics once nothing is being invoked and nothing is due. `due_allowed`:
         shards whose next due time is far off (the metrics count those as due too)."""
-        deadline = time.monotonic() + QUIET_TIMEOUT_S
-        while True:
-            now = await self.metrics()
-            if now["invokingShards"] == 0 and now["dueShards"] <= due_allowed and now["overdue"] == 0:
-                return now
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the server never settled: {now}")
-            await asyncio.sleep(0.005)
+        return await quiet(self.client, due_allowed, every=0.005, timeout=QUIET_TIMEOUT_S)
 
     async def handled(self, mark: int, count: int) -> list[Served]:
         """The invocations the handler answered since its output line `mark`, once there
         are `count` (its stamp line comes just after its answer)."""
+        assert self.handler is not None
         deadline = time.monotonic() + 10
         while True:
             with self.handler.lock:
@@ -142,33 +131,39 @@ class Cluster:
             await asyncio.sleep(0.005)
 
     def mark(self) -> int:
+        assert self.handler is not None
         with self.handler.lock:
             return len(self.handler.lines)
 
 
 async def start_cluster(scratch: Path, profile: Path | None, loop: str) -> Cluster:
-    secret = secrets.token_hex(16)
-    secret_file = scratch / "invoke-secret"
-    secret_file.write_text(secret)
-    port, handler_port = free_port(), free_port()
+    started = Cluster(scratch, secret=secrets.token_hex(16))
     # The handler first: the server invokes every shard as it starts.
     handler = Child(
-        handler_args(handler_port, port, secret, profile / "handler.prof" if profile else None, loop)
+        handler_args(
+            started.handler_port,
+            started.port,
+            started.secret_text,
+            profile / "handler.prof" if profile else None,
+            loop,
+        )
     )
+    started.handler = handler
     await handler.wait_for_async(r"Uvicorn running on", timeout=60)
     server = Child(
         server_args(
             scratch / "data",
-            port,
-            handler_port,
-            secret_file,
+            started.port,
+            started.handler_port,
+            started.secret,
             profile / "server.prof" if profile else None,
             trace=False,
         )
     )
+    started.server = server  # type: ignore[assignment]  # a Child, which run_in stops
     await server.wait_for_async(r"ready$", timeout=60)
-    client = await fusee.Client.connect(f"127.0.0.1:{port}")
-    return Cluster(server, handler, client, port, handler_port)
+    started.client = await fusee.Client.connect(started.host_port)
+    return started
 
 
 # -- row 1, 2, 6: cold starts -------------------------------------------------------------

@@ -25,6 +25,7 @@ import functools
 import uuid
 import zlib
 from collections.abc import AsyncIterator
+from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 import msgspec
@@ -36,12 +37,13 @@ from fusee import journal as R
 from fusee._errors import Failure, FuseeError, NoHolderError, failure_from
 from fusee.client._link import Link
 from fusee.engine.run_handle import RunDescription, RunSummary, listed_status
+from fusee.engine.schedules import ScheduleHandle, Schedules
 from fusee.protocol import messages as m
-from fusee.protocol.address import parse
+from fusee.protocol.address import Address, parse
 from fusee.protocol.connection import ClientConnection
 from fusee.protocol.frames import FrameError
 from fusee.workflow.definitions import Query, Signal, Update, Workflow, query_of, signal_of, update_of
-from fusee.workflow.durations import Duration, to_ms
+from fusee.workflow.durations import Duration, at_ms, to_ms
 
 Out = TypeVar("Out")
 
@@ -152,6 +154,7 @@ class Client:
     def __init__(self, link: Link) -> None:
         self.link = link
         self.address = link.address
+        self.schedules = Schedules(self)  # the same handles as an engine's (docs/schedules.md)
 
     @classmethod
     async def connect(
@@ -168,7 +171,14 @@ class Client:
             extra["token_file"] = token_file
         if extra:
             parsed = msgspec.structs.replace(parsed, **extra)
-        link = Link(parsed)
+        return await cls.at(parsed)
+
+    @classmethod
+    async def at(cls, address: Address) -> Client:
+        """A client of the server a worker's `address` names (its worker options, the
+        shard cap and the invocation, dropped): how a worker's schedules reach runs on
+        shards it does not hold."""
+        link = Link(msgspec.structs.replace(address, max_shards=None, invocation=None))
         await link.open()
         return cls(link)
 
@@ -228,7 +238,16 @@ class Client:
         id_policy: dict[str, str] | None = None,
         timeout: Duration | None = None,
         version: int | None = None,
+        delay: Duration | None = None,
+        at: datetime | int | float | None = None,
     ) -> ClientRun[Out]:
+        if delay is not None and at is not None:
+            raise errors.RejectedError("start: give delay= or at=, not both")
+        # Sent only when given (a start without them is the call it always was); the
+        # worker's clock counts the delay: the run's timer is on it.
+        later = (
+            {"delay": _ms(delay)} if delay is not None else {"at": at_ms(at, "at")} if at is not None else {}
+        )
         await self.call(
             "start",
             self.shard_of(id),
@@ -238,8 +257,15 @@ class Client:
             id_policy=id_policy,
             timeout=_ms(timeout),
             version=version,
+            **later,
         )
         return ClientRun(self, id, wf)
+
+    async def schedule(
+        self, name: str, spec: Any, wf: Workflow[Any] | str, input: Any = None
+    ) -> ScheduleHandle:
+        """Create or update a schedule (docs/schedules.md); its handle."""
+        return await self.schedules.create(name, spec, wf, input)
 
     def run(self, id: str, wf: Workflow[Out] | None = None) -> ClientRun[Out]:
         """A handle; makes no call. `wf` types its result."""

@@ -66,6 +66,8 @@ class ServedEngine(Protocol):
         id_policy: Any = ...,
         timeout: Any = ...,
         version: Any = ...,
+        delay: Any = ...,
+        at: Any = ...,
     ) -> object: ...
     async def signal_with_start(
         self,
@@ -240,6 +242,8 @@ async def _start(engine: ServedEngine, a: dict[str, Any]) -> Any:
         id_policy=a.get("id_policy"),
         timeout=a.get("timeout"),
         version=a.get("version"),
+        delay=a.get("delay"),
+        at=a.get("at"),
     )
     return {"id": a["id"]}
 

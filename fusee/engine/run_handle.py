@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
 import msgspec
@@ -72,6 +73,30 @@ def listed_status(status: Any) -> Status | None:
     raise RejectedError(
         f"list(status={status!r}): not a status a run is listed with; expected one of " + ", ".join(LISTED)
     )
+
+
+async def list_runs(shards: list[Shard], type: str | None, status: str | None) -> AsyncIterator[RunSummary]:
+    """The runs of `shards` (`Engine.list`), in memory and indexed (parked, finished), of
+    `type` and `status` (None: any); each shard's rows leave once what they say is
+    durable."""
+    wanted = listed_status(status)  # a misspelt status is refused, not an empty listing
+    for shard in shards:
+        rows = [RunSummary(r.wid, r.run_no, r.type, r.status, shard.index) for r in shard.runs.values()]
+        seen = shard.appended
+        rows += [
+            RunSummary(
+                wid,
+                e.run_no,
+                e.type,
+                Status.RUNNING if e.status == Status.PARKED else STATUS_OF[e.status],
+                shard.index,
+            )
+            for wid, e in await shard.indexed()
+        ]
+        await shard.durable_at(seen)  # statuses leave the process once durable
+        for row in rows:
+            if (type is None or row.type == type) and (wanted is None or row.status == wanted):
+                yield row
 
 
 class RunDescription(msgspec.Struct):
