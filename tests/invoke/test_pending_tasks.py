@@ -19,7 +19,8 @@ from aiohttp import web
 
 from fusee.invoke import invocation_handler
 from tests.server_mode import flows
-from tests.support.invoked import SECRET, Cluster, Endpoint, held_by_nobody, quiet
+from tests.support.cluster import SECRET, Cluster, held_by_nobody, quiet
+from tests.support.invoked import Endpoint
 from tests.support.procs import Proc
 from tests.support.waiting import eventually
 
@@ -78,7 +79,7 @@ def engine_tasks() -> list[asyncio.Task[Any]]:
 
 @pytest.fixture
 def cluster(procs: list[Proc], tmp_path: Path) -> Cluster:
-    return Cluster(procs, tmp_path)
+    return Cluster(tmp_path, procs=procs)
 
 
 async def test_an_invocation_ending_with_results_waiting_leaves_no_task_pending(cluster, destroyed):
@@ -106,7 +107,7 @@ async def _invocations_end_with_results_waiting(cluster: Cluster, destroyed: Des
     endpoint = InProcess(cluster)
     await endpoint.start()
     try:
-        server = cluster.start_server()
+        server = cluster.start_invoked()
         client = await cluster.client()
         await quiet(client)
         runs = [await client.start("sleeper", f"nap-{i}", 1.0) for i in range(SLEEPERS)]
