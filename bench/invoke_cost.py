@@ -505,7 +505,7 @@ async def run_only(args: argparse.Namespace, cluster: Cluster, progress: Progres
             p50 = pct(late, 50)
             print(
                 f"Step after a 1 s sleep, invoked, {count} sleepers: late by p50 {ms(p50)} "
-                f"({times(p50, floors.wake_up_ms)} of the wake-up floor, {floors.wake_up_ms:.2f} ms), "
+                f"({times(p50, floors.wake_up_ms)}: the wake-up floor, {floors.wake_up_ms:.2f} ms), "
                 f"p90 {ms(pct(late, 90))} (min {ms(min(late))}, max {ms(max(late))}); "
                 f"{len(slept.resumed())} invocations after the sleep"
             )
