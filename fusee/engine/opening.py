@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 from fusee._errors import ClosedError, RejectedError
 from fusee.engine.recovery import recover
 from fusee.engine.shard import Shard, ShardHost
-from fusee.storage import MemoryStorage, Storage
+from fusee.storage import Storage
 
 if TYPE_CHECKING:
     from fusee.storage.remote import RemoteStorage
@@ -50,6 +50,8 @@ async def storage_for(
         remote = await _remote_storage(address)
         return remote, remote.initial_shards
     if durability == "memory":
+        from fusee.storage.memory import MemoryStorage  # not on an invoked cold path
+
         return MemoryStorage(shards or 4), None
     raise RejectedError(
         f"durability={durability!r}: open with a directory (local mode), "
@@ -68,7 +70,13 @@ async def open_shards(engine: OpeningEngine, shard_ids: Sequence[int] | None) ->
     collecting = gc.isenabled()
     gc.disable()
     try:
-        await asyncio.gather(*(attach(engine, index) for index in dict.fromkeys(indexes)))
+        unique = list(dict.fromkeys(indexes))
+        if len(unique) == 1:
+            # Awaited here: a task and a gather for one shard cost an invoked cold start
+            # two turns of the loop (about 0.1 ms when the process just woke).
+            await attach(engine, unique[0])
+        else:
+            await asyncio.gather(*(attach(engine, index) for index in unique))
     finally:
         if collecting:
             gc.enable()

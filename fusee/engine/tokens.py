@@ -33,7 +33,7 @@ class CompletingShard(Protocol):
 
 def make_token(wid: str, run: int, seq: int, attempt: int, seed: int) -> str:
     """A completion token names the run, the step and the attempt; its MAC, keyed by
-    the run's recorded seed (63 bits from `secrets`), makes it hard to forge and lets a
+    the run's recorded seed (63 bits from `os.urandom`), makes it hard to forge and lets a
     stale one be refused. docs/engine.md, *Completion tokens*, says what that rests on."""
     body = msgspec.json.encode([wid, run, seq, attempt])
     mac = blake2b(body, key=seed.to_bytes(8, "big"), digest_size=12).digest()

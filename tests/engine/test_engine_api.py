@@ -612,8 +612,7 @@ def test_public_names_are_pinned():
         AlreadyExistsError BusyError CancelledError ChildError ChildHandle Client ClosedError CodecError
         Completion Concurrency ConnectionError Ctx DeterminismError Durability Engine Failure Fatal FuseeError
         IoError LeaseLostError NoHolderError NotFoundError Query RejectedError Replayer Retry Run RunDescription RunSummary
-        ScheduleHandle ScheduleSpec Signal
-        StepContext StepError SystemClock TerminatedError TimeoutError UnknownWorkflowError Update
+        ScheduleHandle ScheduleSpec Signal StepContext StepError SystemClock TerminatedError TimeoutError UnknownWorkflowError Update
         VirtualClock Workflow WorkflowError invocation_handler query signal update workflow
     """.split()
     assert sorted(fusee.__all__) == pinned
