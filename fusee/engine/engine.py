@@ -245,6 +245,7 @@ class Engine:
                 reports.append(result)
         self._step_threads.stop()
         await self.schedules.close()
+        await self.coordinators.close()
         await self.storage.close()
         if error is not None:
             raise error

@@ -65,7 +65,7 @@ async def test_four_client_processes_batch_through_worker_kills_each_event_once(
     every acknowledged event is in exactly one run's input, once, under the run its
     receipt named, and every run's input is events that were sent."""
     server = start_server(shards=4)
-    workers = [start_worker(server.address()), start_worker(server.address())]
+    workers = [start_worker(server.address(max_shards=2)) for _ in range(2)]
     clients = [
         Proc(
             [
@@ -87,7 +87,7 @@ async def test_four_client_processes_batch_through_worker_kills_each_event_once(
         assert not any(line == "done" for c in clients for line in list(c.lines))  # under load
         victim = workers.pop(0)
         victim.kill()  # mid-handler: coordinators and runs on its shards recover elsewhere
-        workers.append(start_worker(server.address()))
+        workers.append(start_worker(server.address(max_shards=2)))
     for c in clients:
         await c.wait_for_async(r"^done$", timeout=120)
     acked: dict[str, str] = {}
@@ -111,3 +111,22 @@ async def test_four_client_processes_batch_through_worker_kills_each_event_once(
         assert seen == acked  # each acknowledged event in the run its receipt named
         runs = {row.id for row in await retry(lambda: listed(client, type="gather"))}
         assert runs == set(acked.values())  # no run besides those named by receipts
+
+
+async def test_runs_at_once_by_type_name_with_two_workers(start_server, start_worker):
+    """A start by type name queues on the worker that holds the run's shard, which reaches
+    the coordinator on whichever worker holds its shard."""
+    server = start_server(shards=4)
+    workers = [start_worker(server.address(max_shards=2)) for _ in range(2)]
+    assert all(len(w.initial) == 2 for w in workers)
+    async with await fusee.Client.connect(server.address()) as client:
+        coordinator = client.shard_of("fusee.concurrency/one_at_a_time")
+        ids = [f"w{i}" for i in range(40)]
+        # Runs on the other worker's shards than the coordinator's, and on the same one.
+        far = [wid for wid in ids if (client.shard_of(wid) < 2) != (coordinator < 2)][:4]
+        near = [wid for wid in ids if (client.shard_of(wid) < 2) == (coordinator < 2)][:2]
+        runs = [await retry(lambda wid=wid: client.start("one_at_a_time", wid, 0.2)) for wid in far + near]
+        ends = [await retry(lambda r=r: r.result(), timeout=60) for r in runs]
+        assert all(
+            a + 0.2 <= b + 0.05 for a, b in zip(ends, ends[1:], strict=False)
+        )  # one at a time, in order

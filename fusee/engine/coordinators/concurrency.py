@@ -161,15 +161,15 @@ def workflows() -> list[Workflow[Any]]:
     ]
 
 
-async def enqueue(target: Any, definition: Workflow[Any], id: str, input: Any, value: Any) -> Any:
-    """A start of a type with `concurrency=`: queued on its coordinator; the run's handle."""
+async def enqueue(target: Any, definition: Workflow[Any], id: str, input: Any, value: Any) -> None:
+    """A start of a type with `concurrency=`: queued on its coordinator (through
+    `target`, an engine or a client)."""
     c = definition.concurrency
     assert c is not None
     key = str(c.key(input)) if c.key is not None else None
     cid = coordinator_id(definition.name, key)
     state = {"workflow": definition.name, "key": key, "limit": c.limit}
     await send(target, COORDINATOR, cid, state, ENQUEUE, {"id": id, "input": value, "limit": c.limit})
-    return target.run(id, definition)
 
 
 async def through_queue(run: Any) -> None:

@@ -23,6 +23,7 @@ from fusee.engine.coordinators.flow import (
     make_workflow,
     new_state,
 )
+from fusee.engine.schedules.flow import Starter
 from fusee.workflow.definitions import Workflow
 from fusee.workflow.durations import Duration, to_ms
 
@@ -32,6 +33,20 @@ class Coordinators:
 
     def __init__(self, target: Any) -> None:
         self._target = target
+        # A key's coordinator may be on a shard another worker holds: an engine on a
+        # worker of a server reaches it through a client of that server, as a schedule's
+        # steps reach their runs (an engine alone, or a client, calls it itself).
+        self._reach = Starter(target) if hasattr(target, "storage") else None
+
+    async def _via(self) -> Any:
+        if self._reach is None:
+            return self._target
+        await self._reach.route()
+        return self._reach.target
+
+    async def close(self) -> None:
+        if self._reach is not None:
+            await self._reach.close()
 
     def workflows(self) -> list[Workflow[Any]]:
         return [make_workflow(DEBOUNCE), make_workflow(BATCH), *concurrency.workflows()]
@@ -98,7 +113,12 @@ class Coordinators:
         if event_id is not None:
             arg["event_id"] = names.name(event_id, "event_id")
         receipt = await send(
-            self._target, kind, coordinator_id(kind, wf_name, key), new_state(kind, wf_name, key), EVENT, arg
+            await self._via(),
+            kind,
+            coordinator_id(kind, wf_name, key),
+            new_state(kind, wf_name, key),
+            EVENT,
+            arg,
         )
         return self._target.run(receipt["id"], wf if isinstance(wf, Workflow) else None)
 
@@ -107,7 +127,8 @@ class Coordinators:
         names.name(id, "workflow ID")
         codec.convert(input, definition.input_type, "the workflow's input")
         value = msgspec.json.decode(codec.encode(input, "the workflow's input"))
-        return await enqueue(self._target, definition, id, input, value)
+        await enqueue(await self._via(), definition, id, input, value)
+        return self._target.run(id, definition)
 
 
 def _positive(value: Duration, what: str) -> int:
