@@ -5,6 +5,7 @@ life with each acknowledged event in exactly one run's input, once."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import pytest
 
@@ -257,6 +258,40 @@ async def test_a_crash_a_few_turns_into_each_step_of_the_coordinator(tmp_path, s
         assert set(await runs_of(t, "ingest")) == set(by_run)
         for rid, events in by_run.items():
             assert await t.result(rid) == events
+        await t.check()
+    finally:
+        await t.close()
+
+
+@fusee.workflow("single", concurrency=fusee.Concurrency(1))
+async def single(ctx: fusee.Ctx, n: int) -> int:
+    await ctx.sleep("work", "1s")
+    return n
+
+
+async def test_one_at_a_time_through_a_crash_a_few_turns_into_every_admission(tmp_path):
+    """Limit 1: eight starts, the clock moved a second at a time and the engine crashed
+    0 to 10 turns later each time. Each run ran once, none began before the previous
+    one ended, in start order."""
+    t = await TestEngine.open([single], dir=tmp_path / "data", shards=2)
+    try:
+        for n in range(8):
+            await t.engine.start(single, f"s{n}", n)
+        for i in range(24):
+            t.clock.set(t.now_ms() + 1_000)
+            for _ in range(i % 11):
+                await asyncio.sleep(0)
+            await t.crash(settle=False)
+        await t.advance("10s")
+        spans = []
+        for n in range(8):
+            assert await t.result(f"s{n}") == n
+            described = await t.engine.run(f"s{n}").describe()
+            assert described.summary.run == 1  # admitted once
+            spans.append((described.journal[0].now, n))
+        assert [n for _, n in sorted(spans)] == list(range(8))  # in start order
+        began = [at for at, _ in spans]
+        assert all(b - a >= 1_000 for a, b in itertools.pairwise(began))  # one at a time
         await t.check()
     finally:
         await t.close()
