@@ -1,8 +1,11 @@
 """Invoked workers' cost: the reference table for invoked workers (README, *Speed*),
 row by row, against its goals. Run on demand:
 `python bench/invoke_cost.py [COLD [FAN [SLEEPS [PARKED]]]] [--quick] [--dir PARENT]
-[--profile DIR] [--loop asyncio|uvloop]` (defaults `100 200 100 10000`, as the reference run; a few minutes on two
-cores; `--quick` is a smoke run of well under a minute). Not a timed test.
+[--profile DIR] [--loop asyncio|uvloop] [--only sleeps|parked] [--sleepers 1,10,100]` (defaults
+`100 200 100 10000`, as the reference run; a few minutes on two cores; `--quick` is a smoke
+run of well under a minute). `--only sleeps` runs row 5 alone, once per count of
+`--sleepers` (default SLEEPS), and prints each one's lateness; `--only parked` runs row 6
+alone (PARKED runs, COLD / 5 starts). Not a timed test.
 
 The setup, all on loopback on this machine, each part a process of its own as deployed:
 - `python -m fusee server --shards 4 --invoke http://127.0.0.1:H/ --invoke-secret-file F`,
@@ -285,7 +288,7 @@ class Sleeps:
         return found
 
 
-async def sleeps(cluster: Cluster, count: int) -> Sleeps:
+async def sleeps(cluster: Cluster, count: int, prefix: str = "nap") -> Sleeps:
     client = cluster.client
     before = (await cluster.quiet())["endpoints"][0]
     mark = cluster.mark()
@@ -298,7 +301,7 @@ async def sleeps(cluster: Cluster, count: int) -> Sleeps:
         due, woke = await run.result()
         return run.shard, float(due), float(woke)
 
-    runs = await asyncio.gather(*(one(f"nap-{i}") for i in range(count)))
+    runs = await asyncio.gather(*(one(f"{prefix}-{i}") for i in range(count)))
     after = (await cluster.quiet())["endpoints"][0]
     found = await cluster.handled(mark, after["invocations"] - before["invocations"])
     return Sleeps(list(runs), found, began)
@@ -492,6 +495,33 @@ def timers(result: Sleeps) -> str:
 # -- the whole run ----------------------------------------------------------------------------
 
 
+async def run_only(args: argparse.Namespace, cluster: Cluster, progress: Progress, floors: Floors) -> None:
+    """`--only`: row 5 for each count of `--sleepers`, or row 6, and nothing else."""
+    print(floors.describe())
+    if args.only == "sleeps":
+        for round, count in enumerate(args.sleepers):
+            slept = await sleeps(cluster, count, f"nap-{round}")  # fresh IDs: no earlier run read
+            late = slept.late_ms
+            p50 = pct(late, 50)
+            print(
+                f"Step after a 1 s sleep, invoked, {count} sleepers: late by p50 {ms(p50)} "
+                f"({times(p50, floors.wake_up_ms)}: the wake-up floor, {floors.wake_up_ms:.2f} ms), "
+                f"p90 {ms(pct(late, 90))} (min {ms(min(late))}, max {ms(max(late))}); "
+                f"{len(slept.resumed())} invocations after the sleep"
+            )
+            print(timers(slept))
+            progress(f"{count} runs sleeping 1 s")
+        return
+    parked_s = await park(cluster, 0, args.parked)
+    progress(f"{args.parked:,} runs parked on shard 0 ({args.parked / parked_s:.0f} starts/s)")
+    for i in range(WARM_UP_STARTS):
+        await cold_start(cluster, f"warm-{i}", due_allowed=1)
+    probes = ids_on(0, "probe")
+    parked = [await cold_start(cluster, next(probes), due_allowed=1) for _ in range(max(5, args.cold // 5))]
+    print(table([parked_row(args.parked, parked, floors)]))
+    print(breakdown(f"On the shard holding {args.parked:,} runs", parked))
+
+
 async def run_all(args: argparse.Namespace, scratch: Path) -> None:
     began = time.monotonic()
     cluster = await start_cluster(scratch, args.profile, args.loop)
@@ -500,6 +530,9 @@ async def run_all(args: argparse.Namespace, scratch: Path) -> None:
         progress = Progress(began)
         floors = await measure_floors(scratch)
         progress("the floors")
+        if args.only:
+            await run_only(args, cluster, progress, floors)
+            return
         cold = await cold_starts(cluster, args.cold)
         progress(f"{args.cold} cold starts")
         at_once = await fan_out(cluster, args.fan, together=True)
@@ -591,6 +624,10 @@ def arguments() -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run: 10 20 10 500")
     parser.add_argument(
+        "--only", choices=("sleeps", "parked"), help="row 5 alone (each --sleepers), or row 6"
+    )
+    parser.add_argument("--sleepers", help="with --only sleeps: comma-separated counts (default SLEEPS)")
+    parser.add_argument(
         "--loop",
         choices=("asyncio", "uvloop"),
         default="asyncio",
@@ -605,7 +642,8 @@ def arguments() -> argparse.Namespace:
     args = parser.parse_args()
     if args.quick:
         args.cold, args.fan, args.sleeps, args.parked = 10, 20, 10, 500
-    if min(args.cold, args.fan, args.sleeps, args.parked) < 1:
+    args.sleepers = [int(n) for n in args.sleepers.split(",")] if args.sleepers else [args.sleeps]
+    if min(args.cold, args.fan, args.sleeps, args.parked, *args.sleepers) < 1:
         parser.error("every count must be at least 1")
     if args.profile is not None:
         args.profile = args.profile.resolve()

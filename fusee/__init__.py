@@ -33,6 +33,7 @@ from fusee.engine.schedules import flow as _schedule_flow
 from fusee.storage import Durability
 from fusee.workflow.ctx import ChildHandle, Completion, Ctx, StepContext
 from fusee.workflow.definitions import (
+    Concurrency,
     Query,
     Retry,
     Signal,
@@ -61,6 +62,7 @@ __all__ = [
     "ClosedError",
     "CodecError",
     "Completion",
+    "Concurrency",
     "ConnectionError",
     "Ctx",
     "DeterminismError",

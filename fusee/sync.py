@@ -73,6 +73,14 @@ class Client:
     def run(self, id: str, wf: Workflow[Out] | None = None) -> Run[Out]:
         return Run(self, self.inner.run(id, wf))
 
+    def debounce(self, wf: Workflow[Any] | str, key: str, input: Any = None, **options: Any) -> Run[Any]:
+        """See `fusee.Client.debounce` (docs/coordinators.md)."""
+        return Run(self, self._wait(self.inner.debounce(wf, key, input, **options)))
+
+    def batch(self, wf: Workflow[Any] | str, key: str, event: Any = None, **options: Any) -> Run[Any]:
+        """See `fusee.Client.batch` (docs/coordinators.md)."""
+        return Run(self, self._wait(self.inner.batch(wf, key, event, **options)))
+
     def signal_with_start(
         self,
         wf: Workflow[Out] | str,
@@ -169,6 +177,10 @@ class Run(Generic[Out]):
 
     def status(self) -> RunSummary:
         return self.client._wait(self.inner.status())
+
+    def started(self, timeout: float | None = None) -> RunSummary:
+        """Wait until the run exists (a debounced or batched run: once its window closes)."""
+        return self.client._wait(self.inner.started(), timeout)
 
     def describe(self) -> RunDescription:
         return self.client._wait(self.inner.describe())

@@ -22,6 +22,8 @@ from fusee._errors import (
     failure_from,
 )
 from fusee.engine import idle, opening, registry
+from fusee.engine.coordinators import Coordinators
+from fusee.engine.coordinators.concurrency import from_outside
 from fusee.engine.idle import IdleReport
 from fusee.engine.run import RunState
 from fusee.engine.run_handle import Run, RunSummary, list_runs
@@ -90,6 +92,9 @@ class Engine:
         # Schedules are runs of a built-in workflow bound to this engine (docs/schedules.md).
         self.schedules = Schedules(self)
         self.register(self.schedules.workflow())
+        # Debounce and batch coordinators: built-in workflows too (docs/coordinators.md).
+        self.coordinators = Coordinators(self)
+        self.register(*self.coordinators.workflows())
 
     @classmethod
     async def open(
@@ -240,6 +245,7 @@ class Engine:
                 reports.append(result)
         self._step_threads.stop()
         await self.schedules.close()
+        await self.coordinators.close()
         await self.storage.close()
         if error is not None:
             raise error
@@ -377,6 +383,13 @@ class Engine:
         workflow or a taken ID is refused before anything is recorded. With `delay=` or
         `at=` the run exists under its ID at once and its code begins then."""
         not_before = delayed_until(self.clock.now_ms(), delay, at)
+        self._check_open()
+        names.name(id, "workflow ID")
+        definition = self.workflow_of(wf)
+        if definition.concurrency is not None and not not_before and id_policy is None and from_outside():
+            # Runs at once: the start waits its turn in the type's queue (docs/coordinators.md).
+            queued: Run[Out] = await self.coordinators.enqueue(definition, id, input)
+            return queued
         run, _ = await self._start(wf, id, input, id_policy, timeout, version, not_before=not_before)
         return run
 
@@ -435,6 +448,18 @@ class Engine:
     ) -> ScheduleHandle:
         """Create or update a schedule (docs/schedules.md); its handle."""
         return await self.schedules.create(name, spec, wf, input)
+
+    async def debounce(
+        self, wf: Workflow[Any] | str, key: str, input: Any = None, **options: Any
+    ) -> Run[Any]:
+        """Collapse starts of `wf` with `key` inside `window=` into one run (docs/coordinators.md)."""
+        run: Run[Any] = await self.coordinators.debounce(wf, key, input, **options)
+        return run
+
+    async def batch(self, wf: Workflow[Any] | str, key: str, event: Any = None, **options: Any) -> Run[Any]:
+        """Add an event to the key's batch; one run per batch (docs/coordinators.md)."""
+        run: Run[Any] = await self.coordinators.batch(wf, key, event, **options)
+        return run
 
     async def signal_with_start(
         self,

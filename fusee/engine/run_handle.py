@@ -23,6 +23,8 @@ from fusee._errors import (
     error_from,
     failure_from,
 )
+from fusee.engine.coordinators.calls import wait_started
+from fusee.engine.coordinators.concurrency import cancel_queued, through_queue
 from fusee.engine.loader import StoredRun
 from fusee.engine.run import RunState
 from fusee.engine.shard import Shard
@@ -339,7 +341,13 @@ class Run(Generic[Out]):
                 # have woken it and it ended meanwhile): waiting by it, nothing answers.
                 state = await shard.finished_run(self.id)
                 if state is None:
-                    await self._refuse(shard, NotFoundError(f"no workflow '{self.id}'", workflow_id=self.id))
+                    try:  # a run waiting its turn (runs at once, docs/coordinators.md)
+                        await through_queue(self)
+                    except (NotFoundError, RejectedError):  # Rejected: its slot's shard is not held here
+                        await self._refuse(
+                            shard, NotFoundError(f"no workflow '{self.id}'", workflow_id=self.id)
+                        )
+                    continue
             if state.status in FINISHED:
                 if isinstance(state, RunState):
                     await shard.durable_at(state.last_lsn)
@@ -364,6 +372,12 @@ class Run(Generic[Out]):
     async def status(self) -> RunSummary:
         return (await self.describe()).summary
 
+    async def started(self) -> RunSummary:
+        """Wait until the run exists (a debounced or batched run: once its window
+        closes); its summary."""
+        summary: RunSummary = await wait_started(self)
+        return summary
+
     async def describe(self) -> RunDescription:
         """The summary and the journal, as records."""
         shard = self._shard
@@ -385,7 +399,14 @@ class Run(Generic[Out]):
         its code is fixed."""
         reason = names.text(reason, "cancel reason")
         shard = self._shard
-        state = await self._running(shard)
+        try:
+            state = await self._running(shard)
+        except NotFoundError as error:
+            try:  # a run waiting its turn leaves its queue (docs/coordinators.md)
+                await cancel_queued(self, reason)
+            except NotFoundError:
+                raise error from None
+            return
         state.event(R.CancelRequested(reason))
         await shard.durable_at(state.last_lsn)
 

@@ -27,7 +27,7 @@ from fusee.engine import idle
 from fusee.engine.callers import Callers
 from fusee.engine.durability import Durability
 from fusee.engine.idle import IdleReport
-from fusee.engine.index import RunIndex, key_of
+from fusee.engine.index import RunIndex, key_of, load_at
 from fusee.engine.loader import RunLoader
 from fusee.engine.outbox import RESEND_MS, Outbox
 from fusee.engine.run import RunState, stop_step
@@ -283,7 +283,11 @@ class Shard(RunLife):
             run.event(R.TimerFired(seq))
 
     def next_due_ms(self, *, resends: bool = True) -> int:
-        """The earliest timer, retry or resend this shard has (0: none)."""
+        """The earliest timer, retry or resend this shard has (0: none): what an invoked
+        worker reports. A parked run's is its bucket's start, not the load ahead of it: the
+        server invokes for the timer (its lead covers the open), and the opening shard
+        loads the bucket at once (recovery arms the load, already past), so the
+        invocation does not wait out the load-ahead time idle."""
         due = self.index_entries.next_due_ms()
         loaded = self.timers.next_due_ms()
         if loaded and (not due or loaded < due):
@@ -346,6 +350,7 @@ class Shard(RunLife):
                 and not run.pending_start
                 and not run.in_flight()
                 and not run.updates_running
+                and not self._loads_soon(run, now)
             ):
                 self.park(run)
                 parked = True
@@ -371,6 +376,13 @@ class Shard(RunLife):
                 # the index instead of replaying every run since the last one.
                 self.spawn(self.checkpoint())
 
+    @staticmethod
+    def _loads_soon(run: RunState, now: int) -> bool:
+        """Parked now, the run would be loaded back at once (its bucket loads ahead): it
+        stays, or a run loaded ahead would go back and forth until its timer."""
+        due = run.next_due()
+        return bool(due) and load_at(due) <= now
+
     def park(self, run: RunState) -> None:
         """Write the run to the run store and drop it from memory; its index entry keeps
         its next due time, so the shard knows its timers without loading it."""
@@ -386,7 +398,7 @@ class Shard(RunLife):
         run.close_fibers()
         self.timers.forget(run)
         if due:
-            self.timers.arm_for(due)
+            self.timers.arm_for(load_at(due))
 
     def put_frame(self, run: RunState) -> int:
         """Write a run's journal to the run store; its offset. A write the store cannot make
