@@ -23,6 +23,8 @@ from fusee._errors import (
 )
 from fusee.engine import idle, opening, registry
 from fusee.engine.idle import IdleReport
+from fusee.engine.limits import Limits
+from fusee.engine.limits.handle import WORKFLOW as LIMIT_WORKFLOW
 from fusee.engine.run import RunState
 from fusee.engine.run_handle import Run, RunSummary, list_runs
 from fusee.engine.schedules import ScheduleHandle, Schedules
@@ -90,6 +92,10 @@ class Engine:
         # Schedules are runs of a built-in workflow bound to this engine (docs/schedules.md).
         self.schedules = Schedules(self)
         self.register(self.schedules.workflow())
+        # Limits: definitions stored as runs of a built-in workflow, permits in memory
+        # shared by every shard of this engine (docs/limits.md).
+        self.permits = Limits(self)
+        self.register(LIMIT_WORKFLOW)
 
     @classmethod
     async def open(
@@ -239,6 +245,7 @@ class Engine:
             else:
                 reports.append(result)
         self._step_threads.stop()
+        self.permits.close()
         await self.schedules.close()
         await self.storage.close()
         if error is not None:
@@ -251,6 +258,7 @@ class Engine:
         for shard in self.shards:
             shard.abandon()
         self._step_threads.stop()
+        self.permits.close()
 
     def step_threads(self) -> ThreadPoolExecutor:
         """The threads `thread=True` steps run on (`StepThreads`)."""
@@ -435,6 +443,19 @@ class Engine:
     ) -> ScheduleHandle:
         """Create or update a schedule (docs/schedules.md); its handle."""
         return await self.schedules.create(name, spec, wf, input)
+
+    async def limit(self, name: str, *, concurrent: int | None = None, per_second: float | None = None) -> None:
+        """Define (or change) limit `name`: at most `concurrent` attempts inside at once,
+        at most `per_second` begun per second (docs/limits.md). Stored, so a reopen keeps it."""
+        await self.permits.define(name, concurrent, per_second)
+
+    async def limits(self) -> list[dict[str, Any]]:
+        """Every stored limit, with this process's usage."""
+        return await self.permits.list()
+
+    async def limit_usage(self, name: str) -> dict[str, int]:
+        """`in_use` (permits held) and `waiting` (steps queued) for limit `name`."""
+        return self.permits.usage(name)
 
     async def signal_with_start(
         self,

@@ -278,7 +278,7 @@ class Shard(RunLife):
             op.retry_at = 0
             op.state = StepState.RUNNING
             lsn = run.last_lsn
-            self.when_durable(lsn, lambda: self.steps.execute(run, op))
+            self.when_durable(lsn, lambda: self.steps.attempt(run, op))  # its permit first
         elif op is not None and not op.done:
             run.event(R.TimerFired(seq))
 
