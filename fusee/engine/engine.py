@@ -444,7 +444,9 @@ class Engine:
         """Create or update a schedule (docs/schedules.md); its handle."""
         return await self.schedules.create(name, spec, wf, input)
 
-    async def limit(self, name: str, *, concurrent: int | None = None, per_second: float | None = None) -> None:
+    async def limit(
+        self, name: str, *, concurrent: int | None = None, per_second: float | None = None
+    ) -> None:
         """Define (or change) limit `name`: at most `concurrent` attempts inside at once,
         at most `per_second` begun per second (docs/limits.md). Stored, so a reopen keeps it."""
         await self.permits.define(name, concurrent, per_second)

@@ -50,10 +50,10 @@ def check_definition(name: str, concurrent: Any, per_second: Any) -> dict[str, A
     names.name(name, "limit name")
     if concurrent is not None and (type(concurrent) is not int or concurrent < 1):
         raise RejectedError(f"limit '{name}': concurrent={concurrent!r}: expected a positive int (or None)")
-    if per_second is not None and (
-        type(per_second) not in (int, float) or not 0 < per_second < float("inf")
-    ):
-        raise RejectedError(f"limit '{name}': per_second={per_second!r}: expected a positive number (or None)")
+    if per_second is not None and (type(per_second) not in (int, float) or not 0 < per_second < float("inf")):
+        raise RejectedError(
+            f"limit '{name}': per_second={per_second!r}: expected a positive number (or None)"
+        )
     if concurrent is None and per_second is None:
         raise RejectedError(f"limit '{name}': give concurrent=, per_second= or both")
     return {"name": name, "concurrent": concurrent, "per_second": per_second}
@@ -116,7 +116,9 @@ class Limits:
             )
             return
         except FuseeError as error:
-            log.warning("limit '%s': its definition could not be read (%s); its steps wait", limit.name, error)
+            log.warning(
+                "limit '%s': its definition could not be read (%s); its steps wait", limit.name, error
+            )
             return
         if not limit.defined:  # else `engine.limit()` defined it meanwhile: that one is newer
             limit.define(spec["concurrent"], spec["per_second"])

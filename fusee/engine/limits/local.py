@@ -90,7 +90,7 @@ class Limit:
             permit = Permit(self)
             try:
                 taken = grant(permit)
-            except Exception:  # noqa: BLE001 - one step's bookkeeping must not stop the others' grants
+            except Exception:  # one step's bookkeeping must not stop the others' grants
                 log.exception("limit '%s': a grant failed; its permit goes back", self.name)
                 taken = False
             if not taken:
