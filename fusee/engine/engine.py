@@ -96,6 +96,9 @@ class Engine:
         # shared by every shard of this engine (docs/limits.md).
         self.permits = Limits(self)
         self.register(LIMIT_WORKFLOW)
+        self.limit = self.permits.limit  # limit(name, concurrent=, per_second=)
+        self.limits = self.permits.limits
+        self.limit_usage = self.permits.limit_usage
 
     @classmethod
     async def open(
@@ -443,21 +446,6 @@ class Engine:
     ) -> ScheduleHandle:
         """Create or update a schedule (docs/schedules.md); its handle."""
         return await self.schedules.create(name, spec, wf, input)
-
-    async def limit(
-        self, name: str, *, concurrent: int | None = None, per_second: float | None = None
-    ) -> None:
-        """Define (or change) limit `name`: at most `concurrent` attempts inside at once,
-        at most `per_second` begun per second (docs/limits.md). Stored, so a reopen keeps it."""
-        await self.permits.define(name, concurrent, per_second)
-
-    async def limits(self) -> list[dict[str, Any]]:
-        """Every stored limit, with this process's usage."""
-        return await self.permits.list()
-
-    async def limit_usage(self, name: str) -> dict[str, int]:
-        """`in_use` (permits held) and `waiting` (steps queued) for limit `name`."""
-        return self.permits.usage(name)
 
     async def signal_with_start(
         self,

@@ -48,11 +48,12 @@ def vsleep(ms: int) -> asyncio.Future[None]:
 @fusee.workflow
 async def call_api(ctx: fusee.Ctx, x: dict) -> str:
     async def work() -> None:
-        SEEN.enter(x.get("label", ""))
+        seen = SEEN  # the counter of the engine this attempt runs on (a crash swaps it)
+        seen.enter(x.get("label", ""))
         try:
             await vsleep(x.get("ms", 100))
         finally:
-            SEEN.leave()
+            seen.leave()
 
     await ctx.step(
         "call",
@@ -68,11 +69,12 @@ async def call_api(ctx: fusee.Ctx, x: dict) -> str:
 @fusee.workflow
 async def blocker(ctx: fusee.Ctx, limit: str) -> None:
     async def hold() -> None:
-        SEEN.enter("blocker")
+        seen, gate = SEEN, GATE[0]
+        seen.enter("blocker")
         try:
-            await GATE[0]
+            await gate
         finally:
-            SEEN.leave()
+            seen.leave()
 
     await ctx.step("hold", hold, limit=limit)
 
@@ -248,10 +250,10 @@ async def test_a_crash_while_steps_wait_keeps_the_bound_and_the_definition(tmp_p
             await kit.start(call_api, f"w{i}", {"limit": "one", "label": f"w{i}", "ms": 50})
             await kit.settle()
         assert await kit.engine.limit_usage("one") == {"in_use": 1, "waiting": 5}
-        await kit.crash(settle=False)
-        # The reopened engine was never told the limit: it reads the stored definition.
         SEEN = Inside()
         GATE[:] = [asyncio.get_running_loop().create_future()]
+        await kit.crash(settle=False)
+        # The reopened engine was never told the limit: it reads the stored definition.
         await kit.settle()
         assert SEEN.most == 1  # the blocker's step runs again (it was never recorded)
         assert (await kit.engine.limit_usage("one"))["waiting"] == 5

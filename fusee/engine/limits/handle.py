@@ -67,7 +67,11 @@ class Limits:
         self.limiter = Limiter(engine.clock)
         self._loading: set[asyncio.Task[None]] = set()
 
-    async def define(self, name: str, concurrent: int | None, per_second: float | None) -> None:
+    async def limit(
+        self, name: str, *, concurrent: int | None = None, per_second: float | None = None
+    ) -> None:
+        """`engine.limit()`: define (or change) limit `name`: at most `concurrent` attempts
+        inside at once, at most `per_second` begun per second. Stored, so a reopen keeps it."""
         spec = check_definition(name, concurrent, per_second)
         # One call that makes the definition's run or hands the running one the new
         # definition: two processes defining the same limit get one run.
@@ -75,8 +79,8 @@ class Limits:
         # Applied once stored: what this process enforces is what a reopen reads back.
         self.limiter.get(name).define(concurrent, per_second)
 
-    async def list(self) -> list[dict[str, Any]]:
-        """Every stored definition, with this process's usage."""
+    async def limits(self) -> list[dict[str, Any]]:
+        """`engine.limits()`: every stored definition, with this process's usage."""
         out = []
         async for row in self._engine.list(type=TYPE):
             if row.status in FINAL or not row.id.startswith(PREFIX):
@@ -88,8 +92,11 @@ class Limits:
             out.append({**spec, **self.usage(spec["name"])})
         return sorted(out, key=lambda d: d["name"])
 
+    async def limit_usage(self, name: str) -> dict[str, int]:
+        """`engine.limit_usage()`: `in_use` (permits held) and `waiting` (steps queued)."""
+        return self.usage(name)
+
     def usage(self, name: str) -> dict[str, int]:
-        """Permits held and steps waiting in this process."""
         names.name(name, "limit name")
         limit = self.limiter.limits.get(name)
         return limit.usage() if limit is not None else {"in_use": 0, "waiting": 0}
