@@ -157,7 +157,12 @@ class Steps:
             self.execute(run, op)
             return True
 
-        self.shard.engine.permits.acquire(op.limit, op.priority, op.fairness_key, op.fairness_weight, granted)
+        try:
+            self.shard.engine.permits.acquire(
+                op.limit, op.priority, op.fairness_key, op.fairness_weight, granted
+            )
+        except Exception as exc:  # noqa: BLE001 - no permit to be had (server mode): the attempt's outcome
+            self._step_outcome(run, op, None, exc)
 
     def execute(self, run: RunState, op: StepOp) -> None:
         """Run one attempt of a step's function."""
