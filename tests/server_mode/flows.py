@@ -150,4 +150,25 @@ async def collector(ctx: fusee.Ctx, _: int) -> list[int]:
         got.append(value)
 
 
-WORKFLOWS = [steps, parent, waiter, sender, hog, big, sleeper, slow_step, checkout, collector]
+@fusee.workflow("limited")
+async def limited(ctx: fusee.Ctx, x: dict) -> str:
+    """One step under limit `x["limit"]` that takes `x["ms"]`; each attempt appends
+    "+1 TIME" as it begins and "-1 TIME" as it ends to `x["file"]` (read by the test, from
+    outside every worker process)."""
+
+    async def call() -> str:
+        with open(x["file"], "a") as file:
+            file.write(f"+1 {time.time()} {os.getpid()}\n")
+        try:
+            await asyncio.sleep(x["ms"] / 1000)
+        finally:
+            with open(x["file"], "a") as file:
+                file.write(f"-1 {time.time()} {os.getpid()}\n")
+        return "ok"
+
+    return await ctx.step(
+        "call", call, limit=x["limit"], priority=x.get("priority", 0), fairness_key=x.get("key")
+    )
+
+
+WORKFLOWS = [steps, parent, waiter, sender, hog, big, sleeper, slow_step, checkout, collector, limited]

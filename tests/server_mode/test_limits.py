@@ -1,29 +1,120 @@
-"""Limits on a worker of a real server (docs/limits.md, *Server mode*): not built yet, so
-refused loudly instead of enforced per worker."""
+"""Limits held by a real server across real worker processes (docs/limits.md, *Server
+mode*): attempts inside are counted from outside every process, in a file each attempt
+appends to as it begins and ends."""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+import signal
+import time
+import zlib
+from pathlib import Path
 
 import fusee
-from fusee import RejectedError
 
 
-@fusee.workflow
-async def limited(ctx: fusee.Ctx, x: int) -> int:
-    return await ctx.step("call", lambda: x, limit="api")
+def events(path: Path) -> list[tuple[float, int, int]]:
+    """(time, +1 or -1, pid) per line, in time order."""
+    out = []
+    for line in path.read_text().splitlines():
+        delta, at, pid = line.split()
+        out.append((float(at), int(delta), int(pid)))
+    return sorted(out)
 
 
-async def test_a_worker_refuses_limits_instead_of_bounding_each_worker_alone(start_server):
-    server = start_server(shards=1)
-    engine = await fusee.Engine.open(workflows=[limited], durability="server", address=server.address())
+def most_inside(path: Path) -> int:
+    inside = most = 0
+    for _, delta, _ in events(path):  # at one instant, an end sorts before a beginning
+        inside += delta
+        most = max(most, inside)
+    return most
+
+
+async def test_concurrent_4_across_3_workers_never_lets_more_than_4_inside(
+    start_server, start_worker, tmp_path
+):
+    server = start_server(shards=6)
+    workers = [start_worker(server.address(max_shards=2)) for _ in range(3)]
+    assert all(len(w.initial) == 2 for w in workers)
+    file = tmp_path / "inside"
+    file.touch()
+    client = await fusee.Client.connect(server.address())
     try:
-        with pytest.raises(RejectedError, match="not available in server mode"):
-            await engine.limit("api", concurrent=4)
-        run = await engine.start(limited, "l-1", 3)
-        with pytest.raises(fusee.StepError, match="not available in server mode"):
-            await run.result()
-        kinds = [type(rec).__name__ for rec in (await run.describe()).journal]
-        assert "Attempt" not in kinds and "StepFailed" in kinds  # failed at once, no retry
+        await client.call("limit", {"name": "api", "concurrent": 4})
+        runs = await asyncio.gather(
+            *(
+                client.start("limited", f"c{i}", {"limit": "api", "ms": 60, "file": str(file)})
+                for i in range(60)
+            )
+        )
+        assert [await run.result() for run in runs] == ["ok"] * 60
+        assert most_inside(file) == 4
+        assert len({pid for _, _, pid in events(file)}) == 3  # every worker ran some
+        assert await client.call("limit_usage", {"name": "api"}) == {"in_use": 0, "waiting": 0}
     finally:
-        await engine.close()
+        await client.close()
+
+
+async def test_per_second_20_across_3_workers_keeps_to_the_rate(start_server, start_worker, tmp_path):
+    server = start_server(shards=6)
+    for _ in range(3):
+        start_worker(server.address(max_shards=2))
+    file = tmp_path / "inside"
+    file.touch()
+    client = await fusee.Client.connect(server.address())
+    try:
+        await client.call("limit", {"name": "rate", "per_second": 20})
+        runs = await asyncio.gather(
+            *(
+                client.start("limited", f"r{i}", {"limit": "rate", "ms": 1, "file": str(file)})
+                for i in range(280)
+            )
+        )
+        await asyncio.sleep(11)
+        began = [at for at, delta, _ in events(file) if delta == 1]
+        first = began[0]
+        in_10s = sum(1 for at in began if at < first + 10)
+        print(f"per_second=20 across 3 workers: {in_10s} attempts began in the first 10 s")
+        assert 180 <= in_10s <= 220, in_10s
+        assert [await run.result() for run in runs] == ["ok"] * len(runs)
+    finally:
+        await client.close()
+
+
+async def test_a_sigkilled_workers_permits_come_back_after_their_lease_not_before(
+    start_server, start_worker, tmp_path
+):
+    server = start_server(shards=2)
+    a = start_worker(server.address(max_shards=1))
+    b = start_worker(server.address(max_shards=1))
+    assert a.initial == [0] and b.initial == [1]
+    on = {0: [], 1: []}
+    for i in range(200):
+        wid = f"k{i}"
+        on[zlib.crc32(wid.encode()) % 2].append(wid)
+    file = tmp_path / "inside"
+    file.touch()
+    client = await fusee.Client.connect(server.address())
+    try:
+        await client.call("limit", {"name": "two", "concurrent": 2})
+        for wid in on[0][:2]:  # A's: they hold both permits for a minute
+            await client.start("limited", wid, {"limit": "two", "ms": 60_000, "file": str(file)})
+        deadline = time.monotonic() + 20
+        while sum(d for _, d, _ in events(file)) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        runs = [
+            await client.start("limited", wid, {"limit": "two", "ms": 10, "file": str(file)})
+            for wid in on[1][:3]
+        ]
+        await asyncio.sleep(1.5)
+        assert await client.call("limit_usage", {"name": "two"}) == {"in_use": 2, "waiting": 3}
+        killed = time.time()
+        a.signal(signal.SIGKILL)
+        assert [await run.result() for run in runs] == ["ok"] * 3
+        b_began = [at for at, delta, pid in events(file) if delta == 1 and pid == b.popen.pid]
+        waited = b_began[0] - killed
+        print(f"a SIGKILLed worker's permits: granted again {waited:.2f} s after the kill")
+        # renewed at most a second before the kill, a lease lapses 3 s after its renewal
+        assert 2.0 <= waited <= 5.0, waited
+    finally:
+        await client.close()

@@ -11,7 +11,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from fusee import _names as names
-from fusee._errors import Fatal, FuseeError, NotFoundError, RejectedError
+from fusee._errors import FuseeError, NotFoundError, RejectedError
 from fusee.engine.limits.local import Limit, Limiter
 from fusee.engine.limits.queue import Grant
 from fusee.journal import FINAL
@@ -44,14 +44,6 @@ async def _definition(ctx: Ctx, spec: dict[str, Any]) -> None:
     ctx.continue_as_new(spec)
 
 
-# Server mode needs the permits held by the server, across workers (docs/limits.md, *Server
-# mode*); not built yet. Refused rather than enforced per worker: a bound silently
-# multiplied by the number of workers is the overload the limit is there to prevent.
-NOT_IN_SERVER_MODE = (
-    "limits are not available in server mode yet: a per-worker bound would not be the "
-    "bound asked for (docs/limits.md, *Server mode*)"
-)
-
 WORKFLOW: Workflow[Any] = Workflow(_definition, TYPE, input=dict[str, Any])
 
 
@@ -75,7 +67,13 @@ class Limits:
         self._engine = engine
         self.limiter = Limiter(engine.clock)
         self._loading: set[asyncio.Task[None]] = set()
-        self._server_mode = getattr(engine.storage, "durability", None) is Durability.SERVER
+        # Server mode: the server holds definitions, permits and the queue, for every
+        # worker (remote.py); the wire code is loaded only then.
+        self._remote: Any = None
+        if getattr(engine.storage, "durability", None) is Durability.SERVER:
+            from fusee.engine.limits.remote import RemotePermits
+
+            self._remote = RemotePermits(engine.storage)
 
     async def limit(
         self, name: str, *, concurrent: int | None = None, per_second: float | None = None
@@ -83,8 +81,9 @@ class Limits:
         """`engine.limit()`: define (or change) limit `name`: at most `concurrent` attempts
         inside at once, at most `per_second` begun per second. Stored, so a reopen keeps it."""
         spec = check_definition(name, concurrent, per_second)
-        if self._server_mode:
-            raise RejectedError(f"limit '{name}': {NOT_IN_SERVER_MODE}")
+        if self._remote is not None:
+            await self._remote.call("limit", spec)
+            return
         # One call that makes the definition's run or hands the running one the new
         # definition: two processes defining the same limit get one run.
         await self._engine.signal_with_start(TYPE, limit_id(name), spec, SET_SIGNAL, spec)
@@ -92,7 +91,11 @@ class Limits:
         self.limiter.get(name).define(concurrent, per_second)
 
     async def limits(self) -> list[dict[str, Any]]:
-        """`engine.limits()`: every stored definition, with this process's usage."""
+        """`engine.limits()`: every stored definition, with its usage (this process's;
+        in server mode, the server's: every worker's)."""
+        if self._remote is not None:
+            listed: list[dict[str, Any]] = await self._remote.call("limits", {})
+            return listed
         out = []
         async for row in self._engine.list(type=TYPE):
             if row.status in FINAL or not row.id.startswith(PREFIX):
@@ -106,6 +109,11 @@ class Limits:
 
     async def limit_usage(self, name: str) -> dict[str, int]:
         """`engine.limit_usage()`: `in_use` (permits held) and `waiting` (steps queued)."""
+        if self._remote is not None:
+            used: dict[str, int] = await self._remote.call(
+                "limit_usage", {"name": names.name(name, "limit name")}
+            )
+            return used
         return self.usage(name)
 
     def usage(self, name: str) -> dict[str, int]:
@@ -114,10 +122,10 @@ class Limits:
         return limit.usage() if limit is not None else {"in_use": 0, "waiting": 0}
 
     def acquire(self, name: str, priority: int, key: str | None, weight: int, grant: Grant) -> None:
-        """Queue a step for a permit of `name`; `grant(permit)` when its turn comes. Fatal
-        (the step fails, no retry) where limits are not available."""
-        if self._server_mode:
-            raise Fatal(f"step limit '{name}': {NOT_IN_SERVER_MODE}", code="Rejected")
+        """Queue a step for a permit of `name`; `grant(permit)` when its turn comes."""
+        if self._remote is not None:
+            self._remote.acquire(name, priority, key, weight, grant)
+            return
         limit = self.limiter.limits.get(name)
         if limit is None:
             limit = self.limiter.get(name)

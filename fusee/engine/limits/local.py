@@ -48,6 +48,9 @@ class Limit:
         # the rate in any window, which is what a downstream API counting calls per second
         # (or per 100 ms) needs.
         self.next_ms = 0.0
+        # Nothing is granted before this (ms): a restarted server waits out the leases it
+        # may have granted before it stopped, which it no longer knows of.
+        self.not_before_ms = 0
         self._timer: Handle | None = None
         # Set while granting: a permit released by a step that ran inside its grant (a
         # synchronous function) does not grant again from within, which would nest one
@@ -78,6 +81,11 @@ class Limit:
             self._pumping = False
 
     def _grant_all(self) -> None:
+        if self.not_before_ms and self.queue.count:
+            if self.clock.now_ms() < self.not_before_ms:
+                self._wake_at(self.not_before_ms)
+                return
+            self.not_before_ms = 0
         while self.queue.count and (self.concurrent is None or self.in_use < self.concurrent):
             if self.per_second is not None:
                 now = self.clock.now_ms()
