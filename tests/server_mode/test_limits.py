@@ -11,6 +11,7 @@ import zlib
 from pathlib import Path
 
 import fusee
+from tests.support.procs import free_port, retry
 
 
 def events(path: Path) -> list[tuple[float, int, int]]:
@@ -116,5 +117,76 @@ async def test_a_sigkilled_workers_permits_come_back_after_their_lease_not_befor
         print(f"a SIGKILLed worker's permits: granted again {waited:.2f} s after the kill")
         # renewed at most a second before the kill, a lease lapses 3 s after its renewal
         assert 2.0 <= waited <= 5.0, waited
+    finally:
+        await client.close()
+
+
+async def test_a_restarted_server_waits_out_the_leases_it_may_have_granted(
+    start_server, start_worker, tmp_path
+):
+    """The server is SIGKILLed while a worker holds the only permit; the worker connects
+    to the restarted server and its steps ask again: nothing is granted until a lease's
+    length after the restart (the killed server's permit may still be in use), and the
+    definition is the one stored."""
+    data, listen = tmp_path / "server", f"127.0.0.1:{free_port()}"
+    server = start_server(dir=data, listen=listen, shards=1)
+    start_worker(server.address())
+    file = tmp_path / "inside"
+    file.touch()
+    client = await fusee.Client.connect(server.address())
+    try:
+        await client.call("limit", {"name": "one", "concurrent": 1})
+        await client.start("limited", "long", {"limit": "one", "ms": 2_000, "file": str(file)})
+        deadline = time.monotonic() + 20
+        while not events(file) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    finally:
+        await client.close()
+    await asyncio.to_thread(server.kill)
+    before = len(events(file))
+    server = await asyncio.to_thread(start_server, dir=data, listen=listen, shards=1)
+    ready = time.time()
+    client = await fusee.Client.connect(server.address())
+    try:
+        assert await retry(lambda: client.run("long").result()) == "ok"
+        again = [at for at, delta, _ in events(file)[before:] if delta == 1]
+        waited = again[0] - ready
+        print(f"after a server restart: first permit {waited:.2f} s after it was ready")
+        assert waited >= 2.9, waited
+        limits = await client.call("limits", {})
+        assert [(d["name"], d["concurrent"]) for d in limits] == [("one", 1)]
+    finally:
+        await client.close()
+
+
+async def test_priority_is_strict_across_workers(start_server, start_worker, tmp_path):
+    server = start_server(shards=6)
+    for _ in range(3):
+        start_worker(server.address(max_shards=2))
+    file = tmp_path / "inside"
+    file.touch()
+    client = await fusee.Client.connect(server.address())
+    try:
+        await client.call("limit", {"name": "one", "concurrent": 1})
+        first = await client.start("limited", "first", {"limit": "one", "ms": 1_500, "file": str(file)})
+        deadline = time.monotonic() + 20
+        while not events(file) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        order = {}
+        runs = []
+        for priority in (0, 5, -2, 9, 3, 7):  # on whichever worker holds each ID's shard
+            wid = f"p{priority}"
+            marked = tmp_path / wid
+            marked.touch()
+            order[wid] = marked
+            args = {"limit": "one", "ms": 20, "file": str(marked), "priority": priority}
+            runs.append(await client.start("limited", wid, args))
+        await asyncio.sleep(0.5)
+        assert await client.call("limit_usage", {"name": "one"}) == {"in_use": 1, "waiting": 6}
+        await first.result()
+        for run in runs:
+            await run.result()
+        began = sorted((events(path)[0][0], wid) for wid, path in order.items())
+        assert [wid for _, wid in began] == ["p9", "p7", "p5", "p3", "p0", "p-2"]
     finally:
         await client.close()
