@@ -9,6 +9,7 @@ rooms that hold each mechanism (docs/server.md, *The server's rooms*):
 - `relay.py`: messages, calls and listings, and what waits for a holder;
 - `disk.py`: the holders' writes and reads on the Rust disk path, and their answers;
 - `invoker.py`: invoked workers, for shards with work and no holder;
+- `limits.py`: limits' definitions, permits under leases and their waiting queue;
 - `listener.py`: a connection's handshake and states, handing every frame here.
 """
 
