@@ -59,7 +59,7 @@ async def main(steps: int, rounds: int) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
