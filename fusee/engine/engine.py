@@ -25,6 +25,8 @@ from fusee.engine import idle, opening, registry
 from fusee.engine.coordinators import Coordinators
 from fusee.engine.coordinators.concurrency import from_outside
 from fusee.engine.idle import IdleReport
+from fusee.engine.limits import Limits
+from fusee.engine.limits.handle import WORKFLOW as LIMIT_WORKFLOW
 from fusee.engine.run import RunState
 from fusee.engine.run_handle import Run, RunSummary, list_runs
 from fusee.engine.schedules import ScheduleHandle, Schedules
@@ -95,6 +97,13 @@ class Engine:
         # Debounce and batch coordinators: built-in workflows too (docs/coordinators.md).
         self.coordinators = Coordinators(self)
         self.register(*self.coordinators.workflows())
+        # Limits: definitions stored as runs of a built-in workflow, permits in memory
+        # shared by every shard of this engine (docs/limits.md).
+        self.permits = Limits(self)
+        self.register(LIMIT_WORKFLOW)
+        self.limit = self.permits.limit  # limit(name, concurrent=, per_second=)
+        self.limits = self.permits.limits
+        self.limit_usage = self.permits.limit_usage
 
     @classmethod
     async def open(
@@ -244,6 +253,7 @@ class Engine:
             else:
                 reports.append(result)
         self._step_threads.stop()
+        self.permits.close()
         await self.schedules.close()
         await self.coordinators.close()
         await self.storage.close()
@@ -257,6 +267,7 @@ class Engine:
         for shard in self.shards:
             shard.abandon()
         self._step_threads.stop()
+        self.permits.close()
 
     def step_threads(self) -> ThreadPoolExecutor:
         """The threads `thread=True` steps run on (`StepThreads`)."""

@@ -43,6 +43,8 @@ from fusee.workflow.ops import StepOp, StepState
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
+    from fusee.engine.limits import Limits
+
 log = logging.getLogger("fusee")
 _RUNNING = Status.RUNNING  # read for every loaded run at every sweep
 
@@ -81,6 +83,8 @@ class ShardHost(Protocol):
     def idle_waiters(self) -> int: ...
     @property
     def activity(self) -> asyncio.Event: ...
+    @property
+    def permits(self) -> Limits: ...
     def step_threads(self) -> ThreadPoolExecutor: ...
     def route(self, msg: Msg) -> None: ...
     def route_ack(self, src: int, ack: Ack) -> None: ...
@@ -278,7 +282,7 @@ class Shard(RunLife):
             op.retry_at = 0
             op.state = StepState.RUNNING
             lsn = run.last_lsn
-            self.when_durable(lsn, lambda: self.steps.execute(run, op))
+            self.when_durable(lsn, lambda: self.steps.attempt(run, op))  # its permit first
         elif op is not None and not op.done:
             run.event(R.TimerFired(seq))
 

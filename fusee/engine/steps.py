@@ -37,6 +37,7 @@ _IDLE, _RUNNING = StepState.IDLE, StepState.RUNNING  # module globals: read on e
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
+    from fusee.engine.limits import Limits
     from fusee.storage.contract import ShardStore
 
 
@@ -48,6 +49,8 @@ class StepSettings(Protocol):
     def step_mocks(self) -> dict[tuple[str, str], Callable[[int], Any]]: ...
     @property
     def record_stacks(self) -> bool: ...
+    @property
+    def permits(self) -> Limits: ...
     def step_threads(self) -> ThreadPoolExecutor: ...
 
 
@@ -93,15 +96,15 @@ class Steps:
                 return
             op.state = _RUNNING
             if op.read_only:
-                self.execute(run, op)
+                self.attempt(run, op)
             else:
                 # The step's function sees only state a crash cannot take back.
                 lsn = run.last_lsn
                 durability = self.shard.durability
                 if durability.durable >= lsn:
-                    self.execute(run, op)
+                    self.attempt(run, op)
                 else:
-                    durability.gates.append((lsn, lambda: self.execute(run, op)))
+                    durability.gates.append((lsn, lambda: self.attempt(run, op)))
         elif isinstance(op, TimerOp):
             if not op.recorded:
                 op.due = op.due or self.shard.now_ms() + (op.duration_ms or 0)
@@ -140,9 +143,31 @@ class Steps:
                     run.record(R.SignalSent(op.seq, op.target, op.name, op.payload, number))
                 op.recorded = True
 
+    def attempt(self, run: RunState, op: StepOp) -> None:
+        """Past the gate: run the attempt, after taking its limit's permit if it has one
+        (every attempt takes its own: a retry waits in the queue again)."""
+        if op.limit is None:
+            self.execute(run, op)
+            return
+
+        def granted(permit: Any) -> bool:
+            if op.done or run.final or self.shard.closed:
+                return False  # cancelled, ended or let go of while it waited
+            op.permit = permit
+            self.execute(run, op)
+            return True
+
+        try:
+            self.shard.engine.permits.acquire(
+                op.limit, op.priority, op.fairness_key, op.fairness_weight, granted
+            )
+        except Exception as exc:  # noqa: BLE001 - no permit to be had (server mode): the attempt's outcome
+            self._step_outcome(run, op, None, exc)
+
     def execute(self, run: RunState, op: StepOp) -> None:
         """Run one attempt of a step's function."""
         if op.done or run.final or self.shard.closed:
+            _release(op)
             return
         fn = op.fn
         mock = self.shard.engine.step_mocks.get((run.type, op.name)) if self.shard.engine.step_mocks else None
@@ -162,6 +187,7 @@ class Steps:
         if store.fenced():
             # This process was stopped longer than the server waits: its lease is gone, and
             # another holder may have run this step and recorded it. Stop, run nothing.
+            _release(op)
             self.shard.stop(LeaseLostError(FENCED))
             return
         try:
@@ -199,7 +225,11 @@ class Steps:
     def _task_done(self, run: RunState, op: StepOp, task: asyncio.Future[Any]) -> None:
         if op.task is task:
             op.task = op.awaitable = None
-        if task.cancelled() or op.done or run.final:
+        if task.cancelled():
+            _release(op)  # the attempt ended: cancelled with its run, or by a close
+            return
+        if op.done or run.final:
+            _release(op)
             return
         exc = task.exception()
         if exc is not None and not isinstance(exc, Exception):
@@ -208,6 +238,7 @@ class Steps:
         self._step_outcome(run, op, None if exc else task.result(), exc)
 
     def _step_outcome(self, run: RunState, op: StepOp, value: Any, exc: BaseException | None) -> None:
+        _release(op)  # the attempt ended, whatever becomes of its outcome
         if op.done or run.final or self.shard.closed:
             # Cancelled or terminated meanwhile, or the shard let go of the run (a thread
             # that outlived a close): the result is discarded, never recorded late.
@@ -287,6 +318,13 @@ class Steps:
 
     def token(self, run: RunState, op: StepOp) -> str:
         return make_token(run.wid, run.run_no, op.seq, op.attempt, run.started.seed)
+
+
+def _release(op: StepOp) -> None:
+    permit = op.permit
+    if permit is not None:
+        op.permit = None
+        permit.release()
 
 
 def _causes(exc: BaseException | None) -> list[BaseException]:

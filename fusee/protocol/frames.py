@@ -51,6 +51,10 @@ class Kind(enum.IntEnum):
     ANSWER = 13
     DRAIN = 28  # route nothing more for these shards (invoked workers)
     IDLE = 29  # per shard and epoch: work left, next due time... (invoked workers)
+    PERMIT_ASK = 30  # a worker's step waits for a limit's permit (docs/limits.md)
+    PERMIT_GRANT = 31  # the server grants permits, by the worker's ticket
+    PERMIT_RETURN = 32  # a worker returns permits, or withdraws tickets still waiting
+    PERMIT_RENEW = 33  # a worker renews the leases of the permits it holds (every second)
     HELLO = 0xF0
     CHALLENGE = 0xF1
     PROOF = 0xF2

@@ -8,9 +8,10 @@ receiving side has not declared. Byte by byte in docs/FORMAT.md, *The wire*.
 Who sends what:
 
     pinger -> server          OPEN, PING (a worker's second connection: see pinger.py)
-    worker/client -> server   OPEN, PING, REQUEST, APPEND, PUT_RUN, RELAY, CALL, ANSWER, IDLE
+    worker/client -> server   OPEN, PING, REQUEST, APPEND, PUT_RUN, RELAY, CALL, ANSWER, IDLE,
+                              PERMIT_ASK, PERMIT_RETURN, PERMIT_RENEW (workers)
     server -> worker/client   WELCOME, LEASE, REPLY, DURABLE, RUN_PUT, RELAY, CALL, ANSWER,
-                              DRAIN
+                              DRAIN, PERMIT_GRANT
 
 A connection the server refuses (a bad token, a bad OPEN) gets the token exchange's
 REFUSED frame, its reason in UTF-8, and is closed.
@@ -193,6 +194,42 @@ class Idle(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     types_without_code: list[str] = []
 
 
+class PermitAsk(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """A step waits for a permit of limit `name`: `ticket` is the worker's number for it
+    (unique in the worker's process), answered by PERMIT_GRANT when its turn comes."""
+
+    ticket: int
+    name: str
+    priority: int = 0
+    key: str | None = None
+    weight: int = 1
+
+
+class PermitGrant(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """Permits granted, by ticket, each under a lease of LEASE_MS from now."""
+
+    tickets: list[int]
+
+
+class PermitReturn(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """Permits the worker is done with, or tickets it no longer waits on."""
+
+    tickets: list[int]
+
+
+class PermitRenew(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """The permits the worker still holds: their leases run LEASE_MS from now again."""
+
+    tickets: list[int]
+
+
+# A permit's lease: renewed every RENEW_MS, it lapses LEASE_MS after the last renewal (a
+# worker that was SIGKILLed or cut off gives its permits back then, not before).
+PERMIT_RENEW_MS = 1_000
+# The calls the server answers itself about limits (a CALL naming no shard).
+LIMIT_METHODS = frozenset({"limit", "limits", "limit_usage"})
+PERMIT_LEASE_MS = 3_000
+
 TYPES: dict[int, type[Any]] = {
     Kind.OPEN: Open,
     Kind.WELCOME: Welcome,
@@ -209,6 +246,10 @@ TYPES: dict[int, type[Any]] = {
     Kind.ANSWER: Answer,
     Kind.DRAIN: Drain,
     Kind.IDLE: Idle,
+    Kind.PERMIT_ASK: PermitAsk,
+    Kind.PERMIT_GRANT: PermitGrant,
+    Kind.PERMIT_RETURN: PermitReturn,
+    Kind.PERMIT_RENEW: PermitRenew,
 }
 KIND_OF: dict[type[Any], int] = {cls: kind for kind, cls in TYPES.items()}
 

@@ -91,6 +91,7 @@ class RemoteStorage:
         self.budget_ms = 0  # an invoked worker's budget left, as its lease said
         self.drained: asyncio.Future[None] | None = None
         self.held_calls: list[m.Call] = []
+        self.permits: Any = None  # the engine's limits, which hears of grants (RemotePermits)
 
     def serve_calls(self, on_call: Callable[[m.Call], None]) -> None:
         """From now on `on_call` answers the calls relayed here (and those held so far)."""
@@ -206,6 +207,11 @@ class RemoteStorage:
         elif kind is m.Drain:
             if self.drained is not None and not self.drained.done():
                 self.drained.set_result(None)
+        elif kind is m.PermitGrant:
+            if self.permits is not None:
+                self.permits.granted(message)
+            else:
+                self.send(m.PermitReturn(message.tickets))
         elif kind is m.Lease:
             self.granted[message.shard] = message.epoch
             if self.on_lease is not None:
@@ -261,6 +267,8 @@ class RemoteStorage:
         lease = LeaseLostError(f"{error}: this worker's leases are gone{why}")
         for store in list(self.stores.values()):
             store.lose(lease)
+        if self.permits is not None:
+            self.permits.lost()
         for future in [*self.pending.values(), self.drained]:
             if future is not None and not future.done():
                 future.set_exception(error)

@@ -125,9 +125,15 @@ class Ctx:
         read_only: bool = False,
         thread: bool = False,
         output: Any = None,
+        limit: str | None = None,
+        priority: int = 0,
+        fairness_key: str | None = None,
+        fairness_weight: int = 1,
     ) -> StepOp:
         """Run `fn` once the records before it are durable, record its result, return it.
-        On replay the recorded result comes back and `fn` does not run."""
+        On replay the recorded result comes back and `fn` does not run. With `limit=`,
+        each attempt first takes a permit of that limit, waiting by `priority`, then in
+        turns of `fairness_weight` by `fairness_key` (docs/limits.md)."""
         run = self._run
         # The common case checked inline (this is every step's path); anything else goes
         # through the checks that name what is wrong.
@@ -145,6 +151,8 @@ class Ctx:
             thread,
         )
         op.output = output
+        if limit is not None:
+            _limited(op, limit, priority, fairness_key, fairness_weight)
         run.issue(op)
         return op
 
@@ -379,6 +387,19 @@ def _callable(fn: Any, name: str) -> Any:
     if not callable(fn):
         raise RejectedError(f"'{name}': expected a function, got {type(fn).__name__}")
     return fn
+
+
+def _limited(op: StepOp, limit: str, priority: int, key: str | None, weight: int) -> None:
+    """A step's limit options, checked where the code calls `ctx.step` (the call names
+    what is wrong, not a grant much later)."""
+    names.name(limit, "step limit")
+    if type(priority) is not int or not -(1 << 31) <= priority < 1 << 31:
+        raise RejectedError(f"step '{op.name}': priority={priority!r}: expected a 32-bit int")
+    if key is not None and type(key) is not str:
+        raise RejectedError(f"step '{op.name}': fairness_key={key!r}: expected a str (or None)")
+    if type(weight) is not int or weight < 1:
+        raise RejectedError(f"step '{op.name}': fairness_weight={weight!r}: expected a positive int")
+    op.limit, op.priority, op.fairness_key, op.fairness_weight = limit, priority, key, weight
 
 
 def _retry(retry: Any, run: Driver) -> Retry:

@@ -83,9 +83,14 @@ class StepOp(Op):
         "awaitable",
         "completion",
         "context",
+        "fairness_key",
+        "fairness_weight",
         "first_failure_at",
         "fn",
+        "limit",
         "output",
+        "permit",
+        "priority",
         "read_only",
         "retry",
         "retry_at",
@@ -123,6 +128,13 @@ class StepOp(Op):
         self.completion = completion
         self.output: Any = None
         self.context: Any = None  # the StepContext of the attempt running, if it takes one
+        # A limit's permit is taken before each attempt and returned when it ends
+        # (docs/limits.md); None: no limit. Not journaled: the order of waiters is not.
+        self.limit: str | None = None
+        self.priority = 0
+        self.fairness_key: str | None = None
+        self.fairness_weight = 1
+        self.permit: Any = None  # held while an attempt runs
 
     @property
     def kind(self) -> str:  # type: ignore[override]

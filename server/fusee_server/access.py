@@ -27,7 +27,9 @@ class Scope(enum.Enum):
 # A call that reads: it records nothing, whatever its arguments. Everything else (start,
 # signal, update, cancel, terminate, complete, fail, and any method added later) is a
 # change, refused to a read token.
-READ_METHODS = frozenset({"list", "describe", "query", "result", "status", "invocations"})
+READ_METHODS = frozenset(
+    {"list", "describe", "query", "result", "status", "invocations", "limits", "limit_usage"}
+)
 # What a peer without the worker token may send once open: calls, and its pings.
 CLIENT_FRAMES = (m.Call, m.Ping)
 

@@ -23,6 +23,7 @@ import msgspec
 from fusee.journal import Ack
 from fusee.protocol import messages as m
 from fusee.protocol.frames import FrameError
+from fusee.protocol.messages import LIMIT_METHODS
 from fusee_server.invoker import Reason
 
 if TYPE_CHECKING:
@@ -103,6 +104,7 @@ class Relay:
         self.calls: dict[int, tuple[ServerConnection | Listing, int, ServerConnection, m.Call]] = {}
         self.rids = itertools.count(1)
         self.invoker: Waker | None = None
+        self.limits: Any = None  # the server's limits (limits.py): answers their calls
 
     def waiting(self) -> int:
         """The calls (and listings' parts) waiting for a holder."""
@@ -161,6 +163,9 @@ class Relay:
             # Answered here, whatever the shard and the arguments say (it names neither).
             metrics = self.invoker.metrics() if self.invoker is not None else {"endpoints": []}
             client.send(m.Answer(call.rid, m.encode_value(metrics)))
+            return
+        if call.method in LIMIT_METHODS and self.limits is not None:
+            client.send(self.limits.call(call))  # answered here: the server holds limits
             return
         if call.shard == -1 and call.method != "list":
             # Only a listing goes to every holder: any other call sent so would run once

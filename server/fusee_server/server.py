@@ -9,6 +9,7 @@ rooms that hold each mechanism (docs/server.md, *The server's rooms*):
 - `relay.py`: messages, calls and listings, and what waits for a holder;
 - `disk.py`: the holders' writes and reads on the Rust disk path, and their answers;
 - `invoker.py`: invoked workers, for shards with work and no holder;
+- `limits.py`: limits' definitions, permits under leases and their waiting queue;
 - `listener.py`: a connection's handshake and states, handing every frame here.
 """
 
@@ -24,6 +25,7 @@ from fusee.protocol.frames import PAYLOAD_BYTES_MAX, FrameError
 from fusee_server.disk import Disk
 from fusee_server.invoker import Invoker
 from fusee_server.leases import Leases
+from fusee_server.limits import ServerLimits
 from fusee_server.listener import ServerConnection
 from fusee_server.relay import Relay
 
@@ -41,6 +43,8 @@ class Server:
         self.shards = len(disk.shards)
         self.leases = Leases(self.shards, self)
         self.relay = Relay(self.leases.table)
+        self.limits = ServerLimits(disk.storage.root)
+        self.relay.limits = self.limits
         self.listeners: list[asyncio.Server] = []
         self.watch: asyncio.Task[None] | None = None
         self._invoker: Invoker | None = None
@@ -68,6 +72,7 @@ class Server:
             await asyncio.sleep(WATCH_S)
             self.relay.expire()
             self.leases.check_liveness()
+            self.limits.expire()
 
     # -- what the invoker asks (invoker.Shards) -------------------------------------------
 
@@ -180,6 +185,7 @@ class Server:
             invocation = self.invoker.lookup(conn.invocation)
             if invocation is not None and invocation.conn is conn:
                 invocation.closed.set()
+        self.limits.lost(conn)
         held = set(conn.held)
         for index in sorted(held):
             leases.free(leases.table[index], f"let go: {conn} closed its connection")
@@ -212,6 +218,12 @@ class Server:
         elif kind is m.Idle:
             if self.leases.held(conn, message.shard, message.epoch) is not None and self.invoker is not None:
                 self.invoker.idle(conn, message)
+        elif kind is m.PermitAsk and conn.role == m.ROLE_WORKER:
+            self.limits.ask(conn, message)
+        elif kind is m.PermitReturn and conn.role == m.ROLE_WORKER:
+            self.limits.returned(conn, message)
+        elif kind is m.PermitRenew and conn.role == m.ROLE_WORKER:
+            self.limits.renew(conn, message)
         elif kind is m.Drain and conn.role == m.ROLE_WORKER:
             if not all(index in conn.held for index in message.shards):
                 conn.fail(f"DRAIN of shards {message.shards}: it holds {sorted(conn.held)}")

@@ -162,6 +162,27 @@ async def one_at_a_time(ctx: fusee.Ctx, seconds: float) -> float:
     return ctx.now().timestamp()
 
 
+@fusee.workflow("limited")
+async def limited(ctx: fusee.Ctx, x: dict) -> str:
+    """One step under limit `x["limit"]` that takes `x["ms"]`; each attempt appends
+    "+1 TIME" as it begins and "-1 TIME" as it ends to `x["file"]` (read by the test, from
+    outside every worker process)."""
+
+    async def call() -> str:
+        with open(x["file"], "a") as file:
+            file.write(f"+1 {time.time()} {os.getpid()}\n")
+        try:
+            await asyncio.sleep(x["ms"] / 1000)
+        finally:
+            with open(x["file"], "a") as file:
+                file.write(f"-1 {time.time()} {os.getpid()}\n")
+        return "ok"
+
+    return await ctx.step(
+        "call", call, limit=x["limit"], priority=x.get("priority", 0), fairness_key=x.get("key")
+    )
+
+
 WORKFLOWS = [
     steps,
     parent,
@@ -175,4 +196,5 @@ WORKFLOWS = [
     collector,
     gather,
     one_at_a_time,
+    limited,
 ]

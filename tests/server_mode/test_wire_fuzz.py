@@ -70,6 +70,10 @@ SAMPLES: list[Any] = [
     m.Answer(7, m.encode_value([{"id": "a", "shard": 0}])),
     m.Drain([0, 3]),
     m.Idle(0, 5, 1234, True, False, 3, 1.5),
+    m.PermitAsk(1, "api", 10, "tenant-1", 2),
+    m.PermitGrant([1, 2]),
+    m.PermitReturn([1]),
+    m.PermitRenew([2]),
 ]
 HANDSHAKE_BODIES = [
     (Kind.HELLO, handshake.hello(bytes(32))),
