@@ -42,6 +42,7 @@ class DurabilityHost(Protocol):
     @property
     def engine(self) -> Watchers: ...
     def check(self) -> None: ...
+    def stopped_error(self) -> FuseeError: ...
     def stop(self, error: FuseeError) -> None: ...
     def fail(self, exc: BaseException, why: str = ...) -> None: ...
 
@@ -53,6 +54,9 @@ class Durability:
         self.durable = 0  # the last position the store reported durable
         self.gates: deque[tuple[int, Callable[[], None]]] = deque()
         self.waiting: set[asyncio.Future[Any]] = set()  # what a stop fails
+        self.awaited: dict[asyncio.Future[None], int] = {}  # durable_at's callers: their positions
+        self.flushed = 0  # the last position handed to the store's flush (maybe written)
+        self.sealed = False  # closing: nothing more is handed to the store (Shard.close)
         self.flushing = False  # a flush is asked for and not yet reported
         self.appending = False  # inside the store's append (it may report from there)
 
@@ -82,9 +86,10 @@ class Durability:
             asyncio.get_running_loop().call_soon(self._start_flush)
 
     def _start_flush(self) -> None:
-        if self.shard.closed:
+        if self.shard.closed or self.sealed:
             self.flushing = False
             return
+        self.flushed = self.appended
         self.shard.store.flush()
 
     def on_durable(self, durable: int | BaseException) -> None:
@@ -109,7 +114,8 @@ class Durability:
             if shard.engine.idle_waiters:
                 shard.engine.activity.set()
             self.release()
-            if self.durable < self.appended and not shard.closed:
+            if self.durable < self.appended and not shard.closed and not self.sealed:
+                self.flushed = self.appended
                 shard.store.flush()
             else:
                 self.flushing = False
@@ -140,16 +146,35 @@ class Durability:
         if self.durable >= lsn:
             return
         self.shard.check()
+        if self.shard.closed:
+            # Let go of (a close or a drop): nothing is flushed any more, so the gate would
+            # never open; a remote call that recorded this late is answered Moved, its
+            # record never sent (Shard.close).
+            raise self.shard.stopped_error()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.waiting.add(fut)
+        self.awaited[fut] = lsn
 
         def release() -> None:
             self.waiting.discard(fut)
+            self.awaited.pop(fut, None)
             if not fut.done():
                 fut.set_result(None)
 
         self.gates.append((lsn, release))
         await fut
+
+    def fail_sent(self, error: FuseeError) -> None:
+        """Fail with `error` the callers waiting for a record handed to the store and not
+        reported durable, ahead of a drop: it may be written all the same (Shard.close
+        past its deadline). Those waiting for a record never handed to the store hear
+        why the shard let go (Callers.fail_all): it was not written."""
+        for fut, lsn in list(self.awaited.items()):
+            if lsn <= self.flushed and not fut.done():
+                fut.set_exception(error)
+                fut.exception()  # one nobody awaits any more must not be reported as unretrieved
+                self.waiting.discard(fut)
+                del self.awaited[fut]
 
     def release(self) -> None:
         """Run what waited for the durable position. Called from the store's report, which
