@@ -9,10 +9,11 @@ A shard let go of cleanly (a budget's end, a drain, a clean close) first answers
 accepted: a call failed back to its caller after its record was written would be applied
 twice when the caller retries as told. Calls that only wait (a result, an update's
 answer) are answered MOVED instead, and the server routes them to the shard's next
-holder; so is any call that arrives once the shard is leaving, and one that had not
-recorded when the shard went (the shard lets go only once the sent records calls wait for are
-durable: Shard.close). A remote caller never sees the engine's own ClosedError
-(docs/server.md, *Calls at a handback*).
+holder; so is any call that arrives once the shard is leaving, and one whose record was
+never sent when the shard went (it is not in the log). One whose record was sent is
+answered, even when the close missed its deadline before the record was known durable:
+the server then holds the answer until the record is (Durability.settle_sent). A remote
+caller never sees the engine's own ClosedError (docs/server.md, *Calls at a handback*).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from fusee._errors import (
     RejectedError,
     _FailureError,
 )
+from fusee.engine.durability import RELAYED
 from fusee.engine.run_handle import Run, RunSummary
 from fusee.engine.shard import Shard
 from fusee.protocol import messages as m
@@ -176,6 +178,7 @@ class CallServer:
         return state is not None and args.get("update_id") in state.updates_accepted
 
     async def _answer(self, call: m.Call) -> None:
+        RELAYED.set(True)  # this task's own context: what it waits durable for, the server settles
         try:
             attaching = self.attaching.get(call.shard)
             if attaching is not None:
@@ -212,15 +215,6 @@ class CallServer:
                 answer = self._moved(call)
             else:
                 answer = m.Answer(call.rid, b"", errors.ConnectionError.code, f"{error}; retry")
-        except errors.ConnectionError as error:
-            # A shard let go of past its close's deadline, with records not known durable
-            # (Shard.close): a call that may have acted fails retriable, as at a crash; a
-            # read is asked again of the next holder.
-            answer = (
-                self._moved(call)
-                if call.shard >= 0 and call.method in READS
-                else m.Answer(call.rid, b"", error.code, error.message)
-            )
         except _FailureError as error:
             cause = _encode(error.cause) if error.cause is not None else b""
             answer = m.Answer(call.rid, cause, error.code, error.message)
@@ -345,9 +339,6 @@ async def _list(engine: ServedEngine, a: dict[str, Any]) -> Any:
 # Calls that wait for the run rather than act on it: at a handback they are answered MOVED
 # and wait again at the next holder (an update's ID makes its second sending harmless).
 WAITS = frozenset({"result", "update"})
-
-# Calls that only read: routed on at a handback whatever happened, as asking twice is harmless.
-READS = frozenset({"query", "status", "describe"})
 
 METHODS: dict[str, Callable[[ServedEngine, dict[str, Any]], Awaitable[Any]]] = {
     "start": _start,

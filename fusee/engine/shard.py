@@ -590,13 +590,16 @@ class Shard:
                 deadline,
             )
             report = self.report(budget_ended=budget_ended, handed_back=handed_back)
-            # Records handed to the store and not yet answered durable may be in the log
-            # all the same (the server writes what came before the release): a caller
-            # waiting for one does not know if its call took effect, as at a crash, and
-            # must not hear ClosedError (a remote call would be routed on to the next
-            # holder as never acted on, and applied twice). It hears a retriable
-            # ConnectionError; one waiting for a record never sent hears ClosedError.
-            self.durability.fail_sent(
+            # Records handed to the store and not yet answered durable will be in the log
+            # all the same (the server writes what came before the release, which `drop`
+            # sends). A caller waiting for one must not hear ClosedError: a remote call
+            # would be routed on to the next holder as never acted on, and applied twice.
+            # A call the server relayed goes on as if durable, and the server holds its
+            # answer until that write is done; a caller in this process cannot know, as
+            # at a crash, and hears a retriable ConnectionError. No await from here to the
+            # release: the answers leave behind it (Durability.settle_sent). One waiting
+            # for a record never sent hears ClosedError.
+            self.durability.settle_sent(
                 errors.ConnectionError(
                     f"shard {self.index} was let go of before its last records were known durable "
                     "(its close missed its deadline): the call may have taken effect; retry it "

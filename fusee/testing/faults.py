@@ -47,10 +47,12 @@ coalesced, held_for_burst, bursts, failed_flush, refused_put_run, revoked, slow_
 that stop a shard (failed flushes, refused frames, lost leases) for a while, delays and
 bursts staying on: a test reopens or inspects the engine in peace.
 
-Two fault points outside storage, each inert unless a test enters it (and undone when it
+Three fault points outside storage, each inert unless a test enters it (and undone when it
 leaves): `held_recovery()` holds every shard recovery this process starts until the test
 releases it (a recovery slower than the connection it began under: a call relayed
-meanwhile, a reconnect granting the shard again); `frozen_clock(module, now_ms)` stops a
+meanwhile, a reconnect granting the shard again); `held_checkpoint()` holds every close's
+checkpoint the same way (a close that misses its deadline: a shard let go as a crash
+lets it go, with records sent and not yet known durable); `frozen_clock(module, now_ms)` stops a
 module's wall clock (the clock an invocation's signature is checked against:
 the freshness window's edges).
 """
@@ -76,8 +78,10 @@ __all__ = [
     "Faults",
     "FaultyLease",
     "FaultyStorage",
+    "Held",
     "HeldRecovery",
     "frozen_clock",
+    "held_checkpoint",
     "held_recovery",
 ]
 
@@ -432,16 +436,30 @@ def _conforms(storage: FaultyStorage, lease: FaultyLease) -> tuple[Storage, Shar
     return storage, lease
 
 
-class HeldRecovery:
-    """What `held_recovery()` gives the test: `recovering` is set when a recovery waits;
-    `release()` lets it (and every later one) through."""
+class Held:
+    """What a held fault point gives the test: `reached` is set when something waits at
+    it; `release()` lets it (and every later one) through."""
 
     def __init__(self) -> None:
-        self.recovering = asyncio.Event()
+        self.reached = asyncio.Event()
         self.released = asyncio.Event()
 
     def release(self) -> None:
         self.released.set()
+
+    async def wait(self) -> None:
+        """At the fault point: wait here until the test releases it."""
+        if not self.released.is_set():
+            self.reached.set()
+            await self.released.wait()
+
+
+class HeldRecovery(Held):
+    """What `held_recovery()` gives the test (`recovering`: a recovery waits)."""
+
+    @property
+    def recovering(self) -> asyncio.Event:
+        return self.reached
 
 
 @contextlib.contextmanager
@@ -454,12 +472,34 @@ def held_recovery() -> Iterator[HeldRecovery]:
     real = vars(engine_module)["recover"]
 
     async def recover(shard: Any) -> None:
-        if not held.released.is_set():
-            held.recovering.set()
-            await held.released.wait()
+        await held.wait()
         await real(shard)
 
     with _replaced(engine_module, "recover", recover):
+        try:
+            yield held
+        finally:
+            held.release()
+
+
+@contextlib.contextmanager
+def held_checkpoint() -> Iterator[Held]:
+    """Every close's checkpoint (a shard being let go: `Shard.close`) that this process's
+    engines take waits until `release()`, then is taken as it would have been; timed
+    checkpoints go through (the shard's call of `fusee.engine.checkpoint.take` with
+    `wait=True`, the close's, is wrapped). A disk or server slow to write the last
+    checkpoint: the close runs into its deadline, and lets the shard go as a crash does."""
+    from fusee.engine import checkpoint as checkpoint_module
+
+    held = Held()
+    real = vars(checkpoint_module)["take"]
+
+    async def take(shard: Any, *, wait: bool = False) -> None:
+        if wait:
+            await held.wait()
+        await real(shard, wait=wait)
+
+    with _replaced(checkpoint_module, "take", take):
         try:
             yield held
         finally:

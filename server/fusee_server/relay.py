@@ -6,7 +6,8 @@ its sender resending it every second until acknowledged. A call for such a shard
 once (NoHolder) unless an invoker may bring a holder: then it waits up to CALL_WAIT_S and
 makes its shard due. A call its worker answered MOVED, or never answered because it left,
 goes to the shard's next holder as if it arrived then (docs/server.md, *Calls and
-messages*).
+messages*). An answer a worker sends after it released the call's shard waits until the
+records it sent for that shard are durable (docs/server.md, *Calls at a handback*).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
@@ -48,6 +50,12 @@ class Waker(Protocol):
     def metrics(self) -> dict[str, Any]: ...
 
 
+class Settler(Protocol):
+    """What the relay asks of the disk (disk.py): to hear when a shard's log is durable."""
+
+    def after_durable(self, index: int, position: int, then: Callable[[str | None], None]) -> None: ...
+
+
 class Listing:
     """A listing sent to every holder; answered once each has, merged in shard order."""
 
@@ -63,8 +71,9 @@ Waiting = tuple["ServerConnection", m.Call, float]  # the client, its call, unti
 
 
 class Relay:
-    def __init__(self, table: list[Lease]) -> None:
+    def __init__(self, table: list[Lease], disk: Settler) -> None:
         self.table = table  # read only: who holds each shard, under which epoch
+        self.disk = disk
         self.shards = len(table)
         self.messages: list[deque[m.Relay]] = [deque() for _ in table]  # while no one holds it
         self.messages_bytes = [0 for _ in table]
@@ -238,7 +247,34 @@ class Relay:
                 rows = []
             self._listed(origin, answer, rows)
             return
+        released = conn.released.get(call.shard)
+        if released is not None:
+            # The worker released the shard before it sent this answer: a close that
+            # missed its deadline lets its calls whose records were sent finish as if
+            # those were durable (fusee/engine/shard.py, Shard.close). The records were
+            # staged here before the release, so they will be written: the answer waits
+            # until they are, and says so if the write fails. (A holder's other answers
+            # come after it heard their records durable: they go at once, at no cost.)
+            shard = call.shard
+            self.disk.after_durable(
+                shard, released, lambda failed: self._settled(origin, rid, answer, shard, failed)
+            )
+            return
         self._answer(origin, rid, answer)
+
+    def _settled(
+        self, client: ServerConnection, rid: int, answer: m.Answer, shard: int, failed: str | None
+    ) -> None:
+        """A held answer: the records behind it are durable, or their write `failed`."""
+        if client.closed:
+            return
+        if failed is not None:
+            why = (
+                f"the server's write of shard {shard}'s records failed ({failed}): the call may "
+                "or may not have taken effect; retry it (with the same ID, if it has one)"
+            )
+            answer = m.Answer(rid, code="Connection", message=why)
+        self._answer(client, rid, answer)
 
     def _answer(self, origin: ServerConnection | Listing, rid: int, answer: m.Answer) -> None:
         if isinstance(origin, Listing):

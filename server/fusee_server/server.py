@@ -40,7 +40,7 @@ class Server:
         self.stopped = stopped
         self.shards = len(disk.shards)
         self.leases = Leases(self.shards, self)
-        self.relay = Relay(self.leases.table)
+        self.relay = Relay(self.leases.table, disk)
         self.listeners: list[asyncio.Server] = []
         self.watch: asyncio.Task[None] | None = None
         self._invoker: Invoker | None = None
@@ -202,6 +202,8 @@ class Server:
         elif conn.role == m.ROLE_PINGER:
             conn.fail(f"{kind.__name__} on a pinger connection (it sends PING only)")
         elif kind is m.Request:
+            if message.op == "release":
+                self._releasing(conn, message)
             asyncio.get_running_loop().create_task(self._request(conn, message))
         elif kind is m.Relay:
             self.relay.relay(conn, message)
@@ -220,6 +222,16 @@ class Server:
             conn.send(message)  # the OK: behind every call routed to it before
         else:
             conn.fail(f"{kind.__name__} is not a frame a {conn.role} sends")
+
+    def _releasing(self, conn: ServerConnection, request: m.Request) -> None:
+        """Noted as the release frame arrives, before any frame behind it: the frames of
+        one connection keep their order, so the records it sent for the shard are all
+        staged by now, and none comes after. An answer behind the release may rest on
+        them (a close past its deadline answers as if they were durable: Shard.close),
+        so the relay holds it until they are (Relay.answered)."""
+        lease = self.leases.table[request.shard] if 0 <= request.shard < self.shards else None
+        if lease is not None and lease.holder is conn and lease.epoch == request.epoch:
+            conn.released[request.shard] = self.disk.log.appended(request.shard)
 
     async def _request(self, conn: ServerConnection, request: m.Request) -> None:
         lease = self.leases.held(conn, request.shard, request.epoch)

@@ -16,11 +16,13 @@ the worker's side (a loaded worker reads its socket late)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
 import fusee
 from fusee.engine.shard import Shard
+from fusee.testing.faults import held_checkpoint
 from tests.server_mode.flows import collector
 from tests.support.engine_kit import HeldRead, parked_ref
 from tests.support.waiting import eventually
@@ -128,9 +130,10 @@ async def test_a_signal_recorded_while_its_shard_closes_is_answered_not_moved(st
 
 async def test_a_signal_whose_record_outlives_the_close_deadline_is_not_moved(start_server):
     """The close misses its deadline while the signal's record waits for the server's
-    durable answer, and the shard is let go as at a crash: the record may be in the log,
-    so the call is not routed on to the next holder as never acted on. It fails as at a
-    crash, retriable, and the run holds the signal at most once."""
+    durable answer, and the shard is let go as at a crash. The record was sent before the
+    release, so the server writes it: the call is answered (the server holds the answer
+    until the record is durable), not routed on to the next holder as never acted on, nor
+    failed (a retry of a signal without ID would record it again). The run holds it once."""
     server = start_server(shards=1)
     holder = await opened(server.address())
     standby = await opened(server.address())
@@ -147,16 +150,70 @@ async def test_a_signal_whose_record_outlives_the_close_deadline_is_not_moved(st
         await eventually(lambda: shard.appended > appended)
         await holder.detach(0, deadline=0.5)  # never durable within it: let go as at a crash
         durable.release()
-        outcome: BaseException | None = None
-        try:
-            await asyncio.wait_for(signal, 10)
-        except fusee.ConnectionError as error:
-            outcome = error  # the call's fate unknown to the worker: retriable
+        assert await asyncio.wait_for(signal, 10) is None
         await eventually(lambda: 0 in standby.by_index, timeout=10)
         await client.run("c-1").signal("go", -1)
-        # Once at most: in the log or not, never again at the next holder.
-        result = await asyncio.wait_for(client.run("c-1").result(), 10)
-        assert result in (([], [1]) if outcome is not None else ([1],)), outcome
+        assert await asyncio.wait_for(client.run("c-1").result(), 10) == [1]  # once, not twice
+    finally:
+        await client.close()
+        await standby.close()
+        await holder.close()
+
+
+STALL_MARKER = "handback-stall-5c1e"  # a signal's name: the server's write of its record stalls
+STALL_S = 1.5
+CLOSE_DEADLINE_S = 0.5  # half for the calls accepted, half for the close
+SIGNALS = 4
+
+
+async def test_signals_sent_as_a_close_misses_its_deadline_are_answered_once_durable(start_server):
+    """Raw signals without IDs, accepted while their parked run is read back, record while
+    the shard's close waits at its checkpoint (held: the close misses its deadline), and
+    the server's write of their records stalls (`FUSEE_TEST_STALL_WRITE`): the shard is let
+    go with their records sent and not known durable. Every caller is answered, none with
+    ConnectionError, ClosedError or NoHolder, and only once the server wrote the records
+    (it holds answers that come behind a release); the run holds each signal once.
+
+    Before the fix the callers heard ClosedError and were answered Moved (the next holder
+    recorded the signals again, or, with the release still on its way, NoHolder); with
+    the close's half alone, a retriable ConnectionError; without the server's hold, the
+    answers came within milliseconds of the release, before the records were durable."""
+    env = {"FUSEE_TEST_STALL_WRITE": f"{int(STALL_S * 1000)}:{STALL_MARKER}"}
+    server = start_server(shards=1, env=env)
+    server.wait_for("FUSEE_TEST_STALL_WRITE is set")
+    holder = await opened(server.address())
+    standby = await opened(server.address())
+    client = await fusee.Client.connect(server.address())
+    try:
+        await client.start(collector, "c-1", 0)
+        await client.start(collector, "c-2", 0)  # stays loaded: answers while c-1 is read back
+        shard = holder.by_index[0]
+        held_read = HeldRead(shard, await parked(holder, "c-1"))
+        calls = [client.call("signal", 0, id="c-1", name="go", value=v) for v in range(1, SIGNALS + 1)]
+        calls.append(client.call("signal", 0, id="c-1", name=STALL_MARKER, value=0))
+        signals = [asyncio.ensure_future(call) for call in calls]
+        await asyncio.wait_for(held_read.asked.wait(), 5)
+        # Answered behind the signals: the worker accepted every one of them before.
+        await client.call("query", 0, id="c-2", name="received", arg=None)
+        with held_checkpoint() as checkpoint:
+            detaching = asyncio.ensure_future(holder.detach(0, deadline=CLOSE_DEADLINE_S))
+            await asyncio.wait_for(checkpoint.reached.wait(), 5)
+            appended = shard.appended
+            held_read.release()  # the signals record now, and their records are sent
+            await eventually(lambda: shard.appended >= appended + len(calls))
+            await asyncio.wait_for(detaching, 10)  # past the deadline: let go as at a crash
+            let_go = time.monotonic()
+        outcomes = await asyncio.wait_for(asyncio.gather(*signals, return_exceptions=True), 20)
+        answered = time.monotonic() - let_go
+        assert outcomes == [None] * len(calls), outcomes
+        # Held by the server until the stalled write was done (it began before the release).
+        assert answered > STALL_S / 2, f"answered {answered:.3f} s after the release"
+        await eventually(lambda: 0 in standby.by_index, timeout=10)
+        await client.run("c-1").signal("go", -1)
+        assert await asyncio.wait_for(client.run("c-1").result(), 10) == list(range(1, SIGNALS + 1))
+        journal = (await client.run("c-1").describe()).journal
+        marked = [r for r in journal if getattr(r, "name", None) == STALL_MARKER]
+        assert len(marked) == 1, journal
     finally:
         await client.close()
         await standby.close()
