@@ -144,10 +144,13 @@ async def test_a_signal_whose_record_outlives_the_close_deadline_is_not_moved(st
         held_read = HeldRead(shard, await parked(holder, "c-1"))
         signal = asyncio.ensure_future(client.call("signal", 0, id="c-1", name="go", value=1))
         await asyncio.wait_for(held_read.asked.wait(), 5)
+        # No flush in flight whose answer the hold would keep back: the signal's record
+        # would wait for it, never sent (then answered Moved, as it should be).
+        await eventually(lambda: shard.durable == shard.appended and not shard.durability.flushing)
         durable = HeldDurable(shard)
         appended = shard.appended
         held_read.release()
-        await eventually(lambda: shard.appended > appended)
+        await eventually(lambda: shard.store.sent_position > appended)  # the signal's record, sent
         await holder.detach(0, deadline=0.5)  # never durable within it: let go as at a crash
         durable.release()
         assert await asyncio.wait_for(signal, 10) is None
@@ -200,7 +203,7 @@ async def test_signals_sent_as_a_close_misses_its_deadline_are_answered_once_dur
             await asyncio.wait_for(checkpoint.reached.wait(), 5)
             appended = shard.appended
             held_read.release()  # the signals record now, and their records are sent
-            await eventually(lambda: shard.appended >= appended + len(calls))
+            await eventually(lambda: shard.store.sent_position >= appended + len(calls))  # sent
             await asyncio.wait_for(detaching, 10)  # past the deadline: let go as at a crash
             let_go = time.monotonic()
         outcomes = await asyncio.wait_for(asyncio.gather(*signals, return_exceptions=True), 20)
