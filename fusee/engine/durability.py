@@ -24,7 +24,8 @@ RELAYED: contextvars.ContextVar[bool] = contextvars.ContextVar("fusee_relayed_ca
 """True in the task that answers a call the server relayed (fusee/engine/remote_calls.py):
 its answer goes back through the server, which holds it until the records it depends on
 are durable there (docs/server.md, *Calls at a handback*). `Durability.settle_sent`
-reads it."""
+reads it. (A task the call starts inherits it: harmless, as a drop cancels the shard's
+own tasks, whatever their waits are told.)"""
 
 
 class Watchers(Protocol):

@@ -10,8 +10,9 @@ shard). The call heard the shard's ClosedError and was answered `Moved`: the ser
 routed it to the next holder, which recovered the record from the log and recorded the
 signal again (here, with no invoker, a `Moved` that comes while the release is on its way
 is answered NoHolder instead: either fails these tests). Each test holds the parked run's
-read (the call is accepted and has not acted), and holds the server's durable answers on
-the worker's side (a loaded worker reads its socket late)."""
+read (the call is accepted and has not acted), and holds the durable answers back: on the
+worker's side (a loaded worker reads its socket late), or at the server's disk (a stalled
+write), where the answers of a close past its deadline must wait for it."""
 
 from __future__ import annotations
 
