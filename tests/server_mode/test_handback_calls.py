@@ -17,8 +17,9 @@ write), where the answers of a close past its deadline must wait for it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import fusee
@@ -82,6 +83,22 @@ async def opened(address: Any) -> fusee.Engine:
     )
 
 
+@contextlib.asynccontextmanager
+async def holder_and_standby(server: Any) -> AsyncIterator[tuple[fusee.Engine, fusee.Engine, fusee.Client]]:
+    """The engine holding shard 0 (its run c-1 waits for signals), a standby connected
+    second (it waits for shard 0), and a client; all closed at the end."""
+    holder = await opened(server.address())
+    standby = await opened(server.address())
+    client = await fusee.Client.connect(server.address())
+    try:
+        await client.start(collector, "c-1", 0)
+        yield holder, standby, client
+    finally:
+        await client.close()
+        await standby.close()
+        await holder.close()
+
+
 async def parked(engine: fusee.Engine, wid: str) -> int:
     """Park the run `wid` (waiting for its signal) now: its frame's reference."""
     shard = engine.shard_of(wid)
@@ -95,12 +112,7 @@ async def test_a_signal_recorded_while_its_shard_closes_is_answered_not_moved(st
     """The signal's run is read back until the shard's close is writing its checkpoint;
     it records then, and the close lets go only once that record is durable: the call is
     answered, and the standby that takes the shard never sees it."""
-    server = start_server(shards=1)
-    holder = await opened(server.address())
-    standby = await opened(server.address())  # connected second: it waits for shard 0
-    client = await fusee.Client.connect(server.address())
-    try:
-        await client.start(collector, "c-1", 0)
+    async with holder_and_standby(start_server(shards=1)) as (holder, standby, client):
         shard = holder.by_index[0]
         held_read = HeldRead(shard, await parked(holder, "c-1"))
         signal = asyncio.ensure_future(client.call("signal", 0, id="c-1", name="go", value=1))
@@ -123,10 +135,6 @@ async def test_a_signal_recorded_while_its_shard_closes_is_answered_not_moved(st
         await eventually(lambda: 0 in standby.by_index, timeout=10)
         await client.run("c-1").signal("go", -1)
         assert await asyncio.wait_for(client.run("c-1").result(), 10) == [1]
-    finally:
-        await client.close()
-        await standby.close()
-        await holder.close()
 
 
 async def test_a_signal_whose_record_outlives_the_close_deadline_is_not_moved(start_server):
@@ -135,12 +143,7 @@ async def test_a_signal_whose_record_outlives_the_close_deadline_is_not_moved(st
     release, so the server writes it: the call is answered (the server holds the answer
     until the record is durable), not routed on to the next holder as never acted on, nor
     failed (a retry of a signal without ID would record it again). The run holds it once."""
-    server = start_server(shards=1)
-    holder = await opened(server.address())
-    standby = await opened(server.address())
-    client = await fusee.Client.connect(server.address())
-    try:
-        await client.start(collector, "c-1", 0)
+    async with holder_and_standby(start_server(shards=1)) as (holder, standby, client):
         shard = holder.by_index[0]
         held_read = HeldRead(shard, await parked(holder, "c-1"))
         signal = asyncio.ensure_future(client.call("signal", 0, id="c-1", name="go", value=1))
@@ -158,10 +161,6 @@ async def test_a_signal_whose_record_outlives_the_close_deadline_is_not_moved(st
         await eventually(lambda: 0 in standby.by_index, timeout=10)
         await client.run("c-1").signal("go", -1)
         assert await asyncio.wait_for(client.run("c-1").result(), 10) == [1]  # once, not twice
-    finally:
-        await client.close()
-        await standby.close()
-        await holder.close()
 
 
 STALL_MARKER = "handback-stall-5c1e"  # a signal's name: the server's write of its record stalls
@@ -185,11 +184,7 @@ async def test_signals_sent_as_a_close_misses_its_deadline_are_answered_once_dur
     env = {"FUSEE_TEST_STALL_WRITE": f"{int(STALL_S * 1000)}:{STALL_MARKER}"}
     server = start_server(shards=1, env=env)
     server.wait_for("FUSEE_TEST_STALL_WRITE is set")
-    holder = await opened(server.address())
-    standby = await opened(server.address())
-    client = await fusee.Client.connect(server.address())
-    try:
-        await client.start(collector, "c-1", 0)
+    async with holder_and_standby(server) as (holder, standby, client):
         await client.start(collector, "c-2", 0)  # stays loaded: answers while c-1 is read back
         shard = holder.by_index[0]
         held_read = HeldRead(shard, await parked(holder, "c-1"))
@@ -203,22 +198,19 @@ async def test_signals_sent_as_a_close_misses_its_deadline_are_answered_once_dur
             detaching = asyncio.ensure_future(holder.detach(0, deadline=CLOSE_DEADLINE_S))
             await asyncio.wait_for(checkpoint.reached.wait(), 5)
             appended = shard.appended
+            read_released = time.monotonic()
             held_read.release()  # the signals record now, and their records are sent
             await eventually(lambda: shard.store.sent_position >= appended + len(calls))  # sent
             await asyncio.wait_for(detaching, 10)  # past the deadline: let go as at a crash
-            let_go = time.monotonic()
         outcomes = await asyncio.wait_for(asyncio.gather(*signals, return_exceptions=True), 20)
-        answered = time.monotonic() - let_go
+        answered = time.monotonic() - read_released
         assert outcomes == [None] * len(calls), outcomes
-        # Held by the server until the stalled write was done (it began before the release).
-        assert answered > STALL_S / 2, f"answered {answered:.3f} s after the release"
+        # Held by the server until the stalled write was done: it began once the records
+        # were sent, after the read was let through (the close let go ~0.25 s after that).
+        assert answered > STALL_S * 0.9, f"answered {answered:.3f} s after the records were made"
         await eventually(lambda: 0 in standby.by_index, timeout=10)
         await client.run("c-1").signal("go", -1)
         assert await asyncio.wait_for(client.run("c-1").result(), 10) == list(range(1, SIGNALS + 1))
         journal = (await client.run("c-1").describe()).journal
         marked = [r for r in journal if getattr(r, "name", None) == STALL_MARKER]
         assert len(marked) == 1, journal
-    finally:
-        await client.close()
-        await standby.close()
-        await holder.close()
