@@ -1,8 +1,11 @@
 """Invoked workers' cost: the reference table for invoked workers (README, *Speed*),
 row by row, against its goals. Run on demand:
 `python bench/invoke_cost.py [COLD [FAN [SLEEPS [PARKED]]]] [--quick] [--dir PARENT]
-[--profile DIR] [--loop asyncio|uvloop]` (defaults `100 200 100 10000`, as the reference run; a few minutes on two
-cores; `--quick` is a smoke run of well under a minute). Not a timed test.
+[--profile DIR] [--loop asyncio|uvloop] [--only sleeps|parked] [--sleepers 1,10,100]` (defaults
+`100 200 100 10000`, as the reference run; a few minutes on two cores; `--quick` is a smoke
+run of well under a minute). `--only sleeps` runs row 5 alone, once per count of
+`--sleepers` (default SLEEPS), and prints each one's lateness; `--only parked` runs row 6
+alone (PARKED runs, COLD / 5 starts). Not a timed test.
 
 The setup, all on loopback on this machine, each part a process of its own as deployed:
 - `python -m fusee server --shards 4 --invoke http://127.0.0.1:H/ --invoke-secret-file F`,
@@ -37,12 +40,17 @@ Rows (COLD, FAN, SLEEPS, PARKED are the four arguments):
    invokes at the start of the 100 ms bucket of the shard's earliest timer (the run
    index's granularity), so how long before the timer the engine is open varies from
    run to run; the line under the table says how long it was. Then the same runs on a
-   long-lived worker, and in local mode in this process (no server: the floor here);
+   long-lived worker, and in local mode in this process (no server);
 6. PARKED runs asleep for an hour on one shard (IDs chosen by zlib.crc32(id) % 4), their
    invocation over: then starts on that shard as in row 1 (COLD / 5 of them, at least 5),
    p50, and of which the shard's recovery. The parked runs are counted afterwards (a
    listing), so a wrong shard or a lost run fails the benchmark.
-Under the table: where a cold start's time goes (p50 of each part).
+Under the table: where a cold start's time goes (p50 of each part, from the handler's
+trace: its TCP connect, OPEN to WELCOME, Engine.open, the first APPEND sent and made
+durable), and this machine's floor, measured first in the same run (bench/_floors.py: a
+raw TCP round trip to an idle process, disk-check's flush, asyncio.sleep's oversleep); each
+figure says how many times its floor it is (cold starts: 4 RTT + 1 flush; the step after
+a sleep: oversleep + 1 RTT + 1 flush).
 
 `--profile DIR`: the server and the handler run under cProfile, their stats written to
 DIR (server.prof, handler.prof) when they stop; the times are then cProfile's, not the
@@ -66,11 +74,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from _floors import Floors, times
+from _floors import measure as measure_floors
 from _invoke_procs import Served, handler_args, served, server_args, worker_args
 from _server_procs import Child, run_in
 
 import fusee
-from tests.support.procs import free_port  # (the repository on sys.path: _server_procs)
+from tests.support.cluster import Cluster as Processes  # (the repository on sys.path: _server_procs)
+from tests.support.cluster import quiet
 
 SHARDS = 4
 FAN_STEPS = 4
@@ -80,7 +91,7 @@ PARKED_CONCURRENCY = 256  # starts in flight while parking runs
 QUIET_TIMEOUT_S = 120.0
 SETTLE_S = 0.02  # after the last invocation's answer, before a cold start: its process's tail
 
-GOAL_COLD_P50_MS = 2.0
+GOAL_COLD_FLOORS = 2.5  # the cold start's p50 against its floor (bench/_floors.py)
 GOAL_FAN_INVOCATIONS = 4
 GOAL_LATE_P50_MS = 1.0
 GOAL_TIME_PER_RUN_MS = 15.0
@@ -100,33 +111,21 @@ def goal(met: bool, text: str) -> str:
 # -- the processes and the client --------------------------------------------------------
 
 
-@dataclass
-class Cluster:
-    server: Child
-    handler: Child
-    client: fusee.Client
-    port: int
-    handler_port: int
+class Cluster(Processes[Child]):
+    """The processes (tests/support/cluster.py; here the benchmark's children) and the
+    client the figures are taken through."""
 
-    async def metrics(self) -> dict[str, Any]:
-        answer: dict[str, Any] = await self.client.call("invocations", {})
-        return answer
+    client: fusee.Client
 
     async def quiet(self, due_allowed: int = 0) -> dict[str, Any]:
         """The metrics once nothing is being invoked and nothing is due. `due_allowed`:
         shards whose next due time is far off (the metrics count those as due too)."""
-        deadline = time.monotonic() + QUIET_TIMEOUT_S
-        while True:
-            now = await self.metrics()
-            if now["invokingShards"] == 0 and now["dueShards"] <= due_allowed and now["overdue"] == 0:
-                return now
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the server never settled: {now}")
-            await asyncio.sleep(0.005)
+        return await quiet(self.client, due_allowed, every=0.005, timeout=QUIET_TIMEOUT_S)
 
     async def handled(self, mark: int, count: int) -> list[Served]:
         """The invocations the handler answered since its output line `mark`, once there
         are `count` (its stamp line comes just after its answer)."""
+        assert self.handler is not None
         deadline = time.monotonic() + 10
         while True:
             with self.handler.lock:
@@ -139,33 +138,39 @@ class Cluster:
             await asyncio.sleep(0.005)
 
     def mark(self) -> int:
+        assert self.handler is not None
         with self.handler.lock:
             return len(self.handler.lines)
 
 
 async def start_cluster(scratch: Path, profile: Path | None, loop: str) -> Cluster:
-    secret = secrets.token_hex(16)
-    secret_file = scratch / "invoke-secret"
-    secret_file.write_text(secret)
-    port, handler_port = free_port(), free_port()
+    started = Cluster(scratch, secret=secrets.token_hex(16))
     # The handler first: the server invokes every shard as it starts.
     handler = Child(
-        handler_args(handler_port, port, secret, profile / "handler.prof" if profile else None, loop)
+        handler_args(
+            started.handler_port,
+            started.port,
+            started.secret_text,
+            profile / "handler.prof" if profile else None,
+            loop,
+        )
     )
+    started.handler = handler
     await handler.wait_for_async(r"Uvicorn running on", timeout=60)
     server = Child(
         server_args(
             scratch / "data",
-            port,
-            handler_port,
-            secret_file,
+            started.port,
+            started.handler_port,
+            started.secret,
             profile / "server.prof" if profile else None,
             trace=False,
         )
     )
+    started.server = server  # type: ignore[assignment]  # a Child, which run_in stops
     await server.wait_for_async(r"ready$", timeout=60)
-    client = await fusee.Client.connect(f"127.0.0.1:{port}")
-    return Cluster(server, handler, client, port, handler_port)
+    started.client = await fusee.Client.connect(started.host_port)
+    return started
 
 
 # -- row 1, 2, 6: cold starts -------------------------------------------------------------
@@ -194,10 +199,13 @@ class ColdStart:
         s = self.served
         return {
             "dispatch": (s.arrived - self.began) * 1000,
-            "lease": (s.at("leased") - s.arrived) * 1000,
+            "connect": (s.at("connected") - s.arrived) * 1000,
+            "grant": (s.at("leased") - s.at("connected")) * 1000,
             "open": (s.at("opened") - s.at("leased")) * 1000,
             "recovery": self.recovery_ms,
-            "step": (self.step - s.at("opened")) * 1000,
+            "append": (s.at("appended") - s.at("opened")) * 1000,
+            "durable": (s.at("durable") - s.at("appended")) * 1000,
+            "step": (self.step - s.at("durable")) * 1000,
         }
 
 
@@ -280,7 +288,7 @@ class Sleeps:
         return found
 
 
-async def sleeps(cluster: Cluster, count: int) -> Sleeps:
+async def sleeps(cluster: Cluster, count: int, prefix: str = "nap") -> Sleeps:
     client = cluster.client
     before = (await cluster.quiet())["endpoints"][0]
     mark = cluster.mark()
@@ -293,7 +301,7 @@ async def sleeps(cluster: Cluster, count: int) -> Sleeps:
         due, woke = await run.result()
         return run.shard, float(due), float(woke)
 
-    runs = await asyncio.gather(*(one(f"nap-{i}") for i in range(count)))
+    runs = await asyncio.gather(*(one(f"{prefix}-{i}") for i in range(count)))
     after = (await cluster.quiet())["endpoints"][0]
     found = await cluster.handled(mark, after["invocations"] - before["invocations"])
     return Sleeps(list(runs), found, began)
@@ -393,16 +401,18 @@ def table(rows: list[tuple[str, str]]) -> str:
     return "\n".join(lines)
 
 
-def cold_rows(cold: list[ColdStart]) -> list[tuple[str, str]]:
+def cold_rows(cold: list[ColdStart], floors: Floors) -> list[tuple[str, str]]:
     total = [c.total_ms for c in cold]
     until_open = [c.until_open_ms for c in cold]
     recovery = [c.recovery_ms for c in cold]
     p50 = pct(total, 50)
+    floor = floors.cold_start_ms
     return [
         (
             "Start for a shard nobody holds, call to the first step's body",
-            f"p50 {ms(p50)}, p90 {ms(pct(total, 90))}, max {ms(max(total))} "
-            + goal(p50 <= GOAL_COLD_P50_MS, f"p50 \u2264 {GOAL_COLD_P50_MS:g} ms"),
+            f"p50 {ms(p50)} ({times(p50, floor)} of {floor:.2f} ms), p90 {ms(pct(total, 90))}, "
+            f"max {ms(max(total))} "
+            + goal(p50 <= GOAL_COLD_FLOORS * floor, f"p50 \u2264 {GOAL_COLD_FLOORS:g}\u00d7 the floor"),
         ),
         (
             "Of which: until the engine is open and the workflows registered",
@@ -420,7 +430,7 @@ def fan_row(what: str, invocations: int, steps: int, note: str = "") -> tuple[st
     )
 
 
-def sleep_row(result: Sleeps) -> tuple[str, str]:
+def sleep_row(result: Sleeps, floors: Floors) -> tuple[str, str]:
     late_p50 = pct(result.late_ms, 50)
     runs = len(result.late_ms)
     per_run_ms = sum(s.took_s for s in result.invocations) * 1000 / runs
@@ -428,7 +438,8 @@ def sleep_row(result: Sleeps) -> tuple[str, str]:
     opens = [(s.at("opened") - s.at("leased")) * 1000 for s in result.invocations]
     return (
         "Step after a 1 s sleep, invoked",
-        f"late by {ms(late_p50)} p50 (p90 {ms(pct(result.late_ms, 90))}) "
+        f"late by {ms(late_p50)} p50 ({times(late_p50, floors.wake_up_ms)} of {floors.wake_up_ms:.2f} ms; "
+        f"p90 {ms(pct(result.late_ms, 90))}) "
         + goal(late_p50 <= GOAL_LATE_P50_MS, f"\u2264 {GOAL_LATE_P50_MS:g} ms")
         + f"; engine open {ms(statistics.mean(opens))} per invocation and invocation time "
         f"{ms(per_run_ms)} per resumed run ({runs} runs, {len(result.invocations)} invocations, "
@@ -438,11 +449,11 @@ def sleep_row(result: Sleeps) -> tuple[str, str]:
     )
 
 
-def parked_row(parked: int, cold: list[ColdStart]) -> tuple[str, str]:
+def parked_row(parked: int, cold: list[ColdStart], floors: Floors) -> tuple[str, str]:
     p50 = pct([c.total_ms for c in cold], 50)
     return (
         f"Start on a shard holding {parked:,} runs asleep for an hour",
-        f"p50 {ms(p50)}, of which recovery {ms(pct([c.recovery_ms for c in cold], 50))} "
+        f"p50 {ms(p50)} ({times(p50, floors.cold_start_ms)}), of which recovery {ms(pct([c.recovery_ms for c in cold], 50))} "
         f"({len(cold)} starts) " + goal(p50 <= GOAL_PARKED_P50_MS, f"\u2264 {GOAL_PARKED_P50_MS:g} ms"),
     )
 
@@ -458,10 +469,13 @@ def breakdown(title: str, cold: list[ColdStart]) -> str:
         [
             f"{title} ({len(cold)} starts; p50s of the parts need not add up to the total's):",
             f"  client.start to the request at the handler (server dispatch, HTTP)  {p('dispatch')}",
-            f"  to leased (connect, handshake, the grant)                           {p('lease')}",
+            f"  to connected (the handler's TCP connect)                            {p('connect')}",
+            f"  to leased (OPEN to WELCOME: the handshake and the grant)            {p('grant')}",
             f"  to opened (Engine.open)                                             {p('open')}",
             f"    of which the shard's own recovery (open_ms)                       {p('recovery')}",
-            f"  to the first step's body (the start routed, the run, its records)   {p('step')}",
+            f"  to the first append sent (the start routed, its run begun)          {p('append')}",
+            f"  to the append durable (its DURABLE back)                            {p('durable')}",
+            f"  to the first step's body (the rest)                                 {p('step')}",
         ]
     )
 
@@ -481,12 +495,44 @@ def timers(result: Sleeps) -> str:
 # -- the whole run ----------------------------------------------------------------------------
 
 
+async def run_only(args: argparse.Namespace, cluster: Cluster, progress: Progress, floors: Floors) -> None:
+    """`--only`: row 5 for each count of `--sleepers`, or row 6, and nothing else."""
+    print(floors.describe())
+    if args.only == "sleeps":
+        for round, count in enumerate(args.sleepers):
+            slept = await sleeps(cluster, count, f"nap-{round}")  # fresh IDs: no earlier run read
+            late = slept.late_ms
+            p50 = pct(late, 50)
+            print(
+                f"Step after a 1 s sleep, invoked, {count} sleepers: late by p50 {ms(p50)} "
+                f"({times(p50, floors.wake_up_ms)}: the wake-up floor, {floors.wake_up_ms:.2f} ms), "
+                f"p90 {ms(pct(late, 90))} (min {ms(min(late))}, max {ms(max(late))}); "
+                f"{len(slept.resumed())} invocations after the sleep"
+            )
+            print(timers(slept))
+            progress(f"{count} runs sleeping 1 s")
+        return
+    parked_s = await park(cluster, 0, args.parked)
+    progress(f"{args.parked:,} runs parked on shard 0 ({args.parked / parked_s:.0f} starts/s)")
+    for i in range(WARM_UP_STARTS):
+        await cold_start(cluster, f"warm-{i}", due_allowed=1)
+    probes = ids_on(0, "probe")
+    parked = [await cold_start(cluster, next(probes), due_allowed=1) for _ in range(max(5, args.cold // 5))]
+    print(table([parked_row(args.parked, parked, floors)]))
+    print(breakdown(f"On the shard holding {args.parked:,} runs", parked))
+
+
 async def run_all(args: argparse.Namespace, scratch: Path) -> None:
     began = time.monotonic()
     cluster = await start_cluster(scratch, args.profile, args.loop)
     try:
         await cluster.quiet()  # the invocations of every shard a starting server sends
         progress = Progress(began)
+        floors = await measure_floors(scratch)
+        progress("the floors")
+        if args.only:
+            await run_only(args, cluster, progress, floors)
+            return
         cold = await cold_starts(cluster, args.cold)
         progress(f"{args.cold} cold starts")
         at_once = await fan_out(cluster, args.fan, together=True)
@@ -514,32 +560,34 @@ async def run_all(args: argparse.Namespace, scratch: Path) -> None:
         progress(f"{args.sleeps} runs sleeping 1 s in local mode")
     finally:
         await cluster.client.close()
-    rows = cold_rows(cold)
+    rows = cold_rows(cold, floors)
     rows.append(fan_row(f"{args.fan} workflows of {FAN_STEPS} steps on 4 shards, started at once", *at_once))
     rows.append(fan_row("The same started one after another", *serial))
-    rows.append(sleep_row(slept))
+    rows.append(sleep_row(slept, floors))
     late = pct(long_lived, 50)
     rows.append(
         (
             "The same on a long-lived worker (no invoking)",
-            f"late by {ms(late)} p50 (p90 {ms(pct(long_lived, 90))}): invoked is "
+            f"late by {ms(late)} p50 ({times(late, floors.wake_up_ms)}; p90 {ms(pct(long_lived, 90))}): invoked is "
             f"{ms(pct(slept.late_ms, 50) - late)} later at p50",
         )
     )
     rows.append(
         (
             "The same in local mode (one process, no server)",
-            f"late by {ms(pct(local, 50))} p50 (p90 {ms(pct(local, 90))}): the floor here; invoked is "
+            f"late by {ms(pct(local, 50))} p50 ({times(pct(local, 50), floors.wake_up_ms)}; "
+            f"p90 {ms(pct(local, 90))}): invoked is "
             f"{ms(pct(slept.late_ms, 50) - pct(local, 50))} later at p50",
         )
     )
-    rows.append(parked_row(args.parked, parked))
+    rows.append(parked_row(args.parked, parked, floors))
     print()
     print(table(rows))
     print()
     print(breakdown("Cold start, where the time goes", cold))
     print(breakdown(f"On the shard holding {args.parked:,} runs", parked))
     print(timers(slept))
+    print(floors.describe())
     print(
         f"This machine's floor: an HTTP round trip to the handler (a GET answered at once) takes "
         f"p50 {floor[0]:.2f} ms back to back and {floor[1]:.2f} ms after {SETTLE_S * 1000:.0f} ms of "
@@ -576,6 +624,10 @@ def arguments() -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run: 10 20 10 500")
     parser.add_argument(
+        "--only", choices=("sleeps", "parked"), help="row 5 alone (each --sleepers), or row 6"
+    )
+    parser.add_argument("--sleepers", help="with --only sleeps: comma-separated counts (default SLEEPS)")
+    parser.add_argument(
         "--loop",
         choices=("asyncio", "uvloop"),
         default="asyncio",
@@ -590,7 +642,8 @@ def arguments() -> argparse.Namespace:
     args = parser.parse_args()
     if args.quick:
         args.cold, args.fan, args.sleeps, args.parked = 10, 20, 10, 500
-    if min(args.cold, args.fan, args.sleeps, args.parked) < 1:
+    args.sleepers = [int(n) for n in args.sleepers.split(",")] if args.sleepers else [args.sleeps]
+    if min(args.cold, args.fan, args.sleeps, args.parked, *args.sleepers) < 1:
         parser.error("every count must be at least 1")
     if args.profile is not None:
         args.profile = args.profile.resolve()

@@ -28,9 +28,12 @@ from fusee._errors import (
 )
 from fusee.engine.engine import Engine
 from fusee.engine.run_handle import Run, RunDescription, RunSummary
+from fusee.engine.schedules import ScheduleHandle, ScheduleSpec
+from fusee.engine.schedules import flow as _schedule_flow
 from fusee.storage import Durability
 from fusee.workflow.ctx import ChildHandle, Completion, Ctx, StepContext
 from fusee.workflow.definitions import (
+    Concurrency,
     Query,
     Retry,
     Signal,
@@ -59,6 +62,7 @@ __all__ = [
     "ClosedError",
     "CodecError",
     "Completion",
+    "Concurrency",
     "ConnectionError",
     "Ctx",
     "DeterminismError",
@@ -78,6 +82,8 @@ __all__ = [
     "Run",
     "RunDescription",
     "RunSummary",
+    "ScheduleHandle",
+    "ScheduleSpec",
     "Signal",
     "StepContext",
     "StepError",
@@ -95,6 +101,17 @@ __all__ = [
     "update",
     "workflow",
 ]
+
+
+async def _schedule_client(address: object) -> object:
+    # A worker's schedules reach runs on any shard through a client of its server; the
+    # engine package may not import the client's, so the way is handed to it from here.
+    from fusee.client import Client
+
+    return await Client.at(address)  # type: ignore[arg-type]
+
+
+_schedule_flow.connect_client = _schedule_client
 
 
 def __getattr__(name: str) -> object:

@@ -14,7 +14,7 @@ import json
 import math
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -111,6 +111,21 @@ def _parser() -> argparse.ArgumentParser:
     invocations.add_argument("--json", action="store_true", help="print the server's answer as JSON")
     invocations.set_defaults(run=_run_invocations)
 
+    schedules = commands.add_parser(
+        "schedules",
+        allow_abbrev=False,
+        help="a server's schedules: list, pause, resume, trigger, delete (docs/schedules.md)",
+        description="List a fusee server's schedules as a table (or JSON), or pause, resume, "
+        "trigger or delete one by name. Runs a deleted schedule started keep running.",
+    )
+    schedules.add_argument("action", choices=SCHEDULE_ACTIONS, help="what to do")
+    schedules.add_argument(
+        "address", help="the server's address, with its options (host:port?token-file=...)"
+    )
+    schedules.add_argument("name", nargs="?", help="the schedule (all but ls)")
+    schedules.add_argument("--json", action="store_true", help="print the answer as JSON")
+    schedules.set_defaults(run=_run_schedules)
+
     # Its options belong to the fusee-server distribution, which parses them itself.
     server = commands.add_parser(
         "server",
@@ -124,27 +139,93 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run_invocations(args: argparse.Namespace) -> int:
+def _with_client(address: str, act: Callable[[Any], Awaitable[Any]]) -> Any:
+    """`act(client)` on a client of the server at `address`; a FuseeError is the
+    command's one-line failure."""
     import asyncio
 
-    async def ask() -> Any:
+    async def go() -> Any:
         from fusee.client import Client
 
-        client = await Client.connect(args.address)
+        client = await Client.connect(address)
         try:
-            return await client.call("invocations", {})
+            return await act(client)
         finally:
             await client.close()
 
     try:
-        metrics = asyncio.run(ask())
+        return asyncio.run(go())
     except fusee.FuseeError as error:
         raise _Stop(str(error)) from None
+
+
+def _run_invocations(args: argparse.Namespace) -> int:
+    metrics = _with_client(args.address, lambda client: client.call("invocations", {}))
     if args.json:
         print(json.dumps(metrics, indent=2))
         return EXIT_OK
     print("\n".join(_invocation_lines(metrics)))
     return EXIT_OK
+
+
+SCHEDULE_ACTIONS = ("ls", "pause", "resume", "trigger", "delete")
+SCHEDULE_COLUMNS = (
+    ("name", "name"),
+    ("workflow", "workflow"),
+    ("when", "cron / every"),
+    ("timezone", "time zone"),
+    ("overlap", "overlap"),
+    ("paused", "paused"),
+    ("next", "next"),
+    ("fired", "fired"),
+    ("skipped", "skipped"),
+    ("last_run", "last run"),
+)
+
+
+def _run_schedules(args: argparse.Namespace) -> int:
+    if args.action != "ls" and not args.name:
+        raise _Stop(f"{args.action} needs the schedule's name")
+
+    async def act(client: Any) -> Any:
+        if args.action == "ls":
+            return await client.schedules.list()
+        handle = client.schedules.get(args.name)
+        if args.action == "trigger":
+            return {"id": (await handle.trigger()).id}
+        await getattr(handle, args.action)()
+        return {"name": args.name, args.action: True}
+
+    answer = _with_client(args.address, act)
+    if args.json:
+        print(json.dumps(answer, indent=2))
+    elif args.action == "ls":
+        print("\n".join(_schedule_lines(answer)))
+    elif args.action == "trigger":
+        print(f"started {answer['id']}")
+    else:
+        print(f"{args.name}: {args.action} done")
+    return EXIT_OK
+
+
+def _schedule_lines(described: list[dict[str, Any]]) -> list[str]:
+    if not described:
+        return ["no schedules"]
+    header = [title for _, title in SCHEDULE_COLUMNS]
+    rows = []
+    for d in described:
+        when = d["cron"] or f"every {d['every_ms']} ms"
+        cells = {**d, "when": when, "paused": "yes" if d["paused"] else "no"}
+        rows.append(["-" if cells.get(key) is None else str(cells[key]) for key, _ in SCHEDULE_COLUMNS])
+    return _table(header, rows)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    return [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    ]
 
 
 ENDPOINT_COLUMNS = (
@@ -186,11 +267,7 @@ def _invocation_lines(metrics: dict[str, Any]) -> list[str]:
         [e["url"], *("-" if e.get(key) is None else str(round(e[key], 1)) for key, _ in ENDPOINT_COLUMNS)]
         for e in endpoints
     ]
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    lines = [
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in [header, *rows]
-    ]
+    lines = _table(header, rows)
     lines += [f"{e['url']}: last error: {e['lastError']}" for e in endpoints if e.get("lastError")]
     lines.append("")
     lines += [f"{title}: {metrics.get(key, 0)}" for key, title in OVERALL]

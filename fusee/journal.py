@@ -71,6 +71,9 @@ class Started(Rec, tag=1):
     update_id: str | None = None  # update-with-start: the update rides in the start
     update_name: str | None = None
     update_arg: bytes | None = None
+    # A delayed start (`start(..., delay=, at=)`): the run exists from its start, and its
+    # code begins with a durable sleep until this Unix ms (0: at once).
+    not_before: int = 0
 
 
 class Finished(Rec, tag=2):

@@ -10,12 +10,14 @@ import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Coroutine, Iterator
+from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from fusee._errors import Failure
 from fusee.client import Client as AsyncClient
 from fusee.client import ClientRun as AsyncRun
 from fusee.engine.run_handle import RunDescription, RunSummary
+from fusee.engine.schedules import ScheduleHandle
 from fusee.workflow.definitions import Query, Signal, Update, Workflow
 from fusee.workflow.durations import Duration
 
@@ -35,6 +37,7 @@ class Client:
         except BaseException:
             self._stop()
             raise
+        self.schedules = Schedules(self)
 
     @classmethod
     def connect(
@@ -59,12 +62,24 @@ class Client:
         id_policy: dict[str, str] | None = None,
         timeout: Duration | None = None,
         version: int | None = None,
+        delay: Duration | None = None,
+        at: datetime | int | float | None = None,
     ) -> Run[Out]:
-        started = self.inner.start(wf, id, input, id_policy=id_policy, timeout=timeout, version=version)
+        started = self.inner.start(
+            wf, id, input, id_policy=id_policy, timeout=timeout, version=version, delay=delay, at=at
+        )
         return Run(self, self._wait(started))
 
     def run(self, id: str, wf: Workflow[Out] | None = None) -> Run[Out]:
         return Run(self, self.inner.run(id, wf))
+
+    def debounce(self, wf: Workflow[Any] | str, key: str, input: Any = None, **options: Any) -> Run[Any]:
+        """See `fusee.Client.debounce` (docs/coordinators.md)."""
+        return Run(self, self._wait(self.inner.debounce(wf, key, input, **options)))
+
+    def batch(self, wf: Workflow[Any] | str, key: str, event: Any = None, **options: Any) -> Run[Any]:
+        """See `fusee.Client.batch` (docs/coordinators.md)."""
+        return Run(self, self._wait(self.inner.batch(wf, key, event, **options)))
 
     def signal_with_start(
         self,
@@ -100,6 +115,9 @@ class Client:
             )
         )
         return Run(self, run), value
+
+    def schedule(self, name: str, spec: Any, wf: Workflow[Any] | str, input: Any = None) -> Schedule:
+        return Schedule(self, self._wait(self.inner.schedule(name, spec, wf, input)))
 
     def complete(self, token: str, value: Any = None) -> None:
         self._wait(self.inner.complete(token, value))
@@ -160,6 +178,10 @@ class Run(Generic[Out]):
     def status(self) -> RunSummary:
         return self.client._wait(self.inner.status())
 
+    def started(self, timeout: float | None = None) -> RunSummary:
+        """Wait until the run exists (a debounced or batched run: once its window closes)."""
+        return self.client._wait(self.inner.started(), timeout)
+
     def describe(self) -> RunDescription:
         return self.client._wait(self.inner.describe())
 
@@ -168,3 +190,47 @@ class Run(Generic[Out]):
 
     def terminate(self, reason: str | None = None) -> None:
         self.client._wait(self.inner.terminate(reason))
+
+
+class Schedules:
+    """`client.schedules` through a blocking client: `get(name)`, `list()`."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def get(self, name: str) -> Schedule:
+        return Schedule(self.client, self.client.inner.schedules.get(name))
+
+    def list(self) -> list[dict[str, Any]]:
+        return self.client._wait(self.client.inner.schedules.list())
+
+
+class Schedule:
+    """A schedule's handle through a blocking client (docs/schedules.md)."""
+
+    def __init__(self, client: Client, inner: ScheduleHandle) -> None:
+        self.client = client
+        self.inner = inner
+        self.name = inner.name
+        self.id = inner.id
+
+    def __repr__(self) -> str:
+        return f"<fusee.sync.Schedule {self.name!r}>"
+
+    def pause(self) -> None:
+        self.client._wait(self.inner.pause())
+
+    def resume(self) -> None:
+        self.client._wait(self.inner.resume())
+
+    def trigger(self) -> Run[Any]:
+        return Run(self.client, self.client._wait(self.inner.trigger()))
+
+    def backfill(self, start: datetime | int, end: datetime | int) -> dict[str, int]:
+        return self.client._wait(self.inner.backfill(start, end))
+
+    def describe(self) -> dict[str, Any]:
+        return self.client._wait(self.inner.describe())
+
+    def delete(self) -> None:
+        self.client._wait(self.inner.delete())

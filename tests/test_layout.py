@@ -156,9 +156,11 @@ def test_each_subpackage_imports_only_the_layers_below_it():
 
 def test_importing_fusee_loads_neither_the_server_nor_the_engine_internals_it_can_defer():
     """`import fusee` is on an invoked function's cold path: the server's distribution,
-    the CLI, the replayer, the wire (the client's and the handler's: google_crc32c) and
-    difflib (replay's diffs) load only when used. (ssl and pathlib cannot be pinned out
-    here: asyncio loads both itself.)"""
+    the CLI, the replayer, the wire (the client's and the handler's: google_crc32c),
+    difflib (replay's diffs), the memory backend (Engine.open's durability="memory"),
+    `random` (ctx.random, a retry's jitter) and `secrets` with hmac and OpenSSL's hashlib
+    (a run's seed is os.urandom's) load only when used. (ssl and pathlib cannot be pinned
+    out here: asyncio loads both itself.)"""
     code = "import sys, fusee; print(' '.join(sorted(sys.modules)))"
     loaded = set(
         subprocess.run(
@@ -169,6 +171,7 @@ def test_importing_fusee_loads_neither_the_server_nor_the_engine_internals_it_ca
     assert "fusee._cli" not in loaded
     assert not {m for m in loaded if m.startswith(("fusee.protocol", "google_crc32c"))}
     assert not {"fusee.engine.replay", "fusee.client", "fusee.invoke", "difflib"} & loaded
+    assert not {"fusee.storage.memory", "random", "secrets", "hmac", "hashlib", "_hashlib"} & loaded
 
 
 def test_the_engine_map_in_the_docs_says_who_imports_whom():

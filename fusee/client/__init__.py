@@ -25,6 +25,7 @@ import functools
 import uuid
 import zlib
 from collections.abc import AsyncIterator
+from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 import msgspec
@@ -35,13 +36,17 @@ from fusee import _names as names
 from fusee import journal as R
 from fusee._errors import Failure, FuseeError, NoHolderError, failure_from
 from fusee.client._link import Link
+from fusee.engine.coordinators import Coordinators
+from fusee.engine.coordinators.calls import wait_started
+from fusee.engine.coordinators.concurrency import cancel_queued, through_queue
 from fusee.engine.run_handle import RunDescription, RunSummary, listed_status
+from fusee.engine.schedules import ScheduleHandle, Schedules
 from fusee.protocol import messages as m
-from fusee.protocol.address import parse
+from fusee.protocol.address import Address, parse
 from fusee.protocol.connection import ClientConnection
 from fusee.protocol.frames import FrameError
 from fusee.workflow.definitions import Query, Signal, Update, Workflow, query_of, signal_of, update_of
-from fusee.workflow.durations import Duration, to_ms
+from fusee.workflow.durations import Duration, at_ms, to_ms
 
 Out = TypeVar("Out")
 
@@ -152,6 +157,8 @@ class Client:
     def __init__(self, link: Link) -> None:
         self.link = link
         self.address = link.address
+        self.schedules = Schedules(self)  # the same handles as an engine's (docs/schedules.md)
+        self.coordinators = Coordinators(self)  # debounce and batch (docs/coordinators.md)
 
     @classmethod
     async def connect(
@@ -168,7 +175,14 @@ class Client:
             extra["token_file"] = token_file
         if extra:
             parsed = msgspec.structs.replace(parsed, **extra)
-        link = Link(parsed)
+        return await cls.at(parsed)
+
+    @classmethod
+    async def at(cls, address: Address) -> Client:
+        """A client of the server a worker's `address` names (its worker options, the
+        shard cap and the invocation, dropped): how a worker's schedules reach runs on
+        shards it does not hold."""
+        link = Link(msgspec.structs.replace(address, max_shards=None, invocation=None))
         await link.open()
         return cls(link)
 
@@ -228,7 +242,20 @@ class Client:
         id_policy: dict[str, str] | None = None,
         timeout: Duration | None = None,
         version: int | None = None,
+        delay: Duration | None = None,
+        at: datetime | int | float | None = None,
     ) -> ClientRun[Out]:
+        if delay is not None and at is not None:
+            raise errors.RejectedError("start: give delay= or at=, not both")
+        if isinstance(wf, Workflow) and wf.concurrency is not None and delay is None and at is None:
+            if id_policy is None:  # runs at once: queued on the type's coordinator (docs/coordinators.md)
+                queued: ClientRun[Out] = await self.coordinators.enqueue(wf, id, input)
+                return queued
+        # Sent only when given (a start without them is the call it always was); the
+        # worker's clock counts the delay: the run's timer is on it.
+        later = (
+            {"delay": _ms(delay)} if delay is not None else {"at": at_ms(at, "at")} if at is not None else {}
+        )
         await self.call(
             "start",
             self.shard_of(id),
@@ -238,8 +265,29 @@ class Client:
             id_policy=id_policy,
             timeout=_ms(timeout),
             version=version,
+            **later,
         )
         return ClientRun(self, id, wf)
+
+    async def schedule(
+        self, name: str, spec: Any, wf: Workflow[Any] | str, input: Any = None
+    ) -> ScheduleHandle:
+        """Create or update a schedule (docs/schedules.md); its handle."""
+        return await self.schedules.create(name, spec, wf, input)
+
+    async def debounce(
+        self, wf: Workflow[Any] | str, key: str, input: Any = None, **options: Any
+    ) -> ClientRun[Any]:
+        """Collapse starts of `wf` with `key` inside `window=` into one run (docs/coordinators.md)."""
+        run: ClientRun[Any] = await self.coordinators.debounce(wf, key, input, **options)
+        return run
+
+    async def batch(
+        self, wf: Workflow[Any] | str, key: str, event: Any = None, **options: Any
+    ) -> ClientRun[Any]:
+        """Add an event to the key's batch; one run per batch (docs/coordinators.md)."""
+        run: ClientRun[Any] = await self.coordinators.batch(wf, key, event, **options)
+        return run
 
     def run(self, id: str, wf: Workflow[Out] | None = None) -> ClientRun[Out]:
         """A handle; makes no call. `wf` types its result."""
@@ -365,6 +413,9 @@ class ClientRun(Generic[Out]):
             except (NoHolderError, errors.ConnectionError):
                 if self.client.closed:
                     raise
+            except errors.NotFoundError:
+                await through_queue(self)  # a run waiting its turn (docs/coordinators.md)
+                continue
             await asyncio.sleep(pause)
             pause = min(pause * 2, 1.0)
         type_ = self.workflow.output_type if self.workflow is not None else Any
@@ -420,6 +471,12 @@ class ClientRun(Generic[Out]):
         row = await self.client.call("status", self.shard, id=self.id)
         return msgspec.convert(row, RunSummary)
 
+    async def started(self) -> RunSummary:
+        """Wait until the run exists (a debounced or batched run: once its window
+        closes); its summary."""
+        summary: RunSummary = await wait_started(self)
+        return summary
+
     async def describe(self) -> RunDescription:
         """The summary and the journal, as records (as the engine's)."""
         described = _described().decode(await self.client._answer("describe", self.shard, {"id": self.id}))
@@ -427,7 +484,13 @@ class ClientRun(Generic[Out]):
 
     async def cancel(self, reason: str | None = None) -> None:
         reason = names.text(reason, "cancel reason")
-        await self.client.call("cancel", self.shard, id=self.id, reason=reason)
+        try:
+            await self.client.call("cancel", self.shard, id=self.id, reason=reason)
+        except errors.NotFoundError as error:
+            try:  # a run waiting its turn leaves its queue (docs/coordinators.md)
+                await cancel_queued(self, reason)
+            except errors.NotFoundError:
+                raise error from None
 
     async def terminate(self, reason: str | None = None) -> None:
         reason = names.text(reason, "terminate reason")

@@ -68,6 +68,12 @@ class Durability:
         self.sealed = False  # closing: nothing more is handed to the store (Shard.close)
         self.flushing = False  # a flush is asked for and not yet reported
         self.appending = False  # inside the store's append (it may report from there)
+        self.releasing = False  # running the gates a durable position opened
+        # Outcomes of step functions a release ran (`hold`), applied by the same release
+        # once its gates are run: never on a later turn, where a close resumed by one of
+        # those gates would take its last checkpoint without them and let go of a step
+        # that ran (the next open would run it again).
+        self.held: deque[Callable[[], None]] = deque()
 
     def reset(self, position: int) -> None:
         """Recovery: the log is durable up to `position`, nothing staged."""
@@ -197,15 +203,34 @@ class Durability:
                 del self.awaited[fut]
 
     def release(self) -> None:
-        """Run what waited for the durable position. Called from the store's report, which
-        serves every shard of a data directory: a gate that raises must not reach it (the
-        other shards' waiters behind it would be dropped, and this shard would stay
-        `flushing` for ever), so the error stops this shard alone."""
-        gates = self.gates
-        while gates and gates[0][0] <= self.durable:
-            try:
-                gates.popleft()[1]()
-            except Exception as error:
-                log.exception("shard %d: stopping after an internal error", self.shard.index)
-                self.shard.fail(error, "stopped after an internal error")
-                return
+        """Run what waited for the durable position, then apply the outcomes of the steps
+        it ran (`hold`): every released step's function runs before any run goes on, so a
+        release of many woken runs does not make the last wait for all the others to
+        advance. Called from the store's report, which serves every shard of a data
+        directory: a gate that raises must not reach it (the other shards' waiters behind
+        it would be dropped, and this shard would stay `flushing` for ever), so the error
+        stops this shard alone."""
+        if self.releasing:
+            # From inside a gate or an outcome (a record made durable on append): the loop
+            # below goes on with what that opened.
+            return
+        gates, held = self.gates, self.held
+        self.releasing = True
+        try:
+            while True:
+                while gates and gates[0][0] <= self.durable:
+                    gates.popleft()[1]()
+                if not held:
+                    return
+                held.popleft()()  # may open gates (a store durable on append): run them first
+        except Exception as error:
+            held.clear()
+            log.exception("shard %d: stopping after an internal error", self.shard.index)
+            self.shard.fail(error, "stopped after an internal error")
+        finally:
+            self.releasing = False
+
+    def hold(self, apply: Callable[[], None]) -> None:
+        """A step's outcome, reached while a release runs: applied by that release once
+        its gates are run (see `release`)."""
+        self.held.append(apply)

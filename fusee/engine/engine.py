@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import gc
-import inspect
-import os
-import time
 import uuid
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fusee import _codec as codec
 from fusee import _names as names
-from fusee import journal as R
 from fusee._clock import Clock, SystemClock
 from fusee._errors import (
     AlreadyExistsError,
@@ -23,18 +19,20 @@ from fusee._errors import (
     FuseeError,
     LeaseLostError,
     RejectedError,
-    UnknownWorkflowError,
     failure_from,
 )
-from fusee.engine import idle
+from fusee.engine import idle, opening, registry
+from fusee.engine.coordinators import Coordinators
+from fusee.engine.coordinators.concurrency import from_outside
 from fusee.engine.idle import IdleReport
-from fusee.engine.recovery import recover
 from fusee.engine.run import RunState
-from fusee.engine.run_handle import Run, RunSummary, listed_status
+from fusee.engine.run_handle import Run, RunSummary, list_runs
+from fusee.engine.schedules import ScheduleHandle, Schedules
 from fusee.engine.shard import Shard
-from fusee.engine.tokens import make_token, parse_token
-from fusee.journal import STATUS_OF, Ack, Msg, Status
-from fusee.storage import Durability, MemoryStorage, Storage
+from fusee.engine.step_threads import StepThreads
+from fusee.engine.tokens import take_completion
+from fusee.journal import Ack, Msg
+from fusee.storage import Durability, Storage
 from fusee.workflow.definitions import (
     DEFAULT_RETRY,
     Retry,
@@ -44,16 +42,13 @@ from fusee.workflow.definitions import (
     signal_of,
     update_of,
 )
-from fusee.workflow.durations import Duration, to_ms
-from fusee.workflow.ops import StepOp, StepState
+from fusee.workflow.durations import Duration, at_ms, to_ms
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
-    from fusee.storage.remote import RemoteStorage
 
 Out = TypeVar("Out")
-STEP_THREADS = 32
 
 
 class Engine:
@@ -92,8 +87,14 @@ class Engine:
         # is let go of (a call failed back after its record was written is applied twice
         # when retried). Given the shard and how long it may take.
         self.before_leave: Callable[[int, float | None], Awaitable[None]] | None = None
-        self._step_threads: ThreadPoolExecutor | None = None
+        self._step_threads = StepThreads()
         self.register(*workflows)
+        # Schedules are runs of a built-in workflow bound to this engine (docs/schedules.md).
+        self.schedules = Schedules(self)
+        self.register(self.schedules.workflow())
+        # Debounce and batch coordinators: built-in workflows too (docs/coordinators.md).
+        self.coordinators = Coordinators(self)
+        self.register(*self.coordinators.workflows())
 
     @classmethod
     async def open(
@@ -123,21 +124,8 @@ class Engine:
         if shards is not None and shards < 1:
             raise RejectedError(f"shards={shards}: need at least 1")
         if storage is None:
-            if dir is None and durability == "memory" and address is None and os.environ.get("FUSEE_URL"):
-                durability = "server"
-            if dir is not None:
-                storage = await _local_storage(dir, shards)
-            elif durability == "server":
-                storage = await _remote_storage(address)
-                if shard_ids is None:
-                    shard_ids = storage.initial_shards
-            elif durability == "memory":
-                storage = MemoryStorage(shards or 4)
-            else:
-                raise RejectedError(
-                    f"durability={durability!r}: open with a directory (local mode), "
-                    "durability='server' with an address, or durability='memory'"
-                )
+            storage, granted = await opening.storage_for(dir, shards, durability, address)
+            shard_ids = granted if shard_ids is None else shard_ids
         engine = cls(
             storage,
             workflows,
@@ -149,7 +137,7 @@ class Engine:
             retry,
         )
         try:
-            await engine._open_shards(shard_ids)
+            await opening.open_shards(engine, shard_ids)
         except BaseException:
             # A refused open releases what it took (a directory's lock), so the caller
             # can fix the cause and open again in the same process.
@@ -164,23 +152,7 @@ class Engine:
             CallServer(engine, storage)  # type: ignore[arg-type]
         return engine
 
-    async def _open_shards(self, shard_ids: Sequence[int] | None) -> None:
-        """Open and recover the shards this engine holds (all, unless `shard_ids` names
-        some: an invoked worker holds only the shards it was granted), side by side."""
-        indexes = list(shard_ids) if shard_ids is not None else list(range(self.storage.shards))
-        for index in indexes:
-            self._check_index(index)
-        # Recovery allocates a run state per run it replays, all of them kept: the cyclic
-        # collector would scan them again and again for nothing (a third of the time).
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            await asyncio.gather(*(self._attach(index) for index in dict.fromkeys(indexes)))
-        finally:
-            if collecting:
-                gc.enable()
-
-    def _check_index(self, index: int) -> None:
+    def check_index(self, index: int) -> None:
         if type(index) is not int or not 0 <= index < self.storage.shards:
             raise RejectedError(
                 f"shard_ids: {index!r} is not a shard (the storage has {self.storage.shards})"
@@ -190,35 +162,17 @@ class Engine:
         """Take shard `index` while the engine runs (a standby taking a shard another
         holder let go): open it under a new lease, recover it, and start its timers."""
         self._check_open()
-        self._check_index(index)
+        self.check_index(index)
         if index in self.by_index:
             raise RejectedError(f"shard {index} is attached already")
-        await self._attach(index)
+        await opening.attach(self, index)
 
-    async def _attach(self, index: int) -> None:
-        # A duration, so perf_counter: uvloop's loop.time() moves in whole milliseconds,
-        # once per loop turn, and would report most opens as 0.
-        began = time.perf_counter()
-        shard = Shard(self, index)
-        shard.store = await self.storage.open_shard(index, shard.durability.on_durable, shard.on_relayed)
-        try:
-            await recover(shard)
-        except BaseException:
-            shard.drop()
-            raise
-        if self.closed:
-            shard.drop()
-            raise ClosedError("the engine is closed; open a new one")
-        if shard.stop_error is not None:
-            # Its lease went while it recovered (a lost connection): attached now, the shard
-            # would sit in the engine stopped, and its next grant could never attach.
-            shard.store.abandon()
-            raise shard.stop_error
-        shard.open_ms = (time.perf_counter() - began) * 1000
-        self.by_index[index] = shard
+    def attached(self, shard: Shard) -> None:
+        """A recovered shard goes into service (`opening.attach`)."""
+        self.by_index[shard.index] = shard
         self.shards.append(shard)
         self.shards.sort(key=lambda s: s.index)
-        self.stopped.pop(index, None)
+        self.stopped.pop(shard.index, None)
         shard.go_live()
 
     async def detach(self, index: int, deadline: float | None = None) -> IdleReport:
@@ -256,17 +210,7 @@ class Engine:
     def register(self, *workflows: Workflow[Any]) -> None:
         """Add workflow code. Runs of these types that were waiting for their code (opened
         by an engine that lacked it) resume."""
-        adding: dict[str, Workflow[Any]] = {}
-        for wf in workflows:
-            if not isinstance(wf, Workflow):
-                raise TypeError(f"register takes workflows made with @fusee.workflow, not {wf!r}")
-            known = adding.get(wf.name) or self.workflows.get(wf.name)
-            if known is not None and known.fn is not wf.fn:
-                raise RejectedError(
-                    f"workflow type '{wf.name}' is registered twice: {_where(known.fn)} and {_where(wf.fn)}"
-                )
-            adding[wf.name] = wf
-        for wf in adding.values():
+        for wf in registry.added(self.workflows, workflows):
             self.workflows[wf.name] = wf
             if not self.closed:
                 for shard in self.shards:
@@ -299,7 +243,9 @@ class Engine:
                 shard.drop()
             else:
                 reports.append(result)
-        self._stop_step_threads()
+        self._step_threads.stop()
+        await self.schedules.close()
+        await self.coordinators.close()
         await self.storage.close()
         if error is not None:
             raise error
@@ -310,26 +256,11 @@ class Engine:
         self.closed = True
         for shard in self.shards:
             shard.abandon()
-        self._stop_step_threads()
+        self._step_threads.stop()
 
     def step_threads(self) -> ThreadPoolExecutor:
-        """The threads `thread=True` steps (and synchronous steps with a timeout) run on:
-        the engine's own, so steps that never return cannot starve anything else that uses
-        threads (the disk path has its own, the event loop's default executor is left to
-        the application). A timed-out synchronous step keeps its thread until its function
-        returns (Python cannot stop a thread): once all of them are held so, thread steps
-        wait for one to return (docs/engine.md)."""
-        if self._step_threads is None:
-            from concurrent.futures import ThreadPoolExecutor  # loaded by the first thread step
-
-            self._step_threads = ThreadPoolExecutor(max_workers=STEP_THREADS, thread_name_prefix="fusee-step")
-        return self._step_threads
-
-    def _stop_step_threads(self) -> None:
-        # Never waits: a step function that does not return must not hang the close.
-        if self._step_threads is not None:
-            self._step_threads.shutdown(wait=False, cancel_futures=True)
-            self._step_threads = None
+        """The threads `thread=True` steps run on (`StepThreads`)."""
+        return self._step_threads.get()
 
     # -- routing ------------------------------------------------------------------------
 
@@ -375,7 +306,7 @@ class Engine:
         shard's next holder) and messages from other shards are left unanswered (their
         senders send them again). An invoked worker drains before it leaves."""
         for index in indexes or ():
-            self._check_index(index)
+            self.check_index(index)
             if index not in self.by_index:
                 raise RejectedError(f"shard {index} is not attached to this engine")
         for shard in self.shards:
@@ -432,24 +363,7 @@ class Engine:
             raise ClosedError("the engine is closed; open a new one")
 
     def workflow_of(self, wf: Workflow[Any] | str) -> Workflow[Any]:
-        if not isinstance(wf, (str, Workflow)):
-            raise RejectedError(
-                f"expected a workflow made with @fusee.workflow or its type name, got {type(wf).__name__}"
-            )
-        name = wf if isinstance(wf, str) else wf.name
-        known = self.workflows.get(name)
-        if known is None:
-            registered = sorted(self.workflows)
-            import difflib  # only for this error's hint: kept off the import path
-
-            near = difflib.get_close_matches(name, registered, n=1)
-            hint = f"; did you mean '{near[0]}'?" if near else ""
-            raise UnknownWorkflowError(
-                f"no code is registered for workflow type '{name}' (registered: "
-                f"{', '.join(registered) or 'none'}){hint}",
-                workflow_type=name,
-            )
-        return known
+        return registry.registered(self.workflows, wf)
 
     # -- starting -------------------------------------------------------------------------
 
@@ -462,10 +376,21 @@ class Engine:
         id_policy: dict[str, str] | None = None,
         timeout: Duration | None = None,
         version: int | None = None,
+        delay: Duration | None = None,
+        at: datetime | int | float | None = None,
     ) -> Run[Out]:
         """Start a run; returns once its start is durable. A wrong input type, an unknown
-        workflow or a taken ID is refused before anything is recorded."""
-        run, _ = await self._start(wf, id, input, id_policy, timeout, version)
+        workflow or a taken ID is refused before anything is recorded. With `delay=` or
+        `at=` the run exists under its ID at once and its code begins then."""
+        not_before = delayed_until(self.clock.now_ms(), delay, at)
+        self._check_open()
+        names.name(id, "workflow ID")
+        definition = self.workflow_of(wf)
+        if definition.concurrency is not None and not not_before and id_policy is None and from_outside():
+            # Runs at once: the start waits its turn in the type's queue (docs/coordinators.md).
+            queued: Run[Out] = await self.coordinators.enqueue(definition, id, input)
+            return queued
+        run, _ = await self._start(wf, id, input, id_policy, timeout, version, not_before=not_before)
         return run
 
     async def _start(
@@ -478,6 +403,7 @@ class Engine:
         version: int | None,
         update: tuple[str, str, bytes] | None = None,
         signal: tuple[str, bytes] | None = None,
+        not_before: int = 0,
     ) -> tuple[Run[Any], RunState | Any]:
         self._check_open()
         names.name(id, "workflow ID")
@@ -503,6 +429,7 @@ class Engine:
                 update=update,
                 version=version,
                 signal=signal,
+                not_before=not_before,
             )
         except AlreadyExistsError as error:
             await shard.durable_at(shard.durability.appended)  # the refusal rests on durable state only
@@ -515,6 +442,24 @@ class Engine:
     def run(self, id: str, wf: Workflow[Out] | None = None) -> Run[Out]:
         """A handle; makes no call."""
         return Run(self, id, wf)
+
+    async def schedule(
+        self, name: str, spec: Any, wf: Workflow[Any] | str, input: Any = None
+    ) -> ScheduleHandle:
+        """Create or update a schedule (docs/schedules.md); its handle."""
+        return await self.schedules.create(name, spec, wf, input)
+
+    async def debounce(
+        self, wf: Workflow[Any] | str, key: str, input: Any = None, **options: Any
+    ) -> Run[Any]:
+        """Collapse starts of `wf` with `key` inside `window=` into one run (docs/coordinators.md)."""
+        run: Run[Any] = await self.coordinators.debounce(wf, key, input, **options)
+        return run
+
+    async def batch(self, wf: Workflow[Any] | str, key: str, event: Any = None, **options: Any) -> Run[Any]:
+        """Add an event to the key's batch; one run per batch (docs/coordinators.md)."""
+        run: Run[Any] = await self.coordinators.batch(wf, key, event, **options)
+        return run
 
     async def signal_with_start(
         self,
@@ -576,71 +521,12 @@ class Engine:
 
     async def _complete(self, token: str, value: bytes | None, failure: Failure | None) -> None:
         self._check_open()
-        wid, run_no, seq, attempt, _mac = parse_token(token)
-        shard = self.shard_of(wid)
-        state = await shard.load(wid)
-        op = state.ops.get(seq) if state is not None and state.run_no == run_no else None
-        if (
-            state is None
-            or op is None
-            or op.done
-            # The token is out once the send function has it: a completion may come back
-            # before that function returns (a fast webhook), and is taken then too.
-            or not isinstance(op, StepOp)
-            or op.state is StepState.IDLE
-            or op.attempt != attempt
-            or make_token(wid, run_no, seq, attempt, state.started.seed) != token
-        ):
-            await shard.durable_at(shard.durability.appended)  # the refusal rests on durable state only
-            raise RejectedError(
-                "the completion token is stale: its step finished, or a newer attempt holds it"
-            )
-        state.event(R.Completed(seq, value, failure))
-        await shard.durable_at(state.last_lsn)
+        await take_completion(self.shard_of, token, value, failure)
 
     # -- listing ---------------------------------------------------------------------------
 
-    async def list(self, type: str | None = None, status: str | None = None) -> AsyncIterator[RunSummary]:
-        status = listed_status(status)  # a misspelt status is refused, not an empty listing
-        for shard in self.shards:
-            rows = [RunSummary(r.wid, r.run_no, r.type, r.status, shard.index) for r in shard.runs.values()]
-            seen = shard.appended
-            rows += [
-                RunSummary(
-                    wid,
-                    e.run_no,
-                    e.type,
-                    Status.RUNNING if e.status == Status.PARKED else STATUS_OF[e.status],
-                    shard.index,
-                )
-                for wid, e in await shard.indexed()
-            ]
-            await shard.durable_at(seen)  # statuses leave the process once durable
-            for row in rows:
-                if (type is None or row.type == type) and (status is None or row.status == status):
-                    yield row
-
-
-async def _local_storage(dir: str, shards: int | None) -> Storage:
-    """Local mode needs the disk path of the fusee-server distribution."""
-    try:
-        from fusee_server.store import LocalStorage
-    except ImportError:
-        raise RejectedError(
-            "local mode (Engine.open(dir)) needs the fusee-server distribution, which holds the "
-            "disk path: pip install fusee-server (in this repository: pip install ./server)"
-        ) from None
-    return await LocalStorage.open(dir, shards)
-
-
-async def _remote_storage(address: str | None) -> RemoteStorage:
-    from fusee.protocol.address import parse as parse_address
-    from fusee.storage.remote import RemoteStorage
-
-    text = address if address is not None else os.environ.get("FUSEE_URL")
-    if not text:
-        raise RejectedError("durability='server' needs address='host:port' (or FUSEE_URL in the environment)")
-    return await RemoteStorage.connect(parse_address(text))
+    def list(self, type: str | None = None, status: str | None = None) -> AsyncIterator[RunSummary]:
+        return list_runs(self.shards, type, status)
 
 
 def _check_policy(policy: dict[str, str] | None) -> None:
@@ -653,11 +539,12 @@ def _check_policy(policy: dict[str, str] | None) -> None:
             raise RejectedError(f"id_policy {key}={value!r}: allowed are {allowed}")
 
 
-def _where(fn: Callable[..., Any]) -> str:
-    try:
-        return f"{inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]}"
-    except (OSError, TypeError):
-        return getattr(fn, "__qualname__", repr(fn))
+def delayed_until(now_ms: int, delay: Duration | None, at: datetime | int | float | None) -> int:
+    """A start's `delay=` or `at=` as the Unix ms its code begins (0: at once)."""
+    if delay is not None and at is not None:
+        raise RejectedError("start: give delay= or at=, not both")
+    due = now_ms + to_ms(delay, "delay") if delay is not None else at_ms(at, "at") if at is not None else 0
+    return due if due > now_ms else 0  # a time already past starts at once, with no timer
 
 
 def _seconds(value: float | None, what: str) -> None:

@@ -30,6 +30,10 @@ _STATUS_CODE: dict[str, int] = {name: code for code, name in enumerate(STATUSES)
 _PARKED = _STATUS_CODE[Status.PARKED]
 _FINAL = _STATUS_CODE[Status.OK]  # this and later codes: the run ended
 BUCKET_MS = 100
+# Parked runs are loaded this long before their bucket begins, in the background of the
+# shard's loop: a run due just after a bucket's start would otherwise wait for the loads
+# of the whole bucket (docs/engine.md, *Parking*). Loaded, a run waits for its own timer.
+LOAD_AHEAD_MS = BUCKET_MS
 BUCKET_BITS = 42  # due // BUCKET_MS up to the year 9999
 BUCKET_MASK = (1 << BUCKET_BITS) - 1
 
@@ -159,11 +163,23 @@ class RunIndex:
             heapq.heappop(heap)
         return 0
 
+    def next_load_ms(self) -> int:
+        """When the earliest bucket holding a parked run is to be loaded (0: none):
+        LOAD_AHEAD_MS before it begins."""
+        due = self.next_due_ms()
+        return load_at(due) if due else 0
+
     def take_due(self, now_ms: int) -> list[int]:
-        """Keys of parked runs whose bucket has begun; they are to be loaded. They keep
-        their due time until they are (the load replaces or removes the entry)."""
+        """Keys of parked runs whose bucket is to be loaded by `now_ms` (it begins within
+        LOAD_AHEAD_MS). They keep their due time until they are loaded (the load replaces
+        or removes the entry)."""
         heap, out = self._bucket_heap, []
-        while heap and heap[0] * BUCKET_MS <= now_ms:
+        while heap and heap[0] * BUCKET_MS - LOAD_AHEAD_MS <= now_ms:
             bucket = heapq.heappop(heap)
             out += self._live(bucket, self._buckets.pop(bucket, []))
         return out
+
+
+def load_at(due_ms: int) -> int:
+    """When a run parked until `due_ms` is loaded: LOAD_AHEAD_MS before its bucket."""
+    return max(1, due_ms // BUCKET_MS * BUCKET_MS - LOAD_AHEAD_MS)

@@ -71,7 +71,11 @@ class RunLoader:
 
     def __init__(self, shard: LoaderHost) -> None:
         self.shard = shard
-        self.loading: dict[str, asyncio.Future[RunState | None]] = {}
+        # A call's load by workflow ID, a wake-up's by index key (all it knows). A call
+        # joins a wake-up's load of its run (a result() routed to the worker its timer
+        # invoked would read the frame a second time); a wake-up never waits on a call's
+        # read, which may describe a run that is gone by the time it is back.
+        self.loading: dict[int | str, asyncio.Future[RunState | None]] = {}
         self.reads = RunReads(lambda: shard.store)  # a loop turn's loads read together
 
     async def load(self, wid: str) -> RunState | None:
@@ -108,13 +112,13 @@ class RunLoader:
         self.shard.check()
         loop = asyncio.get_running_loop()
         results: list[RunState | None] = [None] * len(wanted)
-        mine: list[tuple[int, IndexEntry, str, str, asyncio.Future[RunState | None]]] = []
-        others: list[tuple[int, asyncio.Future[RunState | None]]] = []
+        mine: list[tuple[int, IndexEntry, str, int | str, asyncio.Future[RunState | None]]] = []
+        others: list[tuple[int, str, asyncio.Future[RunState | None]]] = []
         for i, (entry, wid) in enumerate(wanted):
-            name = wid or str(entry.key)
-            waiting = self.loading.get(name)
+            name = wid or entry.key
+            waiting = self.loading.get(name) or (self.loading.get(entry.key) if wid else None)
             if waiting is not None:
-                others.append((i, waiting))
+                others.append((i, wid, waiting))
             else:
                 fut = self.loading[name] = loop.create_future()
                 mine.append((i, entry, wid, name, fut))
@@ -151,8 +155,10 @@ class RunLoader:
             for _, _, _, name, _ in mine:
                 del self.loading[name]
             self.shard.poke()
-        for i, waiting in others:
-            results[i] = await waiting
+        for i, wid, waiting in others:
+            run = await waiting
+            # Another ID's run under the same hash: this one has no parked run.
+            results[i] = run if run is None or not wid or run.wid == wid else None
         return results
 
     def _loaded(self, entry: IndexEntry, wid: str, frame: R.Frame) -> RunState | None:

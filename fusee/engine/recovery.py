@@ -59,9 +59,9 @@ async def recover(shard: Shard) -> None:
     # Messages recovered from durable records go out again; duplicates are absorbed.
     for pending in list(shard.outbox.pending.values()):
         shard.messages.deliver(pending.msg)
-    due = shard.index_entries.next_due_ms()
-    if due:
-        shard.timers.arm_for(due)
+    load = shard.index_entries.next_load_ms()
+    if load:
+        shard.timers.arm_for(load)  # in the past: the runs due soon load as the shard opens
 
 
 def _from_checkpoint(shard: Shard, checkpoint: R.Checkpoint) -> list[IndexEntry]:

@@ -43,6 +43,8 @@ from fusee.storage.remote import RemoteStorage
 
 logger = logging.getLogger("fusee.worker")
 
+_LEAVING = "the shard is being let go of"  # a waiting call's cancellation, answered MOVED
+
 _encode = msgspec.msgpack.encode
 
 
@@ -68,6 +70,8 @@ class ServedEngine(Protocol):
         id_policy: Any = ...,
         timeout: Any = ...,
         version: Any = ...,
+        delay: Any = ...,
+        at: Any = ...,
     ) -> object: ...
     async def signal_with_start(
         self,
@@ -105,9 +109,10 @@ class CallServer:
         self.tasks: set[asyncio.Task[Any]] = set()
         # Calls being answered, by shard: a shard let go of waits for them (see above).
         self.accepted: dict[int, set[asyncio.Task[Any]]] = {}
-        # Shards being let go of; and per shard, what wakes the calls that wait on it.
+        # Shards being let go of; and per shard, the calls that only wait on it (a result,
+        # an update's answer), cancelled when it goes: the next holder answers them.
         self.leaving: set[int] = set()
-        self.left: dict[int, asyncio.Future[None]] = {}
+        self.waits: dict[int, set[asyncio.Task[Any]]] = {}
         engine.before_leave = self.before_leave
         storage.on_lease = self.leased
         storage.serve_calls(self.called)
@@ -146,19 +151,18 @@ class CallServer:
 
     def called(self, call: m.Call) -> None:
         task = self._spawn(self._answer(call))
-        if call.shard >= 0 and call.method not in WAITS:
-            accepted = self.accepted.setdefault(call.shard, set())
-            accepted.add(task)
-            task.add_done_callback(accepted.discard)
+        if call.shard >= 0:
+            calls = (self.waits if call.method in WAITS else self.accepted).setdefault(call.shard, set())
+            calls.add(task)
+            task.add_done_callback(calls.discard)
 
     async def before_leave(self, index: int, timeout: float | None) -> None:
         """Shard `index` is about to be let go of: calls that only wait are answered
         MOVED, new ones too, and the others accepted before now are answered (within
         `timeout` seconds: a call still unanswered then goes as at a crash)."""
         self.leaving.add(index)
-        left = self.left.pop(index, None)
-        if left is not None:
-            left.set_result(None)
+        for task in self.waits.pop(index, ()):
+            task.cancel(_LEAVING)  # answered MOVED by `_answer`, which holds no task of its own
         pending = [task for task in self.accepted.get(index, ()) if not task.done()]
         if pending:
             await asyncio.wait(pending, timeout=timeout)
@@ -179,6 +183,7 @@ class CallServer:
 
     async def _answer(self, call: m.Call) -> None:
         RELAYED.set(True)  # this task's own context: what it waits durable for, the server settles
+        args: Any = None
         try:
             attaching = self.attaching.get(call.shard)
             if attaching is not None:
@@ -199,14 +204,16 @@ class CallServer:
             args = m.decode_value(call.args)
             if not isinstance(args, dict):
                 raise RejectedError("a call's arguments are a map")
-            if call.method in WAITS:
-                answered, value = await self._unless_leaving(call.shard, method(self.engine, args))
-                if not answered:
-                    self.storage.send(self._moved(call, self._waiting_on_run(call, args)))
-                    return
-            else:
-                value = await method(self.engine, args)
+            value = await method(self.engine, args)
             answer = m.Answer(call.rid, _encode(value))
+        except asyncio.CancelledError as cancelled:
+            task = asyncio.current_task()
+            if cancelled.args != (_LEAVING,) or task is None:
+                raise
+            # A call that only waits, its shard being let go of: the next holder answers it.
+            task.uncancel()
+            waiting = isinstance(args, dict) and self._waiting_on_run(call, args)
+            answer = self._moved(call, waiting)
         except (ClosedError, LeaseLostError) as error:
             # The shard went (closed, drained, its lease lost) while the call was being
             # answered: the caller hears MOVED (the server routes it to the next holder),
@@ -227,26 +234,6 @@ class CallServer:
         except FrameError as error:  # a value over the frame limit
             self.storage.send(m.Answer(call.rid, b"", RejectedError.code, f"call {call.method!r}: {error}"))
 
-    async def _unless_leaving(self, index: int, waiting: Awaitable[Any]) -> tuple[bool, Any]:
-        """(True, its value) once `waiting` is done, or (False, None) if shard `index`
-        starts leaving first (the wait is cancelled: the next holder answers it)."""
-        task = asyncio.ensure_future(waiting)
-        if index in self.leaving:
-            task.cancel()
-            return False, None
-        left = self.left.get(index)
-        if left is None:
-            left = self.left[index] = asyncio.get_running_loop().create_future()
-        try:
-            await asyncio.wait([task, left], return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            task.cancel()
-            raise
-        if task.done():
-            return True, task.result()
-        task.cancel()
-        return False, None
-
 
 def _summary(row: Any) -> dict[str, Any]:
     return {"id": row.id, "run": row.run, "type": row.type, "status": row.status, "shard": row.shard}
@@ -260,6 +247,8 @@ async def _start(engine: ServedEngine, a: dict[str, Any]) -> Any:
         id_policy=a.get("id_policy"),
         timeout=a.get("timeout"),
         version=a.get("version"),
+        delay=a.get("delay"),
+        at=a.get("at"),
     )
     return {"id": a["id"]}
 

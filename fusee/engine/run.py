@@ -9,7 +9,6 @@ the same however many fibers the run has.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -24,21 +23,19 @@ from fusee._errors import (
     Failure,
     FuseeError,
     RejectedError,
-    StepError,
-    error_from,
     failure_from,
 )
+from fusee.engine.run_records import APPLY, Stuck, child_watch_result, decode, maybe_await, update_done
+from fusee.engine.run_records import stop_step as stop_step  # shard.py's, from here
 from fusee.journal import STATUS_OF, Status
 from fusee.workflow.definitions import Retry, Workflow
 from fusee.workflow.driver import current_step, inline_step
 from fusee.workflow.ops import (
-    ChildOp,
     ContinueAsNew,
     Fiber,
     FiberOp,
     Op,
     RaceOp,
-    SendOp,
     StepOp,
     StepState,
     WaitOp,
@@ -49,10 +46,6 @@ log = logging.getLogger("fusee")
 # Enum members read on every step: a module global is a dict lookup, where `Status.STUCK`
 # costs a metaclass descriptor call (about 150 ns on Python 3.11).
 _STUCK, _RUNNING, _OK, _STEP_RUNNING = Status.STUCK, Status.RUNNING, Status.OK, StepState.RUNNING
-
-
-class Stuck(BaseException):
-    """Unwinds workflow code whose run stopped on a determinism error."""
 
 
 class RunSettings(Protocol):
@@ -331,9 +324,11 @@ class RunState:
         """Give an operation its position, check it against the journal, start it."""
         if self.final:
             raise Stuck()
-        if inline_step[0] is not None or current_step.get() is not None:
-            # A step's function is running (on a task, a thread or inline): ctx belongs to
-            # the workflow's code, which a step's function is not.
+        here = inline_step[0] or current_step.get()
+        if here is not None and here[0] is self:
+            # This run's step function runs (task, thread or inline): ctx is not for it. A
+            # step of another run may drive this run's code (it started or signalled it on
+            # this engine, and the code runs on that step's stack): that code is its own.
             raise RejectedError(
                 f"ctx.{op.kind} called inside a step's function: steps do not nest, and a step "
                 "function may not use ctx. Call it from the workflow's code, or do the work "
@@ -345,7 +340,7 @@ class RunState:
         if self.replaying:
             want = self.expected.get(seq)
             if want is not None and not _same_op(want, (op.kind, op.ident)):
-                self._stuck(
+                self.stuck(
                     f"the journal recorded {want[0]} '{want[1]}' here but the code called "
                     f"{op.kind} '{op.ident}' (position {seq})"
                 )
@@ -413,25 +408,25 @@ class RunState:
         """A signal that arrived before the code waited is kept and taken here."""
         buffered = self.signals.get(op.name)
         if buffered:
-            self._resolve_decoded(op, buffered.popleft(), op.type, "signal")
+            self.resolve_decoded(op, buffered.popleft(), op.type, "signal")
         else:
             self.waits.setdefault(op.name, deque()).append(op)
 
-    def _resolve_decoded(self, op: Op, data: bytes, type_: Any, what: str) -> None:
+    def resolve_decoded(self, op: Op, data: bytes, type_: Any, what: str) -> None:
         """Resolve with a recorded payload decoded into the type the code asked for; one
         that does not match resolves the operation with CodecError, which the code sees
         where it awaits, live and on replay alike (it never escapes into the engine)."""
         try:
-            value = _decode(data, type_, what)
+            value = decode(data, type_, what)
         except CodecError:
             try:  # again, only to name the operation in the message
-                _decode(data, type_, f"{what} '{op.name}'")
+                decode(data, type_, f"{what} '{op.name}'")
             except CodecError as error:
                 self.resolve(op, None, error)
                 return
         self.resolve(op, value)
 
-    def _stuck(self, message: str) -> None:
+    def stuck(self, message: str) -> None:
         self.status = Status.STUCK
         self.stuck_error = DeterminismError(
             f"run '{self.wid}' (run {self.run_no}) does not match its journal: {message}. "
@@ -443,128 +438,10 @@ class RunState:
         log.error("%s", self.stuck_error)
         self.shard.run_stuck(self)
 
-    # -- applying records, one method per kind -----------------------------------------
+    # -- applying records: one function per kind, in run_records.py ---------------------
 
     def apply(self, rec: R.Rec) -> None:
-        getattr(self, _APPLY[type(rec)])(rec)
-
-    def _verify(self, rec: Any) -> Op | None:
-        op = self.ops.get(rec.seq)
-        if op is None:
-            kind, name = R.op_of(rec)
-            self._stuck(
-                f"the journal recorded {kind} '{name}' at position {rec.seq} but the code did not call it"
-            )
-        return op
-
-    def _apply_started(self, rec: R.Started) -> None:
-        from fusee.workflow.ctx import Ctx
-
-        wf = self.workflow
-        assert wf is not None
-        self.ctx = Ctx(self)
-        self.spawn(_main(self, wf, rec.input), self._main_done)
-        if rec.deadline:
-            self.timers[-1] = rec.deadline
-        if rec.update_id is not None and rec.update_name is not None:
-            self._apply_update_accepted(
-                R.UpdateAccepted(rec.update_id, rec.update_name, rec.update_arg or b"null")
-            )
-
-    def _apply_step_done(self, rec: R.StepDone) -> None:
-        op = self.ops.get(rec.seq)
-        if op is None:
-            op = self._verify(rec)
-        if isinstance(op, StepOp):
-            try:  # _resolve_decoded, inlined: this is every step's path
-                value = _decode(rec.value, op.output or codec.return_type(op.fn), "step")
-            except CodecError:
-                self._resolve_decoded(op, rec.value, op.output or codec.return_type(op.fn), "step")
-                return
-            self.resolve(op, value)
-
-    def _apply_attempt(self, rec: R.Attempt) -> None:
-        op = self._verify(rec)
-        if isinstance(op, StepOp):
-            if rec.attempt == 1 or not op.first_failure_at:
-                op.first_failure_at = rec.failed_at or rec.retry_at
-            op.attempt = rec.attempt + 1
-            op.retry_at = rec.retry_at
-            op.state = StepState.IDLE
-            if not self.replaying:
-                self.timers[op.seq] = rec.retry_at
-                self.shard.timers.add(rec.retry_at, self, op.seq)
-
-    def _apply_step_failed(self, rec: R.StepFailed) -> None:
-        op = self._verify(rec)
-        if op is not None:
-            self.resolve(op, None, StepError(rec.name, rec.failure))
-
-    def _apply_timer_started(self, rec: R.TimerStarted) -> None:
-        self._verify(rec)
-
-    def _apply_wait_started(self, rec: R.WaitStarted) -> None:
-        self._verify(rec)
-
-    def _apply_drawn(self, rec: R.Drawn) -> None:
-        self._verify(rec)
-
-    def _apply_child_requested(self, rec: R.ChildRequested) -> None:
-        self._verify(rec)
-
-    def _apply_signal_sent(self, rec: R.SignalSent) -> None:
-        self._verify(rec)
-
-    def _apply_cancel_sent(self, rec: R.CancelSent) -> None:
-        self._verify(rec)
-
-    def _apply_timer_fired(self, rec: R.TimerFired) -> None:
-        op = self._verify(rec)
-        if isinstance(op, WaitOp):
-            queue = self.waits.get(op.name)
-            if queue and op in queue:
-                queue.remove(op)
-        if op is not None:
-            self.resolve(op, None)
-
-    def _apply_signal_received(self, rec: R.SignalReceived) -> None:
-        if rec.id is not None:
-            self.signal_ids.add(rec.id)
-        queue = self.waits.get(rec.name)
-        while queue:
-            op = queue.popleft()
-            if not op.done:
-                self._resolve_decoded(op, rec.value, op.type, "signal")
-                return
-        self.signals.setdefault(rec.name, deque()).append(rec.value)
-
-    def _apply_cancel_requested(self, rec: R.CancelRequested) -> None:
-        """Cancellation reaches the code as CancelledError at every operation it waits on;
-        what the code does then (compensate, finish) is its own. Compensations already
-        running are the answer to a cancel: a second one leaves them alone."""
-        if self.compensating:
-            return
-        self.cancel_reason = rec.reason or "cancelled"
-        for op in list(self.ops.values()):
-            if not op.done:
-                self._cancel_op(op)
-        for watchers in self.child_watchers.values():
-            for watch in watchers:
-                self._cancel_op(watch)
-
-    def _cancel_op(self, op: Op) -> None:
-        stop_step(op)
-        self.resolve(
-            op, None, errors.CancelledError(f"cancelled: {self.cancel_reason}", None, workflow_id=self.wid)
-        )
-
-    def _apply_update_accepted(self, rec: R.UpdateAccepted) -> None:
-        self.updates_accepted.add(rec.id)
-        handler = self.update_handlers.get(rec.name)
-        if handler is None:
-            self.pending_updates.setdefault(rec.name, []).append(rec)
-            return
-        self.start_update(rec)
+        APPLY[type(rec)](self, rec)
 
     def start_update(self, rec: R.UpdateAccepted) -> None:
         definition, handler, _validate = self.update_handlers[rec.name]
@@ -572,7 +449,7 @@ class RunState:
 
         async def run_handler() -> Any:
             arg = codec.decode(rec.arg, definition.arg, f"update '{rec.name}' argument")
-            return await _maybe_await(handler(arg))
+            return await maybe_await(handler(arg))
 
         def done(value: Any, exc: BaseException | None) -> None:
             self.updates_running.discard(rec.id)
@@ -586,81 +463,16 @@ class RunState:
                 except FuseeError as error:
                     result = R.UpdateDone(rec.id, None, failure_from(error))
             self.record(result)
-            self._apply_update_done(result)
+            update_done(self, result)
 
         self.spawn(run_handler(), done)
 
-    def _apply_update_done(self, rec: R.UpdateDone) -> None:
-        self.update_results[rec.id] = rec
-        if not self.replaying:
-            self.shard.update_finished(self, rec)
-
-    def _apply_child_started(self, rec: R.ChildStarted) -> None:
-        op = self._verify(rec)
-        if isinstance(op, ChildOp):
-            if rec.failure is not None:
-                self.resolve(op, None, error_from(rec.failure))
-            else:
-                from fusee.workflow.ctx import ChildHandle
-
-                self.children[op.seq] = op.wid
-                self.resolve(op, ChildHandle(self, op))
-
-    def _apply_child_result(self, rec: R.ChildResult) -> None:
-        self.child_results[rec.seq] = rec
-        self.children.pop(rec.seq, None)
-        for watch in self.child_watchers.pop(rec.seq, []):
-            self.resolve_child_watch(watch, rec)
-
     def resolve_child_watch(self, watch: WatchOp, rec: R.ChildResult) -> None:
-        op = self.ops.get(rec.seq)
-        if rec.failure is not None:
-            from fusee._errors import ChildError
-
-            wid = op.wid if isinstance(op, ChildOp) else "?"
-            self.resolve(watch, None, ChildError(wid, rec.failure))
-        else:
-            type_ = op.result_type if isinstance(op, ChildOp) else Any
-            self._resolve_decoded(watch, rec.value or b"null", type_, "the result of")
-
-    def _apply_delivered(self, rec: R.Delivered) -> None:
-        op = self._verify(rec)
-        if isinstance(op, SendOp):
-            self.resolve(op, None, error_from(rec.failure) if rec.failure else None)
-
-    def _apply_completion_sent(self, rec: R.CompletionSent) -> None:
-        op = self._verify(rec)
-        if isinstance(op, StepOp):
-            op.state = StepState.SENT
-            op.retry_at = 0
-
-    def _apply_completed(self, rec: R.Completed) -> None:
-        op = self._verify(rec)
-        if op is not None:
-            if rec.failure is not None:
-                self.resolve(op, None, StepError(op.name, rec.failure))
-            else:
-                self._resolve_decoded(op, rec.value or b"null", getattr(op, "output", None), "completion")
-
-    def _apply_finished(self, rec: R.Finished) -> None:
-        if (
-            self.replaying
-            and rec.status not in (Status.TERMINATED, Status.TIMED_OUT)
-            and self.code_outcome is None
-        ):
-            self._stuck(f"the journal records the run ended ({rec.status}) but the code did not end there")
-            return
-        self._end(rec)
-
-    def _apply_continued_as_new(self, rec: R.ContinuedAsNew) -> None:
-        if self.replaying and self.code_outcome is None:
-            self._stuck("the journal records continue_as_new but the code did not call it there")
-            return
-        self._end(rec)
+        child_watch_result(self, watch, rec)
 
     # -- the end ------------------------------------------------------------------------
 
-    def _main_done(self, value: Any, exc: BaseException | None) -> None:
+    def main_done(self, value: Any, exc: BaseException | None) -> None:
         self.code_outcome = (value, exc)
 
     def _finish_code(self, value: Any, exc: BaseException | None) -> None:
@@ -684,9 +496,9 @@ class RunState:
             return
         self.shard.messages.prepare_end(self, rec)
         self.record(rec)
-        self._end(rec)
+        self.ended(rec)
 
-    def _end(self, rec: R.Finished | R.ContinuedAsNew) -> None:
+    def ended(self, rec: R.Finished | R.ContinuedAsNew) -> None:
         self.outcome = rec
         self.status = STATUS_OF[rec.status] if isinstance(rec, R.Finished) else Status.CONTINUED
         self.final = True
@@ -703,35 +515,6 @@ class RunState:
         return self.outcome.failure if isinstance(self.outcome, R.Finished) else None
 
 
-_APPLY: dict[type, str] = {}
-for _cls in (
-    R.Started,
-    R.StepDone,
-    R.Attempt,
-    R.StepFailed,
-    R.TimerStarted,
-    R.TimerFired,
-    R.WaitStarted,
-    R.SignalReceived,
-    R.Drawn,
-    R.CancelRequested,
-    R.UpdateAccepted,
-    R.UpdateDone,
-    R.ChildRequested,
-    R.ChildStarted,
-    R.ChildResult,
-    R.SignalSent,
-    R.CancelSent,
-    R.Delivered,
-    R.CompletionSent,
-    R.Completed,
-    R.Finished,
-    R.ContinuedAsNew,
-):
-    _snake = "".join("_" + c.lower() if c.isupper() else c for c in _cls.__name__).lstrip("_")
-    _APPLY[_cls] = "_apply_" + _snake
-
-
 def _same_op(recorded: tuple[str, str], called: tuple[str, str]) -> bool:
     """An async completion's attempts are step records: its kind matches either name."""
     steps = ("step", "await_completion")
@@ -740,56 +523,8 @@ def _same_op(recorded: tuple[str, str], called: tuple[str, str]) -> bool:
     return recorded == called
 
 
-def stop_step(op: Op) -> None:
-    """Stop a step's attempt: an async one is cancelled; a thread cannot be, so its step
-    context says `cancelled` for the function to see."""
-    task = getattr(op, "task", None)
-    if task is not None:
-        task.cancel()
-        # A task cancelled before its first turn never awaits the function's coroutine:
-        # close it, or it is reported as never awaited when it is collected.
-        awaitable = getattr(op, "awaitable", None)
-        if inspect.iscoroutine(awaitable) and inspect.getcoroutinestate(awaitable) == inspect.CORO_CREATED:
-            awaitable.close()
-    context = getattr(op, "context", None)
-    if context is not None:
-        context.cancelled = True
-
-
-def _decode(data: bytes, type_: Any, what: str) -> Any:
-    return codec.decode(data, type_ if type_ is not None else Any, what)
-
-
-async def _maybe_await(value: Any) -> Any:
-    if hasattr(value, "__await__"):
-        return await value
-    return value
-
-
 def _fiber_done(run: RunState, op: FiberOp) -> Callable[[Any, BaseException | None], None]:
     def done(value: Any, exc: BaseException | None) -> None:
         run.resolve(op, value, exc)
 
     return done
-
-
-async def _main(run: RunState, wf: Workflow[Any], input: bytes) -> Any:
-    """The workflow's code, then its compensations, newest first, if it failed or was
-    cancelled (never after terminate: that closes the coroutine)."""
-    ctx = run.ctx
-    try:
-        if wf.takes_input:
-            arg = codec.decode(input, wf.input_type, "the workflow's input")
-            return await wf.fn(ctx, arg)
-        return await wf.fn(ctx)
-    except (ContinueAsNew, Stuck, GeneratorExit):
-        raise  # GeneratorExit: the run ended (terminate) and its coroutine is being closed
-    except Exception:
-        run.compensating = bool(run.compensations)
-        while run.compensations:
-            name, fn, options = run.compensations.pop()
-            try:
-                await ctx.step(name, fn, **options)
-            except FuseeError as error:
-                log.warning("compensation '%s' of run '%s' failed: %s", name, run.wid, error)
-        raise

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
 import msgspec
@@ -22,6 +23,8 @@ from fusee._errors import (
     error_from,
     failure_from,
 )
+from fusee.engine.coordinators.calls import wait_started
+from fusee.engine.coordinators.concurrency import cancel_queued, through_queue
 from fusee.engine.loader import StoredRun
 from fusee.engine.run import RunState
 from fusee.engine.shard import Shard
@@ -72,6 +75,30 @@ def listed_status(status: Any) -> Status | None:
     raise RejectedError(
         f"list(status={status!r}): not a status a run is listed with; expected one of " + ", ".join(LISTED)
     )
+
+
+async def list_runs(shards: list[Shard], type: str | None, status: str | None) -> AsyncIterator[RunSummary]:
+    """The runs of `shards` (`Engine.list`), in memory and indexed (parked, finished), of
+    `type` and `status` (None: any); each shard's rows leave once what they say is
+    durable."""
+    wanted = listed_status(status)  # a misspelt status is refused, not an empty listing
+    for shard in shards:
+        rows = [RunSummary(r.wid, r.run_no, r.type, r.status, shard.index) for r in shard.runs.values()]
+        seen = shard.appended
+        rows += [
+            RunSummary(
+                wid,
+                e.run_no,
+                e.type,
+                Status.RUNNING if e.status == Status.PARKED else STATUS_OF[e.status],
+                shard.index,
+            )
+            for wid, e in await shard.indexed()
+        ]
+        await shard.durable_at(seen)  # statuses leave the process once durable
+        for row in rows:
+            if (type is None or row.type == type) and (wanted is None or row.status == wanted):
+                yield row
 
 
 class RunDescription(msgspec.Struct):
@@ -314,7 +341,13 @@ class Run(Generic[Out]):
                 # have woken it and it ended meanwhile): waiting by it, nothing answers.
                 state = await shard.finished_run(self.id)
                 if state is None:
-                    await self._refuse(shard, NotFoundError(f"no workflow '{self.id}'", workflow_id=self.id))
+                    try:  # a run waiting its turn (runs at once, docs/coordinators.md)
+                        await through_queue(self)
+                    except (NotFoundError, RejectedError):  # Rejected: its slot's shard is not held here
+                        await self._refuse(
+                            shard, NotFoundError(f"no workflow '{self.id}'", workflow_id=self.id)
+                        )
+                    continue
             if state.status in FINISHED:
                 if isinstance(state, RunState):
                     await shard.durable_at(state.last_lsn)
@@ -339,6 +372,12 @@ class Run(Generic[Out]):
     async def status(self) -> RunSummary:
         return (await self.describe()).summary
 
+    async def started(self) -> RunSummary:
+        """Wait until the run exists (a debounced or batched run: once its window
+        closes); its summary."""
+        summary: RunSummary = await wait_started(self)
+        return summary
+
     async def describe(self) -> RunDescription:
         """The summary and the journal, as records."""
         shard = self._shard
@@ -360,7 +399,14 @@ class Run(Generic[Out]):
         its code is fixed."""
         reason = names.text(reason, "cancel reason")
         shard = self._shard
-        state = await self._running(shard)
+        try:
+            state = await self._running(shard)
+        except NotFoundError as error:
+            try:  # a run waiting its turn leaves its queue (docs/coordinators.md)
+                await cancel_queued(self, reason)
+            except NotFoundError:
+                raise error from None
+            return
         state.event(R.CancelRequested(reason))
         await shard.durable_at(state.last_lsn)
 

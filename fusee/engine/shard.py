@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
+import os
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -18,7 +18,6 @@ from fusee import _errors as errors
 from fusee import journal as R
 from fusee._clock import Clock
 from fusee._errors import (
-    AlreadyExistsError,
     ClosedError,
     Failure,
     FuseeError,
@@ -29,14 +28,15 @@ from fusee.engine import idle
 from fusee.engine.callers import Callers
 from fusee.engine.durability import Durability
 from fusee.engine.idle import IdleReport
-from fusee.engine.index import RunIndex, key_of
+from fusee.engine.index import RunIndex, key_of, load_at
 from fusee.engine.loader import RunLoader
 from fusee.engine.outbox import RESEND_MS, Outbox
 from fusee.engine.run import RunState, stop_step
+from fusee.engine.run_life import RunLife
 from fusee.engine.shard_messages import Delivery
 from fusee.engine.steps import Steps
 from fusee.engine.timers import TICK, Timers
-from fusee.journal import FINAL, Ack, IndexEntry, Msg, Status
+from fusee.journal import Ack, IndexEntry, Msg, Status
 from fusee.storage import ShardStore
 from fusee.workflow.definitions import Retry, Workflow
 from fusee.workflow.ops import StepOp, StepState
@@ -88,7 +88,10 @@ class ShardHost(Protocol):
     def shard_stopped(self, shard: Shard) -> None: ...
 
 
-class Shard:
+class Shard(RunLife):
+    """Its runs' start and end: `RunLife` (fusee/engine/run_life.py); loading them:
+    fusee/engine/loader.py."""
+
     def __init__(self, engine: ShardHost, index: int) -> None:
         self.engine = engine
         self.index = index
@@ -151,7 +154,7 @@ class Shard:
     def new_seed(self) -> int:
         # The key of the run's completion tokens (engine.make_token): from the OS CSPRNG,
         # since `random`'s outputs predict its next ones and any code may seed it.
-        return secrets.randbits(63)
+        return int.from_bytes(os.urandom(8), "big") >> 1  # 63 bits (what secrets.randbits does)
 
     # -- records ---------------------------------------------------------------------------
 
@@ -281,7 +284,11 @@ class Shard:
             run.event(R.TimerFired(seq))
 
     def next_due_ms(self, *, resends: bool = True) -> int:
-        """The earliest timer, retry or resend this shard has (0: none)."""
+        """The earliest timer, retry or resend this shard has (0: none): what an invoked
+        worker reports. A parked run's is its bucket's start, not the load ahead of it: the
+        server invokes for the timer (its lead covers the open), and the opening shard
+        loads the bucket at once (recovery arms the load, already past), so the
+        invocation does not wait out the load-ahead time idle."""
         due = self.index_entries.next_due_ms()
         loaded = self.timers.next_due_ms()
         if loaded and (not due or loaded < due):
@@ -344,6 +351,7 @@ class Shard:
                 and not run.pending_start
                 and not run.in_flight()
                 and not run.updates_running
+                and not self._loads_soon(run, now)
             ):
                 self.park(run)
                 parked = True
@@ -369,6 +377,13 @@ class Shard:
                 # the index instead of replaying every run since the last one.
                 self.spawn(self.checkpoint())
 
+    @staticmethod
+    def _loads_soon(run: RunState, now: int) -> bool:
+        """Parked now, the run would be loaded back at once (its bucket loads ahead): it
+        stays, or a run loaded ahead would go back and forth until its timer."""
+        due = run.next_due()
+        return bool(due) and load_at(due) <= now
+
     def park(self, run: RunState) -> None:
         """Write the run to the run store and drop it from memory; its index entry keeps
         its next due time, so the shard knows its timers without loading it."""
@@ -384,7 +399,7 @@ class Shard:
         run.close_fibers()
         self.timers.forget(run)
         if due:
-            self.timers.arm_for(due)
+            self.timers.arm_for(load_at(due))
 
     def put_frame(self, run: RunState) -> int:
         """Write a run's journal to the run store; its offset. A write the store cannot make
@@ -413,131 +428,6 @@ class Shard:
 
     def report(self, *, budget_ended: bool = False, handed_back: Sequence[str] = ()) -> IdleReport:
         return idle.report(self, budget_ended=budget_ended, handed_back=handed_back)
-
-    # -- runs: start and end (loading them: fusee/engine/loader.py) --------------------------
-
-    def find(self, wid: str) -> RunState | IndexEntry | None:
-        return self.runs.get(wid) or self.index_entries.get(wid)
-
-    def start(
-        self,
-        type_: str,
-        wid: str,
-        input: bytes,
-        *,
-        policy: dict[str, str] | None = None,
-        timeout_ms: int | None = None,
-        parent: R.Parent | None = None,
-        update: tuple[str, str, bytes] | None = None,
-        version: int | None = None,
-        signal: tuple[str, bytes] | None = None,
-    ) -> tuple[RunState | IndexEntry, bool]:
-        """Record a new run (or apply the ID policy). Returns the run and whether it is new."""
-        existing = self.find(wid)
-        run_no = 1
-        if existing is not None:
-            running = existing.status not in FINAL
-            rule = (policy or {}).get("running" if running else "finished", "fail" if running else "allow")
-            if rule == "use-existing":
-                return existing, False
-            if running:
-                if rule != "terminate-existing":
-                    raise AlreadyExistsError(
-                        f"workflow '{wid}' is running (run {existing.run_no}); start with "
-                        "id_policy={'running': 'use-existing'} to attach to it",
-                        workflow_id=wid,
-                    )
-                if isinstance(existing, RunState):
-                    existing.end(
-                        R.Finished(
-                            Status.TERMINATED, failure=Failure("replaced by a new run", type="Terminated")
-                        )
-                    )
-            elif rule == "refuse" or (rule == "allow-if-failed" and existing.status == Status.OK):
-                raise AlreadyExistsError(
-                    f"workflow '{wid}' already ran (run {existing.run_no}, {existing.status}) and the "
-                    f"ID policy refuses another run ({rule})",
-                    workflow_id=wid,
-                )
-            run_no = existing.run_no + 1
-        wf = self.engine.workflows.get(type_)
-        now = self.now_ms()
-        deadline = now + timeout_ms if timeout_ms else (now + wf.timeout_ms if wf and wf.timeout_ms else 0)
-        started = R.Started(
-            type_,
-            version or (wf.version if wf else 1),
-            input,
-            now,
-            self.new_seed(),
-            deadline,
-            parent,
-            *(update or (None, None, None)),
-        )
-        return self._begin(wid, run_no, started, signal), True
-
-    def _begin(
-        self, wid: str, run_no: int, started: R.Started, signal: tuple[str, bytes] | None = None
-    ) -> RunState:
-        run = RunState(self, wid, run_no, started)
-        self.index_entries.pop(wid)
-        self.runs[wid] = run
-        self.start_ticks()
-        run.record(started)
-        if signal is not None:
-            # signal-with-start: recorded before the code first runs
-            run.record(R.SignalReceived(*signal))
-        run.last_active_ms = self.now_ms()
-        if started.deadline:
-            run.timers[-1] = started.deadline
-            self.timers.add(started.deadline, run, -1)
-        if run.workflow is None:
-            # Another process may hold the code: the run waits, it does not fail (its
-            # deadline still ends it: that needs no code).
-            run.status = Status.WAITING_FOR_CODE
-            self.types_without_code.add(started.type)
-            return run
-        for rec in run.journal:
-            run.apply(rec)
-        self.schedule(run)
-        return run
-
-    def run_finished(self, run: RunState) -> None:
-        """The run ended (live): answer its callers once the end is durable; a run that
-        continued as new is followed by its next run in the same batch."""
-        rec = run.outcome
-        self.callers.refuse_updates(run)
-        if isinstance(rec, R.ContinuedAsNew):
-            # The deadline (a start's `timeout=` or the definition's) is the workflow ID's:
-            # it bounds the whole chain of runs, as the caller of `result()` sees one.
-            started = R.Started(
-                run.type,
-                rec.version,
-                rec.input,
-                rec.now,
-                rec.seed,
-                run.started.deadline,
-                run.started.parent,
-            )
-            self._begin(run.wid, run.run_no + 1, started)
-            return
-
-        waiters = self.callers.take_results(run)
-
-        def release() -> None:
-            self.callers.answer_results(run, waiters)
-            key = key_of(run.wid)  # hashed once for both uses (a BLAKE2 per call)
-            if self.runs.get(run.wid) is run and not self.index_entries.holds_key(key):
-                ref = self.put_frame(run)
-                if self.closed:
-                    return  # the store refused the frame: the shard stopped
-                expires = self.now_ms() + self.engine.retention_ms
-                self.index_entries.put_key(
-                    key, IndexEntry(run.wid, run.run_no, run.type, run.status, ref, expires)
-                )
-                self.runs.pop(run.wid)
-                self.timers.forget(run)
-
-        self.when_durable(run.last_lsn, release)
 
     # -- checkpoints and close --------------------------------------------------------------
 

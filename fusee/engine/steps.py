@@ -7,7 +7,6 @@ import asyncio
 import contextvars
 import inspect
 import logging
-import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -235,7 +234,22 @@ class Steps:
             else:
                 rec = R.StepFailed(op.seq, op.name, failure)
         op.state = _IDLE
+        durability = self.shard.durability
+        if durability.releasing:
+            # One of many steps a durable position released (a mass wake-up): its outcome
+            # is applied once the release has run every step it opened, so those run
+            # their functions first instead of waiting for each run before them to advance
+            # (docs/engine.md, *Durability*). Queued now: the run is not idle meanwhile,
+            # and the sweep does not park it. Applied within the same release, never on a
+            # later turn: a close resumed by that release would let go of it unrecorded.
+            run.completions.append(rec)
+            durability.hold(lambda: self._apply(run))
+            return
         run.event(rec)
+
+    def _apply(self, run: RunState) -> None:
+        if not run.final and not self.shard.closed:
+            run.drive()
 
     def _retry_at(self, op: StepOp, exc: BaseException, failure: Failure) -> int:
         """When to try again, or 0 when the failure is final."""
@@ -260,6 +274,8 @@ class Steps:
             if not again:
                 return 0
         now = self.shard.now_ms()
+        import random  # a retry's jitter: loaded on first use, not by `import fusee`
+
         retry_at = now + policy.delay_ms(op.attempt, random.random())
         if policy.max_elapsed is not None:
             from fusee.workflow.durations import to_ms

@@ -92,7 +92,7 @@ class Timers:
         due_keys = shard.index_entries.take_due(now)
         if due_keys:
             shard.spawn(shard.wake(due_keys))
-        nexts = [d for d in (heap[0][0] if heap else 0, shard.index_entries.next_due_ms()) if d]
+        nexts = [d for d in (heap[0][0] if heap else 0, shard.index_entries.next_load_ms()) if d]
         if nexts:
             self.arm(min(nexts))
 

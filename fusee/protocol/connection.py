@@ -180,9 +180,11 @@ class ClientConnection(FramedConnection):
         self.ready: asyncio.Future[Welcome] = asyncio.get_running_loop().create_future()
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.given_up = False  # connect() failed with it: its close is nobody's news
+        self.made_at = 0.0  # time.monotonic() when TCP (and TLS) were up: the invoke trace's
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        self.made_at = time.monotonic()
         # Called once TLS is up (asyncio's SSL protocol calls it after its handshake), so
         # the server's certificate, which the proofs are bound to, is known here.
         tls = transport.get_extra_info("ssl_object") if self.token is not None else None

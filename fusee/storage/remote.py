@@ -134,15 +134,17 @@ class RemoteStorage:
             self._ping()
             if welcome.session:
                 # The pings that do not depend on this event loop (pinger.py).
-                self.pinger = Pinger(self.address, welcome.session, self.ping_s, self.silence_limit_s)
                 if self.address.invocation is None:
-                    self.pinger.start()
+                    self._start_pinger(welcome.session)
                 else:
                     # Most invocations end within a few hundred ms: their thread and second
                     # connection would cost more than the pings they send (the loop's own
-                    # pings cover a loop that is not blocked).
+                    # pings cover a loop that is not blocked). Not even made before then:
+                    # its thread and event objects cost the cold start about 40 us.
                     delay = self.ping_s / 2
-                    self.ticker_thread = asyncio.get_running_loop().call_later(delay, self.pinger.start)
+                    self.ticker_thread = asyncio.get_running_loop().call_later(
+                        delay, self._start_pinger, welcome.session
+                    )
         if self.on_lease is not None:
             # Connected again: the engine takes what this connection was granted (before
             # the calls behind the WELCOME, which wait for their shard's attach).
@@ -153,6 +155,10 @@ class RemoteStorage:
             if self.lost is not None:
                 break  # (lost again meanwhile: what is left belongs to a dead connection)
             self.on_message(message)
+
+    def _start_pinger(self, session: bytes) -> None:
+        self.pinger = Pinger(self.address, session, self.ping_s, self.silence_limit_s)
+        self.pinger.start()
 
     @property
     def initial_shards(self) -> list[int]:
@@ -446,6 +452,9 @@ class RemoteShardStore:
         self.first_page: tuple[int, list[bytes]] | None = None  # (after, records) from the open
         self.stopped: BaseException | None = None
         self.dropped = False
+        # time.monotonic() of the first APPEND sent and of the first DURABLE taken (0: not
+        # yet): the invoke trace's `appended` and `durable`, a cold start's first write.
+        self.first_sent_at = self.first_durable_at = 0.0
 
     def opened(self, reply: m.Reply) -> None:
         self.next_position = self.durable_position = self.sent_position = reply.position
@@ -472,6 +481,8 @@ class RemoteShardStore:
     def durable(self, position: int) -> None:
         if self.stopped is None and position > self.durable_position:
             self.durable_position = position
+            if not self.first_durable_at:
+                self.first_durable_at = time.monotonic()
             self.report(position)
 
     def append(self, entry: bytes) -> int:
@@ -509,6 +520,8 @@ class RemoteShardStore:
             asyncio.get_running_loop().call_soon(self.report, self.durable_position)
 
     def _send_records(self, records: list[bytes], first: int) -> None:
+        if not self.first_sent_at:
+            self.first_sent_at = time.monotonic()
         self.storage.send(m.Append(self.index, self.epoch, first, records))
 
     def put_run(self, frame: bytes) -> int:

@@ -186,16 +186,20 @@ class TestEngine:
                 row.pop(volatile, None)
         return json.dumps(rows, indent=1, sort_keys=True, default=str)
 
-    async def crash(self, settle: bool = True) -> None:
+    async def crash(self, settle: bool = True, down: Duration = 0) -> None:
         """Drop the engine's memory and recover every run from storage: the code replays,
         recorded steps do not run again. `settle=False` crashes before any ready turn runs
-        (records not yet flushed are lost, as a process kill would lose them)."""
+        (records not yet flushed are lost, as a process kill would lose them). `down=`
+        keeps the engine down that long (an outage): the clock moves with nothing open."""
         if settle:
             await self.settle()
         self.engine.abandon()
         abandon = getattr(self.storage, "abandon", None)
         if abandon is not None:
             await abandon()  # a directory: its writer stops, its lock is released
+        if to_ms(down, "down"):
+            # A new clock: the dropped engine's timers stay on the old one and never fire.
+            self.clock = VirtualClock(self.clock.now_ms() + to_ms(down, "down"))
         await self._open()
         await self.settle()
 
@@ -214,7 +218,9 @@ class TestEngine:
     async def check(self) -> None:
         """Replay every run against the registered code; the error names each run and
         the first difference of each."""
-        replayer = Replayer(self.workflows)
+        # The kit's code (a test may swap it) and the engine's built-in types (schedules).
+        builtins = [wf for name, wf in self.engine.workflows.items() if name.startswith("fusee.")]
+        replayer = Replayer([*self.workflows, *builtins])
         problems = []
         for shard in self.engine.shards:
             for wid in list(shard.runs) + [wid for wid, _ in await shard.indexed()]:

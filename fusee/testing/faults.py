@@ -33,7 +33,7 @@ and what each stands for:
   one went silent (a GC pause, a network partition).
 - **Slow reads** (`slow_read`): a recovery page, a batch of run-store frames or the
   latest checkpoint takes a few loop turns (or a short sleep) to arrive. A cold cache, a
-  remote round trip.
+  remote round trip. `read_delay_s`: every frame read takes that long, without chance.
 
 What the wrapper never does, because the contract forbids it: report a position beyond
 what the memory store made durable, report a lower position after a higher one, report
@@ -47,14 +47,16 @@ coalesced, held_for_burst, bursts, failed_flush, refused_put_run, revoked, slow_
 that stop a shard (failed flushes, refused frames, lost leases) for a while, delays and
 bursts staying on: a test reopens or inspects the engine in peace.
 
-Three fault points outside storage, each inert unless a test enters it (and undone when it
-leaves): `held_recovery()` holds every shard recovery this process starts until the test
-releases it (a recovery slower than the connection it began under: a call relayed
-meanwhile, a reconnect granting the shard again); `held_checkpoint()` holds every close's
-checkpoint the same way (a close that misses its deadline: a shard let go as a crash
-lets it go, with records sent and not yet known durable); `frozen_clock(module, now_ms)` stops a
-module's wall clock (the clock an invocation's signature is checked against:
-the freshness window's edges).
+Four fault points outside `FaultyStorage`, each inert unless a test enters it (and undone
+when it leaves): `held_recovery()` holds every shard recovery this process starts until
+the test releases it (a recovery slower than the connection it began under: a call
+relayed meanwhile, a reconnect granting the shard again); `held_read(store, ref)` holds
+the first read of one run-store frame from any shard's store, memory or remote (a read
+slower than what the run does meanwhile: its timer wakes it, it parks again or ends, its
+shard closes); `held_checkpoint()` holds every close's checkpoint (a close that misses
+its deadline: a shard let go as a crash lets it go, with records sent and not yet known
+durable); `frozen_clock(module, now_ms)` stops a module's wall clock (the clock an
+invocation's signature is checked against: the freshness window's edges).
 """
 
 from __future__ import annotations
@@ -79,9 +81,11 @@ __all__ = [
     "FaultyLease",
     "FaultyStorage",
     "Held",
+    "HeldRead",
     "HeldRecovery",
     "frozen_clock",
     "held_checkpoint",
+    "held_read",
     "held_recovery",
 ]
 
@@ -115,6 +119,9 @@ class Faults:
     """Per flush the shard asks for: the lease is taken away on a later turn."""
     slow_read: float = 0.0
     """Per read (`records`, `get_runs`, `latest_checkpoint`): it takes a while."""
+    read_delay_s: float = 0.0
+    """Every run-store frame read takes this much longer (a real sleep, per frame), every
+    time: a remote store's round trip, without `slow_read`'s chance."""
 
     def calm(self) -> Faults:
         """These faults without the ones that stop a shard."""
@@ -289,6 +296,8 @@ class FaultyLease:
 
     async def get_runs(self, offsets: Sequence[int]) -> list[bytes]:
         await self.storage.slow_read(self.faults)
+        if self.faults.read_delay_s:
+            await asyncio.sleep(self.faults.read_delay_s * len(offsets))
         return await self.inner.get_runs(offsets)
 
     async def latest_checkpoint(self) -> tuple[int, bytes] | None:
@@ -465,17 +474,49 @@ class HeldRecovery(Held):
 @contextlib.contextmanager
 def held_recovery() -> Iterator[HeldRecovery]:
     """Every shard recovery this process's engines start waits until `release()`, then runs
-    as it would have (the engine's call of `fusee.engine.recovery.recover` is wrapped)."""
-    from fusee.engine import engine as engine_module
+    as it would have (the call of `fusee.engine.recovery.recover` that attaches a shard,
+    in fusee/engine/opening.py, is wrapped)."""
+    from fusee.engine import opening as opening_module
 
     held = HeldRecovery()
-    real = vars(engine_module)["recover"]
+    real = vars(opening_module)["recover"]
 
     async def recover(shard: Any) -> None:
         await held.wait()
         await real(shard)
 
-    with _replaced(engine_module, "recover", recover):
+    with _replaced(opening_module, "recover", recover):
+        try:
+            yield held
+        finally:
+            held.release()
+
+
+class HeldRead(Held):
+    """What `held_read()` gives the test (`asked`: the read of frame `ref` waits)."""
+
+    def __init__(self, ref: int) -> None:
+        super().__init__()
+        self.ref = ref
+
+    @property
+    def asked(self) -> asyncio.Event:
+        return self.reached
+
+
+@contextlib.contextmanager
+def held_read(store: ShardStore, ref: int) -> Iterator[HeldRead]:
+    """The first read of `store` (a shard's, of any storage) that asks for the frame at
+    `ref` waits until `release()`; every other read goes through."""
+    held = HeldRead(ref)
+    real = store.get_runs
+
+    async def get_runs(offsets: Sequence[int]) -> list[bytes]:
+        if not held.reached.is_set() and ref in offsets:  # the first read of it alone
+            await held.wait()
+        return await real(offsets)
+
+    with _replaced(store, "get_runs", get_runs):
         try:
             yield held
         finally:
@@ -516,10 +557,14 @@ def frozen_clock(module: ModuleType, now_ms: int) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _replaced(module: Any, name: str, value: Any) -> Iterator[None]:
-    """`module.name` is `value` until the block ends."""
-    real = vars(module)[name]
+    """`module.name` (or an object's attribute) is `value` until the block ends."""
+    own = vars(module)
+    had, real = name in own, own.get(name)
     setattr(module, name, value)
     try:
         yield
     finally:
-        setattr(module, name, real)
+        if had:
+            setattr(module, name, real)
+        else:
+            delattr(module, name)  # the class's again

@@ -4,7 +4,6 @@ between calls must be deterministic (use `now`, `random` and `uuid` from here)."
 from __future__ import annotations
 
 import inspect
-import random as _random_module  # tidy: recorded (drawn live once, then replayed)
 import uuid as _uuid_module
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
@@ -240,6 +239,9 @@ class Ctx:
         return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
     def random(self) -> float:
+        # Loaded on first use: `import fusee` is on an invoked function's cold path.
+        import random as _random_module  # tidy: recorded (drawn live once, then replayed)
+
         return float(self._draw("random", _random_module.random))
 
     def uuid(self) -> _uuid_module.UUID:

@@ -19,11 +19,39 @@ Out = TypeVar("Out")
 WorkflowFn = Callable[..., Awaitable[Any]]
 
 
+class Concurrency:
+    """Runs at once: at most `limit` runs of the type (of each `key(input)`, with `key=`)
+    run at a time; starts from outside a workflow wait their turn in start order
+    (docs/coordinators.md)."""
+
+    __slots__ = ("key", "limit")
+
+    def __init__(self, limit: int, key: Callable[[Any], str] | None = None) -> None:
+        if type(limit) is not int or not 0 < limit < 1 << 31:
+            raise RejectedError(f"Concurrency({limit!r}): expected a positive int")
+        if key is not None and not callable(key):
+            raise RejectedError("Concurrency(key=): expected a function of the input")
+        self.limit = limit
+        self.key = key
+
+    def __repr__(self) -> str:
+        return f"fusee.Concurrency({self.limit}{', key=...' if self.key else ''})"
+
+
 class Workflow(Generic[Out]):
     """A workflow type: its name, version, code and the input and result types read once
     from the function's annotations."""
 
-    __slots__ = ("fn", "input_type", "name", "output_type", "takes_input", "timeout_ms", "version")
+    __slots__ = (
+        "concurrency",
+        "fn",
+        "input_type",
+        "name",
+        "output_type",
+        "takes_input",
+        "timeout_ms",
+        "version",
+    )
 
     def __init__(
         self,
@@ -33,6 +61,7 @@ class Workflow(Generic[Out]):
         timeout: Duration | None = None,
         input: Any = None,
         output: Any = None,
+        concurrency: Concurrency | None = None,
     ) -> None:
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(f"workflow '{name or fn.__name__}' must be an `async def` function")
@@ -54,6 +83,9 @@ class Workflow(Generic[Out]):
             input if input is not None else (hints.get(params[1].name, Any) if self.takes_input else Any)
         )
         self.output_type = output if output is not None else hints.get("return", Any)
+        if concurrency is not None and not isinstance(concurrency, Concurrency):
+            raise RejectedError(f"workflow '{self.name}': concurrency= takes a fusee.Concurrency")
+        self.concurrency = concurrency
 
     def __repr__(self) -> str:
         return f"<fusee.Workflow {self.name!r} v{self.version}>"
@@ -82,6 +114,7 @@ def workflow(
     timeout: Duration | None = None,
     input: Any = None,
     output: Any = None,
+    concurrency: Concurrency | None = None,
 ) -> Callable[[WorkflowFn], Workflow[Any]]: ...
 
 
@@ -93,13 +126,14 @@ def workflow(
     timeout: Duration | None = None,
     input: Any = None,
     output: Any = None,
+    concurrency: Concurrency | None = None,
 ) -> Workflow[Any] | Callable[[WorkflowFn], Workflow[Any]]:
     """Define a workflow type: `@fusee.workflow`, or `@fusee.workflow("name", version=2)`."""
     if callable(name_or_fn):
         return Workflow(name_or_fn)
 
     def define(fn: WorkflowFn) -> Workflow[Any]:
-        return Workflow(fn, name_or_fn, version, timeout, input, output)
+        return Workflow(fn, name_or_fn, version, timeout, input, output, concurrency)
 
     return define
 

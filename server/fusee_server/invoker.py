@@ -36,6 +36,7 @@ from fusee.protocol import messages as m
 from fusee.protocol.signature import HEADER, sign
 from fusee_server import lambda_client
 from fusee_server.endpoints import Endpoint
+from fusee_server.http_client import HttpClient
 from fusee_server.invoke_answer import Answer, describe
 from fusee_server.lambda_client import LambdaTransport
 
@@ -120,43 +121,34 @@ class Invocation:
 
 class HttpTransport:
     """POSTs to one endpoint's URL, as `LambdaTransport` calls a function: what it answered,
-    as an `Answer`, so the outcome is decided in one place for both kinds of endpoint."""
+    as an `Answer`, so the outcome is decided in one place for both kinds of endpoint.
+    Through http_client.py, not aiohttp's client: a cold start waits for this POST."""
 
     def __init__(self, config: Endpoint) -> None:
         self.config = config
-        self.session: aiohttp.ClientSession | None = None  # made at the first request
+        self.client: HttpClient | None = None  # made at the first request
 
-    def _session(self) -> aiohttp.ClientSession:
-        if self.session is None:
-            context: ssl.SSLContext | bool = True
+    def _client(self) -> HttpClient:
+        if self.client is None:
+            context: ssl.SSLContext | None = None
             config = self.config
             if config.ca is not None or config.cert is not None:
                 context = ssl.create_default_context(cafile=config.ca)
                 if config.cert is not None:
                     context.load_cert_chain(config.cert, config.key)
-            self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context))
-        return self.session
+            self.client = HttpClient(config.url, context)
+        return self.client
 
     async def send(self, headers: dict[str, str], body: bytes) -> Answer:
-        """What the endpoint's URL answered a POST."""
+        """What the endpoint's URL answered a POST. No redirect is followed: the signed
+        request would go to whatever origin the Location names (https to http included).
+        A 3xx is a failed answer."""
         config = self.config
-        timeout = aiohttp.ClientTimeout(total=(config.budget_ms + config.grace_ms) / 1000)
-        # No redirect is followed: the signed request would go to whatever origin the
-        # Location names (https to http included). A 3xx is a failed answer.
-        async with self._session().post(
-            config.url, data=body, headers=headers, timeout=timeout, allow_redirects=False
-        ) as response:
-            data = await response.read()
-            return Answer(
-                response.status,
-                response.headers.get("retry-after"),
-                data[:500].decode(errors="replace"),
-                response.headers.get("location"),
-            )
+        return await self._client().post(headers, body, (config.budget_ms + config.grace_ms) / 1000)
 
     async def close(self) -> None:
-        if self.session is not None:
-            await self.session.close()
+        if self.client is not None:
+            self.client.close()
 
 
 class EndpointState:

@@ -220,7 +220,7 @@ class Server:
         elif kind is m.Idle:
             if self.leases.held(conn, message.shard, message.epoch) is not None and self.invoker is not None:
                 self.invoker.idle(conn, message)
-        elif kind is m.Drain:
+        elif kind is m.Drain and conn.role == m.ROLE_WORKER:
             if not all(index in conn.held for index in message.shards):
                 conn.fail(f"DRAIN of shards {message.shards}: it holds {sorted(conn.held)}")
                 return

@@ -20,7 +20,7 @@ from fusee.engine.index import RunIndex
 from fusee.journal import Ack, IndexEntry, Msg
 from fusee.storage import MemoryShardStore, MemoryStorage
 from fusee.testing import TestEngine
-from tests.support.engine_kit import SlowReads
+from tests.support.engine_kit import slow_reads
 from tests.support.waiting import eventually
 
 woken: list[str] = []
@@ -62,7 +62,7 @@ async def test_runs_that_wake_together_from_a_slow_run_store_each_load_their_own
     take a while (a remote one), the second wake must not wait on the first's load and
     take that run for its own."""
     woken.clear()
-    t = await TestEngine.open([nap], shards=1, park_after="100ms", storage=SlowReads(1))
+    t = await TestEngine.open([nap], shards=1, park_after="100ms", storage=slow_reads(1))
     try:
         for n in range(3):
             await t.start(nap, f"slow-{n}", 10)

@@ -19,7 +19,7 @@ import fusee
 from fusee import journal as R
 from fusee.engine.shard import Shard
 from fusee.storage import MemoryShardStore, MemoryStorage
-from tests.support.clock import run_on_virtual_time
+from tests.support.clock import LoopClock, run_on_virtual_time
 from tests.support.engine_kit import turns
 from tests.support.waiting import done_at
 
@@ -109,6 +109,21 @@ async def poker(ctx: fusee.Ctx, poke: Poke) -> int:
 
 
 # -- helpers --------------------------------------------------------------------------------
+
+
+async def opened_during_wait(
+    engine: fusee.Engine, gate: asyncio.Event, busy_s: float
+) -> tuple[asyncio.Future[bool], list[float], float, float]:
+    """`engine.wait_idle(grace=0.05)` begun while `gate` keeps a shard busy; `busy_s` later
+    (the wait still going) the gate opens. The wait, when it returned (`done_at`), and when
+    the gate opened (monotonic, and on the loop's clock)."""
+    loop = asyncio.get_running_loop()
+    waiting = asyncio.ensure_future(engine.wait_idle(grace=0.05, timeout=10))
+    returned = done_at(waiting)
+    await asyncio.sleep(busy_s)
+    assert not waiting.done()
+    gate.set()
+    return waiting, returned, time.monotonic(), loop.time()
 
 
 async def open_engine(storage: Any, clock: Any = None, **options: Any) -> fusee.Engine:
@@ -292,62 +307,64 @@ async def idle_with_gated_checkpoints() -> tuple[MemoryStorage, fusee.Engine, An
     return storage, engine, shard
 
 
-async def test_a_checkpoint_being_written_keeps_the_shard_busy_and_its_end_wakes_wait_idle():
-    storage, engine, shard = await idle_with_gated_checkpoints()
-    storage.stores[0].written = gate = new_gate()
-    checkpoint = asyncio.ensure_future(shard.checkpoint(wait=True))
-    await turns()
-    assert not checkpoint.done()
-    assert busy(shard)[:2] == (False, True)
-    waiting = asyncio.ensure_future(engine.wait_idle(grace=0.05, timeout=10))
-    returned = done_at(waiting)
-    await asyncio.sleep(0.1)  # twice the grace
-    assert not waiting.done()
-    gate.set()
-    released = time.monotonic()
-    await asyncio.wait_for(checkpoint, 5)
-    assert storage.stores[0].checkpoint_data is not None
-    assert shard.idle()
-    assert await asyncio.wait_for(waiting, 5)  # the checkpoint's end wakes it: no poll
-    assert returned[0] >= released  # not before: the checkpoint held it, however slow the loop
-    assert time.monotonic() - released < 0.5
-    await engine.close()
+def test_a_checkpoint_being_written_keeps_the_shard_busy_and_its_end_wakes_wait_idle():
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        storage, engine, shard = await idle_with_gated_checkpoints()
+        storage.stores[0].written = gate = new_gate()
+        checkpoint = asyncio.ensure_future(shard.checkpoint(wait=True))
+        await turns()
+        assert not checkpoint.done()
+        assert busy(shard)[:2] == (False, True)
+        waiting, returned, released, released_at = await opened_during_wait(engine, gate, 0.1)
+        await asyncio.wait_for(checkpoint, 5)
+        assert storage.stores[0].checkpoint_data is not None
+        assert shard.idle()
+        assert await asyncio.wait_for(waiting, 5)  # the checkpoint's end wakes it: no poll
+        assert returned[0] >= released  # not before: the checkpoint held it, however slow the loop
+        # its grace, from the checkpoint's end (begun before the wait): woken, not polled
+        assert loop.time() - released_at == pytest.approx(0.05)
+        await engine.close()
+
+    run_on_virtual_time(main)
 
 
-async def test_a_checkpoint_during_the_grace_delays_wait_idle_but_does_not_restart_the_grace():
+def test_a_checkpoint_during_the_grace_delays_wait_idle_but_does_not_restart_the_grace():
     """An invoked worker's runs park 50 ms after suspending and the shard then takes a
     checkpoint: upkeep, not progress. The grace counts on through it (else every
     invocation would last a whole grace longer), and wait_idle returns when it ends."""
-    storage, engine, shard = await idle_with_gated_checkpoints()
-    waiting = asyncio.ensure_future(engine.wait_idle(grace=0.6, timeout=10))
-    await asyncio.sleep(0.1)
-    storage.stores[0].written = gate = new_gate()
-    checkpoint = asyncio.ensure_future(shard.checkpoint(wait=True))
-    await turns()
-    assert not shard.idle() and shard.idle(housekeeping=True)
-    await asyncio.sleep(0.1)
-    gate.set()  # about 0.2 s into the grace
-    released = time.monotonic()
-    await asyncio.wait_for(checkpoint, 5)
-    assert await asyncio.wait_for(waiting, 5)
-    # The grace ran on: it ends about 0.4 s after the checkpoint (restarted, 0.6 s).
-    assert time.monotonic() - released < 0.5
-    # Held past the grace, a checkpoint delays the end until it is written.
-    storage.stores[0].written = gate = new_gate()
-    await engine.start(waiter, "w-2")
-    await turns()
-    checkpoint = asyncio.ensure_future(shard.checkpoint(wait=True))
-    await turns()
-    waiting = asyncio.ensure_future(engine.wait_idle(grace=0.05, timeout=10))
-    returned = done_at(waiting)
-    await asyncio.sleep(0.2)
-    assert not waiting.done()
-    gate.set()
-    released = time.monotonic()
-    await asyncio.wait_for(checkpoint, 5)
-    assert await asyncio.wait_for(waiting, 5)
-    assert returned[0] >= released
-    await engine.close()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        storage, engine, shard = await idle_with_gated_checkpoints()
+        waiting = asyncio.ensure_future(engine.wait_idle(grace=0.6, timeout=10))
+        await asyncio.sleep(0.1)
+        storage.stores[0].written = gate = new_gate()
+        checkpoint = asyncio.ensure_future(shard.checkpoint(wait=True))
+        await turns()
+        assert not shard.idle() and shard.idle(housekeeping=True)
+        await asyncio.sleep(0.1)
+        gate.set()  # about 0.2 s into the grace
+        released, released_at = time.monotonic(), loop.time()
+        await asyncio.wait_for(checkpoint, 5)
+        assert await asyncio.wait_for(waiting, 5)
+        # The grace ran on: it ends about 0.4 s after the checkpoint (restarted, 0.6 s).
+        # the grace ran on through the checkpoint, not restarted
+        assert loop.time() - released_at == pytest.approx(0.6 - 0.2)
+        # Held past the grace, a checkpoint delays the end until it is written.
+        storage.stores[0].written = gate = new_gate()
+        await engine.start(waiter, "w-2")
+        await turns()
+        checkpoint = asyncio.ensure_future(shard.checkpoint(wait=True))
+        await turns()
+        waiting, returned, released, released_at = await opened_during_wait(engine, gate, 0.2)
+        await asyncio.wait_for(checkpoint, 5)
+        assert await asyncio.wait_for(waiting, 5)
+        assert returned[0] >= released
+        await engine.close()
+
+    run_on_virtual_time(main)
 
 
 async def test_a_message_to_a_shard_nobody_holds_keeps_the_sender_busy_for_3_s_only():
@@ -432,49 +449,56 @@ def test_wait_idle_returns_after_grace_of_idleness_and_false_on_timeout_while_a_
     run_on_virtual_time(main)
 
 
-async def test_wait_idle_wakes_when_a_step_finishes():
+def test_wait_idle_wakes_when_a_step_finishes():
     """Finishing the step wakes the waiter at once: it returns about `grace` later, not at
     its timeout (no long poll)."""
-    gate = new_gate()
-    engine = await open_engine(MemoryStorage(1))
-    await engine.start(gated, "g-1")
-    await turns()
-    waiting = asyncio.ensure_future(engine.wait_idle(grace=0.05, timeout=10))
-    returned = done_at(waiting)
-    await asyncio.sleep(0.1)
-    assert not waiting.done()
-    gate.set()
-    released = time.monotonic()
-    assert await asyncio.wait_for(waiting, 5)
-    assert returned[0] >= released  # the step held it, not a slow loop
-    assert time.monotonic() - released < 0.5
-    await engine.close()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        gate = new_gate()
+        engine = await open_engine(MemoryStorage(1))
+        await engine.start(gated, "g-1")
+        await turns()
+        waiting, returned, released, released_at = await opened_during_wait(engine, gate, 0.1)
+        assert await asyncio.wait_for(waiting, 5)
+        assert returned[0] >= released  # the step held it, not a slow loop
+        # its grace, from the step's end: woken, not polled
+        assert loop.time() - released_at == pytest.approx(0.05)
+        await engine.close()
+
+    run_on_virtual_time(main)
 
 
-async def test_wait_idle_does_not_leave_a_timer_that_comes_due_within_250_ms():
-    """On the system clock a run sleeps 0.3 s. Right after the start the engine is idle at
+def test_wait_idle_does_not_leave_a_timer_that_comes_due_within_250_ms():
+    """A run sleeps 0.3 s (on a loop whose clock moves only to its next timer, the engine's
+    clock on it: the durations are exact). Right after the start the engine is idle at
     once. A wait for 0.4 s of idleness begun then must not count the time from 0.05 s (the
     timer due within 250 ms) to the timer as idle: the clock wakes the waiter then, and it
     returns 0.4 s after the step that follows the timer, not 0.4 s after it began. A wait
     begun 0.15 s before the timer likewise returns only after the timer fired and the run
     went on."""
-    engine = await fusee.Engine.open(workflows=[nap], storage=MemoryStorage(1), park_after="1h")
-    began = time.monotonic()
-    await engine.start(nap, "n-1", 300)
-    assert await engine.wait_idle(grace=0.01, timeout=1)
-    assert effects == ["before"] and time.monotonic() - began < 0.1
-    assert await engine.wait_idle(grace=0.4, timeout=3)
-    assert effects == ["before", "after"]
-    assert time.monotonic() - began >= 0.65
 
-    effects.clear()
-    await engine.start(nap, "n-2", 300)
-    began = time.monotonic()
-    await asyncio.sleep(0.15)
-    assert not engine.idle()
-    assert await engine.wait_idle(grace=0.01, timeout=3)
-    assert effects == ["before", "after"] and time.monotonic() - began >= 0.29
-    await engine.close()
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        engine = await open_engine(MemoryStorage(1), clock=LoopClock(), park_after="1h")
+        began = loop.time()
+        await engine.start(nap, "n-1", 300)
+        assert await engine.wait_idle(grace=0.01, timeout=1)
+        assert effects == ["before"] and loop.time() - began == pytest.approx(0.01)
+        assert await engine.wait_idle(grace=0.4, timeout=3)
+        assert effects == ["before", "after"]
+        assert loop.time() - began == pytest.approx(0.3 + 0.4)
+
+        effects.clear()
+        await engine.start(nap, "n-2", 300)
+        began = loop.time()
+        await asyncio.sleep(0.15)
+        assert not engine.idle()
+        assert await engine.wait_idle(grace=0.01, timeout=3)
+        assert effects == ["before", "after"] and loop.time() - began == pytest.approx(0.3 + 0.01)
+        await engine.close()
+
+    run_on_virtual_time(main)
 
 
 # -- drain ----------------------------------------------------------------------------------

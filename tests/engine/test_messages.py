@@ -540,10 +540,10 @@ async def test_a_duplicate_arriving_while_its_run_loads_is_applied_once():
     """Two copies of one message (a resend) reach a parked run whose frame takes a while to
     read: both wait for the same load; only one may be applied."""
     from fusee.journal import Msg
-    from tests.support.engine_kit import SlowReads
+    from tests.support.engine_kit import slow_reads
 
     clock = fusee.VirtualClock()
-    engine = await fusee.Engine.open(workflows=[dup_collector], storage=SlowReads(1), clock=clock)
+    engine = await fusee.Engine.open(workflows=[dup_collector], storage=slow_reads(1), clock=clock)
     await engine.start(dup_collector, "c-1")
     await asyncio.sleep(0)
     clock.set(clock.now_ms() + 5_000)  # parked

@@ -15,7 +15,7 @@ import pytest
 import fusee
 from fusee.storage import MemoryShardStore, MemoryStorage
 from fusee.testing import TestEngine
-from tests.support.engine_kit import SlowReads
+from tests.support.engine_kit import slow_reads
 
 
 @fusee.workflow("quick")
@@ -121,7 +121,7 @@ async def napper(ctx: fusee.Ctx) -> str:
 
 async def test_a_shard_is_not_idle_while_a_parked_run_loads_for_a_call():
     clock = fusee.VirtualClock()
-    engine = await fusee.Engine.open(workflows=[napper], storage=SlowReads(1), clock=clock, park_after="1s")
+    engine = await fusee.Engine.open(workflows=[napper], storage=slow_reads(1), clock=clock, park_after="1s")
     await engine.start(napper, "n-1")
     await asyncio.sleep(0)  # its first turn
     clock.set(clock.now_ms() + 5_000)  # the sweep parks it

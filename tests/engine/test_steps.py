@@ -646,3 +646,37 @@ async def test_retry_delays_grow_by_the_factor_up_to_max(kit):
     journal = (await t.engine.run("c-1").describe()).journal
     delays = [r.retry_at - r.failed_at for r in journal if type(r).__name__ == "Attempt"]
     assert delays == [100, 300, 300, 300]
+
+
+# -- a step that starts or signals a run on its own engine --------------------------------
+
+
+@fusee.workflow("napper")
+async def napper(ctx: fusee.Ctx) -> str:
+    await ctx.sleep("nap", "1m")
+    woken = await ctx.wait_for("wake")
+    return f"woke {woken}"
+
+
+async def test_a_step_that_starts_and_signals_a_run_on_its_own_engine_leaves_its_code_its_own(kit):
+    """The run started (and later signalled) from a step's function runs its code on that
+    step's stack: its ctx calls are its own, not calls from inside the step."""
+    holder: dict[str, Any] = {}
+
+    @fusee.workflow("starter")
+    async def starter(ctx: fusee.Ctx) -> str:
+        await ctx.step("start", lambda: _started(holder["engine"]))
+        await ctx.sleep("later", "2m")
+        await ctx.step("signal", lambda: holder["engine"].run("napped").signal("wake", 7))
+        return "sent"
+
+    t = await kit(starter, napper)
+    holder["engine"] = t.engine
+    await t.start(starter, "starting")
+    assert await t.result("starting") == "sent"
+    assert await t.result("napped") == "woke 7"
+
+
+async def _started(engine: fusee.Engine) -> str:
+    run = await engine.start(napper, "napped")
+    return run.id

@@ -21,7 +21,8 @@ import pytest
 
 import fusee
 from fusee.storage import MemoryStorage
-from tests.support.engine_kit import HeldRead, advance, napper, parked_ref, turns
+from fusee.testing.faults import held_read
+from tests.support.engine_kit import advance, napper, parked_ref, turns
 
 go = fusee.signal("go", int)
 bump = fusee.update("bump", int, int)
@@ -75,14 +76,14 @@ async def test_a_result_asked_while_the_timer_wakes_the_run_and_it_finishes_answ
     engine, clock = await opened()
     await engine.start(napper, "n-1", 1_000)
     await advance(clock, 500)
-    held = HeldRead(engine.shard_of("n-1"), parked_ref(engine, "n-1"))
-    waiting = asyncio.ensure_future(engine.run("n-1").result())
-    await held.asked.wait()
-    await advance(clock, 600)  # the timer wakes it (its own read goes through) and it ends
-    assert engine.shard_of("n-1").index_entries.get("n-1").status == "ok"  # type: ignore[union-attr]
-    held.release()
-    assert await asyncio.wait_for(waiting, 2) == 1_000
-    await engine.close()
+    with held_read(engine.shard_of("n-1").store, parked_ref(engine, "n-1")) as held:
+        waiting = asyncio.ensure_future(engine.run("n-1").result())
+        await held.asked.wait()
+        await advance(clock, 600)  # the timer wakes it (its own read goes through) and it ends
+        assert engine.shard_of("n-1").index_entries.get("n-1").status == "ok"  # type: ignore[union-attr]
+        held.release()
+        assert await asyncio.wait_for(waiting, 2) == 1_000
+        await engine.close()
 
 
 @pytest.mark.parametrize("call", ["signal", "update", "query"])
@@ -93,24 +94,24 @@ async def test_calls_to_a_run_that_parked_again_while_they_read_it_find_it_runni
     engine, clock = await opened()
     await engine.start(nap_then_wait, "w-1")
     await advance(clock, 500)
-    held = HeldRead(engine.shard_of("w-1"), parked_ref(engine, "w-1"))
-    run = engine.run("w-1")
-    calls = {
-        "signal": lambda: run.signal(go, 5),
-        "update": lambda: run.update(bump, 2),
-        "query": lambda: run.query(total),
-    }
-    answering = asyncio.ensure_future(calls[call]())
-    await held.asked.wait()
-    await advance(clock, 800)  # woken, waits for the signal, and parks again
-    assert parked_ref(engine, "w-1") != held.ref
-    held.release()
-    answer = await asyncio.wait_for(answering, 2)
-    if call != "signal":
-        assert answer == (2 if call == "update" else 0)
-        await run.signal(go, 5)
-    assert await asyncio.wait_for(run.result(), 2) == (7 if call == "update" else 5)
-    await engine.close()
+    with held_read(engine.shard_of("w-1").store, parked_ref(engine, "w-1")) as held:
+        run = engine.run("w-1")
+        calls = {
+            "signal": lambda: run.signal(go, 5),
+            "update": lambda: run.update(bump, 2),
+            "query": lambda: run.query(total),
+        }
+        answering = asyncio.ensure_future(calls[call]())
+        await held.asked.wait()
+        await advance(clock, 800)  # woken, waits for the signal, and parks again
+        assert parked_ref(engine, "w-1") != held.ref
+        held.release()
+        answer = await asyncio.wait_for(answering, 2)
+        if call != "signal":
+            assert answer == (2 if call == "update" else 0)
+            await run.signal(go, 5)
+        assert await asyncio.wait_for(run.result(), 2) == (7 if call == "update" else 5)
+        await engine.close()
 
 
 async def test_a_childs_result_reaches_a_parent_that_parked_again_while_it_was_read():
@@ -120,16 +121,16 @@ async def test_a_childs_result_reaches_a_parent_that_parked_again_while_it_was_r
     engine, clock = await opened()
     await engine.start(parent, "p-1")
     await advance(clock, 500)
-    held = HeldRead(engine.shard_of("p-1"), parked_ref(engine, "p-1"))
-    await engine.run("kid").signal(go, 41)  # the child ends; its result goes to the parent
-    await held.asked.wait()
-    await advance(clock, 800)
-    assert parked_ref(engine, "p-1") != held.ref
-    held.release()
-    await turns()
-    await advance(clock, 100)
-    assert await asyncio.wait_for(engine.run("p-1").result(), 2) == 42
-    await engine.close()
+    with held_read(engine.shard_of("p-1").store, parked_ref(engine, "p-1")) as held:
+        await engine.run("kid").signal(go, 41)  # the child ends; its result goes to the parent
+        await held.asked.wait()
+        await advance(clock, 800)
+        assert parked_ref(engine, "p-1") != held.ref
+        held.release()
+        await turns()
+        await advance(clock, 100)
+        assert await asyncio.wait_for(engine.run("p-1").result(), 2) == 42
+        await engine.close()
 
 
 @pytest.mark.parametrize("how", ["close", "detach", "abandon"])
@@ -159,15 +160,15 @@ async def test_a_result_asked_as_the_shard_closes_is_told_so():
     engine, clock = await opened()
     await engine.start(nap_then_wait, "w-1")
     await advance(clock, 1_500)
-    held = HeldRead(engine.shard_of("w-1"), parked_ref(engine, "w-1"))
-    waiting = asyncio.ensure_future(engine.run("w-1").result())
-    await held.asked.wait()
-    closing = asyncio.ensure_future(engine.close())
-    await turns()
-    held.release()
-    await closing
-    with pytest.raises(fusee.ClosedError):
-        await asyncio.wait_for(waiting, 2)
+    with held_read(engine.shard_of("w-1").store, parked_ref(engine, "w-1")) as held:
+        waiting = asyncio.ensure_future(engine.run("w-1").result())
+        await held.asked.wait()
+        closing = asyncio.ensure_future(engine.close())
+        await turns()
+        held.release()
+        await closing
+        with pytest.raises(fusee.ClosedError):
+            await asyncio.wait_for(waiting, 2)
 
 
 # -- the reproduction, in local mode on real time -----------------------------------

@@ -25,7 +25,7 @@ import fusee
 from fusee.protocol.address import parse as parse_address
 from tests.examples.dockerfile import Container, Image, build, ignore_rules, included, parse
 from tests.server_mode import certs
-from tests.support.invoked import LEASE_LINES, held_by_nobody
+from tests.support.cluster import LEASE_LINES, held_by_nobody, sends
 from tests.support.procs import Proc, Server, free_port, retry
 from tests.support.waiting import eventually
 
@@ -192,8 +192,7 @@ def container_of(image: Image) -> Iterator[Callable[[dict[str, str]], Container]
 
 def timer_invocations(server: Server, shard: int) -> int:
     """Invocations the server sent for `shard` because a reported due time came."""
-    sends = [line for line in list(server.lines) if "fusee invoke: send" in line and "timer" in line]
-    return sum(1 for line in sends if str(shard) in line.split("shards=[")[1].split("]")[0].split(", "))
+    return sum(1 for _, shards, reasons in sends(server) if "timer" in reasons and shard in shards)
 
 
 async def test_orders_run_to_their_results_in_the_container(

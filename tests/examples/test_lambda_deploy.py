@@ -36,7 +36,7 @@ from botocore.exceptions import ClientError
 
 import fusee
 from fusee.protocol import signature
-from tests.support.invoked import quiet
+from tests.support.cluster import quiet
 from tests.support.procs import Proc, Server, free_port
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,19 +16,20 @@ from typing import Any
 import pytest
 
 import fusee
-from tests.support.invoked import Cluster, Flaky, Handler, held_by_nobody, metrics, quiet, sleeps_one_second
-from tests.support.procs import Proc, Server, retry, steps_seen
+from tests.support.cluster import Cluster, Handler, held_by_nobody, metrics, quiet
+from tests.support.invoked import Flaky, sleeps_one_second
+from tests.support.procs import Proc, retry, steps_seen
 from tests.support.waiting import eventually
 
 
 @pytest.fixture
 def cluster(procs: list[Proc], tmp_path: Path) -> Cluster:
-    return Cluster(procs, tmp_path)
+    return Cluster(tmp_path, procs=procs)
 
 
 async def test_a_start_on_a_shard_nobody_holds_runs_to_its_result(cluster):
     cluster.start_handler()
-    server = cluster.start_server()
+    server = cluster.start_invoked()
     client = await cluster.client()
     await quiet(client)  # the start's invocation of every shard, done
     run = await client.start("steps", "first", 3)
@@ -45,7 +46,7 @@ async def test_a_shard_too_large_to_open_ahead_is_opened_on_request(cluster):
     waiting for a signal) is opened by the worker's own request instead. Both recover
     every run."""
     cluster.start_handler()
-    server = cluster.start_server(shards=1)
+    server = cluster.start_invoked(shards=1)
     client = await cluster.client()
     gate = asyncio.Semaphore(64)
 
@@ -71,7 +72,7 @@ async def test_a_one_second_sleep_is_invoked_again_on_time(cluster):
 @pytest.mark.parametrize("together", [True, False], ids=["at-once", "one-after-another"])
 async def test_two_hundred_workflows_on_four_shards_take_four_invocations(cluster, together):
     cluster.start_handler()
-    cluster.start_server()
+    cluster.start_invoked()
     client = await cluster.client()
     settled = (await quiet(client))["endpoints"][0]
     before, steps_before = settled["invocations"], settled["steps"]
@@ -94,7 +95,7 @@ async def test_two_hundred_workflows_on_four_shards_take_four_invocations(cluste
 
 async def test_a_handler_killed_mid_step_loses_nothing_acknowledged(cluster):
     handler = cluster.start_handler()
-    cluster.start_server()
+    cluster.start_invoked()
     client = await cluster.client()
     await quiet(client)
     ids = [f"kill-{i}" for i in range(8)]
@@ -117,7 +118,7 @@ async def frozen_mid_run(cluster: Cluster, wid: str, **endpoint: Any) -> tuple[f
     """A run of 40 steps under way on the handler (the endpoint's settings as given),
     and the handler then SIGSTOPped mid-invocation."""
     handler = cluster.start_handler()
-    cluster.start_server_config(**endpoint)
+    cluster.start_invoked_config(**endpoint)
     client = await cluster.client()
     await quiet(client)
     await client.start("steps", wid, 40)
@@ -153,7 +154,7 @@ async def test_a_frozen_handler_loses_its_lease_on_silence_not_at_budget_end(clu
 
 
 async def test_an_endpoint_that_is_down_backs_off_and_recovers(cluster):
-    cluster.start_server()  # no handler yet: nothing listens at the endpoint's URL
+    cluster.start_invoked()  # no handler yet: nothing listens at the endpoint's URL
     client = await cluster.client()
     down = await eventually(lambda: _failed(client), timeout=30.0, every=0.05)
     assert down["endpoints"][0]["backoffMs"] > 0 or down["endpoints"][0]["failed"] >= 2
@@ -176,7 +177,7 @@ async def _failed(client: fusee.Client) -> dict[str, Any] | None:
 
 async def test_a_long_lived_worker_alongside_takes_freed_shards_first(cluster, start_worker):
     cluster.start_handler()
-    server = cluster.start_server()
+    server = cluster.start_invoked()
     client = await cluster.client()
     before = (await quiet(client))["endpoints"][0]["invocations"]
     worker = start_worker(server.address())
@@ -197,15 +198,7 @@ async def test_an_endpoint_that_fails_or_throttles_shows_it_in_the_metrics_and_r
     flaky = Flaky(cluster.handler_port, status, 3, retry_after="0.2" if status == 429 else None)
     await flaky.start()
     try:
-        cluster.server = Server(
-            cluster.tmp / "data",
-            "--invoke",
-            f"http://127.0.0.1:{flaky.port}/",
-            "--invoke-secret-file",
-            str(cluster.secret),
-            listen=f"127.0.0.1:{cluster.port}",
-        )
-        cluster.procs.append(cluster.server)
+        cluster.start_server(*cluster.invoking(flaky.url))
         client = await cluster.client()
         seen = await eventually(
             lambda: _counted(client, "failed" if status == 500 else "throttled", 3), timeout=30.0, every=0.05
@@ -232,7 +225,7 @@ async def _counted(client: fusee.Client, key: str, least: int) -> dict[str, Any]
 
 async def test_fusee_invocations_prints_the_metrics(cluster):
     cluster.start_handler()
-    server = cluster.start_server()
+    server = cluster.start_invoked()
     client = await cluster.client()
     await quiet(client)
     await client.close()
@@ -256,7 +249,7 @@ async def test_fusee_invocations_prints_the_metrics(cluster):
 
 async def test_a_step_longer_than_the_budget_backs_its_shard_off_instead_of_looping(cluster):
     cluster.start_handler()
-    cluster.start_server_config(budgetMs=1000)
+    cluster.start_invoked_config(budgetMs=1000)
     client = await cluster.client()
     await quiet(client)
     before = (await metrics(client))["endpoints"][0]["invocations"]

@@ -9,7 +9,7 @@ import asyncio
 import time
 from pathlib import Path
 
-from tests.support.invoked import Cluster, quiet
+from tests.support.cluster import Cluster, quiet
 from tests.support.procs import Proc, Server, retry
 
 BUDGET_MS = 1000
@@ -30,9 +30,9 @@ async def test_calls_in_flight_at_a_budget_handback_are_answered_not_failed(
     is sent twice. Each sender signals runs that park between its signals (an invoked
     worker parks a run 50 ms after it last did something), so many calls are loading a
     run when a budget ends."""
-    cluster = Cluster(procs, tmp_path)
+    cluster = Cluster(tmp_path, procs=procs)
     cluster.start_handler()
-    server = cluster.start_server_config(budgetMs=BUDGET_MS, graceMs=1000)
+    server = cluster.start_invoked_config(budgetMs=BUDGET_MS, graceMs=1000)
     client = await cluster.client()
     await quiet(client)
     ids = [f"handback-{i}" for i in range(SENDERS * RUNS_PER_SENDER)]
@@ -80,9 +80,9 @@ async def test_signals_through_handbacks_and_server_kills_are_each_recorded_once
 ):
     """With signal IDs, retried as the errors say (the client does it): every signal
     acknowledged once, recorded once."""
-    cluster = Cluster(procs, tmp_path)
+    cluster = Cluster(tmp_path, procs=procs)
     cluster.start_handler()
-    server = cluster.start_server_config(budgetMs=BUDGET_MS, graceMs=1000)
+    server = cluster.start_invoked_config(budgetMs=BUDGET_MS, graceMs=1000)
     client = await cluster.client()
     await quiet(client)
     await client.start("collector", "killed-1", 0)
@@ -109,7 +109,7 @@ async def test_signals_through_handbacks_and_server_kills_are_each_recorded_once
         for kill in range(3):
             await asyncio.sleep(1.5 + kill * 0.3)
             server.kill()
-            server = await asyncio.to_thread(cluster.start_server_config, budgetMs=BUDGET_MS, graceMs=1000)
+            server = await asyncio.to_thread(cluster.start_invoked_config, budgetMs=BUDGET_MS, graceMs=1000)
         killing = False
 
     await asyncio.gather(killer(), *(sender() for _ in range(SENDERS)))

@@ -18,8 +18,9 @@ from fusee_server import endpoints, lambda_client
 from fusee_server.invoke_answer import describe
 
 import fusee
+from tests.support.cluster import Cluster, metrics, quiet
 from tests.support.handlers import AWS, FUNCTION, REGION, Listener
-from tests.support.invoked import Cluster, Flaky, metrics, quiet
+from tests.support.invoked import Flaky
 from tests.support.procs import Proc, Server, free_port
 from tests.support.waiting import eventually
 
@@ -28,22 +29,13 @@ SIGNED = {"content-type": "application/json"}
 
 @pytest.fixture
 def cluster(procs: list[Proc], tmp_path: Path) -> Cluster:
-    return Cluster(procs, tmp_path)
+    return Cluster(tmp_path, procs=procs)
 
 
 def serve(cluster: Cluster, url: str) -> Server:
     """`fusee server --invoke url` (signed with the cluster's secret), on the port the
     cluster's handler is told of."""
-    cluster.server = Server(
-        cluster.tmp / "data",
-        "--invoke",
-        url,
-        "--invoke-secret-file",
-        str(cluster.secret),
-        listen=f"127.0.0.1:{cluster.port}",
-    )
-    cluster.procs.append(cluster.server)
-    return cluster.server
+    return cluster.start_server(*cluster.invoking(url))
 
 
 async def endpoint(client: fusee.Client) -> dict[str, Any]:

@@ -18,14 +18,15 @@ import uvloop
 
 import fusee
 from tests.server_mode.flows import WORKFLOWS
-from tests.support.invoked import Cluster, held_by_nobody, metrics, quiet, sleeps_one_second
+from tests.support.cluster import Cluster, held_by_nobody, metrics, quiet
+from tests.support.invoked import sleeps_one_second
 from tests.support.procs import Proc, Server, retry
 from tests.support.waiting import eventually
 
 
 @pytest.fixture
 def cluster(procs: list[Proc], tmp_path: Path) -> Cluster:
-    return Cluster(procs, tmp_path, loop="uvloop")
+    return Cluster(tmp_path, procs=procs, loop="uvloop")
 
 
 def runs_uvloop(proc: Proc) -> bool:
@@ -46,7 +47,7 @@ async def settled(client: fusee.Client, timeout: float = 10.0) -> dict[str, Any]
 async def test_the_handler_under_uvicorn_on_uvloop_runs_a_start_and_measures_its_opens(cluster):
     handler = cluster.start_handler()
     assert runs_uvloop(handler), "uvicorn --loop uvloop did not load uvloop"
-    server = cluster.start_server()
+    server = cluster.start_invoked()
     client = await cluster.client()
     await settled(client)  # the start's invocation of every shard, done
     run = await client.start("steps", "uv-first", 3)

@@ -11,7 +11,7 @@ from typing import Any
 
 import fusee
 from fusee import journal as R
-from fusee.engine.index import BUCKET_MS
+from fusee.engine.index import BUCKET_MS, LOAD_AHEAD_MS, load_at
 from fusee.engine.tokens import parse_token
 
 from .harness import CALL_TIMEOUT_S, IDS, STOPPED, Harness, Violation, Waiter
@@ -517,7 +517,7 @@ class Calls(Harness):
     def parkable(self) -> bool:
         """A loaded run waits on a timer far enough off that it parks before it is due."""
         engine = self.t.engine
-        now, soon = self.t.now_ms(), engine.park_after_ms + engine.tick_ms + BUCKET_MS
+        now, soon = self.t.now_ms(), engine.park_after_ms + engine.tick_ms + BUCKET_MS + LOAD_AHEAD_MS
         return any(
             run.status == "running" and not run.final and run.next_due() > now + soon
             for shard in engine.shards
@@ -561,7 +561,7 @@ class Calls(Harness):
         for row in [row async for row in self.t.engine.list()]:
             held = await self.journal(row.id)
             due = live_due(read(held[2])) if held is not None and held[1] == "running" else 0
-            if due and due // BUCKET_MS * BUCKET_MS <= now < due:
+            if due and load_at(due) <= now < due:  # its bucket is being loaded
                 late = max(late, due)
         if late:
             await self.advance(late - now)

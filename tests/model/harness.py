@@ -72,6 +72,36 @@ class Violation(AssertionError):
         self.invariant = invariant
 
 
+async def answer_of(
+    log: Callable[[str], None],
+    line: str,
+    answer: Awaitable[Any],
+    timeout_s: float | None,
+    promising_nothing: tuple[type[BaseException], ...] = (),
+    excuse: Callable[[BaseException], Awaitable[tuple[str, Any]]] | None = None,
+) -> tuple[str, Any]:
+    """What every model's `call` makes of a call's answer: ("ok", value) or ("err", a
+    FuseeError). An error of `promising_nothing` goes to `excuse` (the mode's judgment of
+    an error that promises nothing: "lost", or a Violation; without `excuse` it goes on
+    up); a call that does not answer within `timeout_s` breaks no-hang, and any other
+    exception documented-errors (invariant 8)."""
+    try:
+        value = await asyncio.wait_for(answer, timeout_s)
+    except promising_nothing as error:
+        if excuse is None:
+            raise
+        return await excuse(error)
+    except fusee.FuseeError as error:
+        log(f"#   -> {type(error).__name__}: {error}")
+        return "err", error
+    except TimeoutError:
+        raise Violation("no-hang", f"`{line}` did not answer within {timeout_s} s") from None
+    except Exception as error:
+        raise Violation("documented-errors", f"`{line}` raised {type(error).__name__}: {error}") from error
+    log(f"#   -> {value!r}")
+    return "ok", value
+
+
 @dataclass
 class Obligations:
     """What the engine's answers promised."""
@@ -360,27 +390,14 @@ class Harness:
         """Make one API call: ("ok", value) or ("err", a FuseeError). Any other exception,
         or a call that does not answer, breaks invariant 8."""
         self.log(line)
-        try:
-            if self.faulty is not None and "update-stop-hang" in AVOID and ".update" in line:
-                value = await self._update_answer_or_stop(make())
-            else:
-                value = await asyncio.wait_for(make(), CALL_TIMEOUT_S)
-        except STOPPED as error:
-            if self.faulty is None:
-                self.log(f"#   -> {type(error).__name__}: {error}")
-                return "err", error
-            raise  # a shard stopped under a storage fault: see `run`
-        except fusee.FuseeError as error:
-            self.log(f"#   -> {type(error).__name__}: {error}")
-            return "err", error
-        except TimeoutError:
-            raise Violation("no-hang", f"`{line}` did not answer within {CALL_TIMEOUT_S} s") from None
-        except Exception as error:
-            raise Violation(
-                "documented-errors", f"`{line}` raised {type(error).__name__}: {error}"
-            ) from error
-        self.log(f"#   -> {value!r}")
-        return "ok", value
+        if self.faulty is not None and "update-stop-hang" in AVOID and ".update" in line:
+            answer, timeout_s = self._update_answer_or_stop(make()), None  # its own deadline
+        else:
+            answer, timeout_s = make(), CALL_TIMEOUT_S
+        # A shard stopped under a storage fault goes on up (see `run`); with no fault it
+        # is a refusal like any other.
+        stopped = STOPPED if self.faulty is not None else ()
+        return await answer_of(self.log, line, answer, timeout_s, stopped)
 
     async def _update_answer_or_stop(self, call: Awaitable[Any]) -> Any:
         """Known defect (update-stop-hang): an update under way when its shard stops never

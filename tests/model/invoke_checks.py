@@ -144,7 +144,7 @@ async def check_quiet(h: InvokeCalls) -> None:
         elif time.monotonic() - opened_at > 0.5:
             if not opened_at:
                 h.log("# (until then the valve opens every 0.5 s: gated steps finish)")
-            h.cluster.open_valve()
+            h.cluster.valve.open()
             opened_at = time.monotonic()
         if time.monotonic() > deadline:
             raise Violation(

@@ -30,7 +30,7 @@ from typing import Any
 
 import fusee
 
-from .harness import Violation
+from .harness import Violation, answer_of
 from .invoke_cluster import BUDGET_MS, InvokeCluster
 from .server_harness import UNACKED, ServerCalls, State
 
@@ -137,9 +137,8 @@ class InvokeCalls(ServerCalls):
         await self._connected()
         self.calling.set()
         shard, sent = self.shard, time.monotonic()
-        try:
-            value = await asyncio.wait_for(make(), MOVE_TIMEOUT_S if self.moving else CALL_TIMEOUT_S)
-        except UNACKED as error:
+
+        async def excuse(error: BaseException) -> tuple[str, Any]:
             why = "a move under way" if self.moving else await self._left_meanwhile(shard, sent)
             if why is None:
                 raise Violation(
@@ -149,17 +148,9 @@ class InvokeCalls(ServerCalls):
                 ) from error
             self.log(f"#   -> {type(error).__name__}: {error}  (not acknowledged: {why})")
             return "lost", error
-        except fusee.FuseeError as error:
-            self.log(f"#   -> {type(error).__name__}: {error}")
-            return "err", error
-        except TimeoutError:
-            raise Violation("no-hang", f"`{line}` did not answer within {CALL_TIMEOUT_S} s") from None
-        except Exception as error:
-            raise Violation(
-                "documented-errors", f"`{line}` raised {type(error).__name__}: {error}"
-            ) from error
-        self.log(f"#   -> {value!r}")
-        return "ok", value
+
+        timeout_s = MOVE_TIMEOUT_S if self.moving else CALL_TIMEOUT_S
+        return await answer_of(self.log, line, make(), timeout_s, UNACKED, excuse)
 
     async def _left_meanwhile(self, shard: int | None, since: float) -> str | None:
         """An invocation holding `shard` left since `since` other than idle (its trace
@@ -184,10 +175,10 @@ class InvokeCalls(ServerCalls):
         ends = self.cluster.budget_ends()
         if ends - self.budget_ends_opened >= HANDBACKS_PER_OPENING:
             self.log(
-                f"open('{self.cluster.root}/valve/open-{self.cluster.valve_openings}')"
+                f"open('{self.cluster.valve.next()}')"
                 f"  # {ends - self.budget_ends_opened} budgets ended: gated steps finish"
             )
-            self.cluster.open_valve()
+            self.cluster.valve.open()
             self.budget_ends_opened = ends
 
     async def open_valve(self) -> None:

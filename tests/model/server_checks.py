@@ -16,7 +16,7 @@ most once per engine (a worker process's engine between two connections), never 
 once its outcome was durable (a call after the ledger position read right after the
 journal showed the outcome), at least once for every outcome recorded, and a StepDone's
 value is one a call of that attempt returned. Loop errors (8) become lines in the
-processes' output (`server_cluster.PROBLEMS`).
+processes' output (`tests/support/cluster.PROBLEMS`).
 
 New: `describe`, what a Client is told agrees with the journals: `list` and `describe`
 show no run the journal read after them has not reached, with the same final status, and
@@ -246,7 +246,7 @@ async def check_progress(h: ServerCalls) -> None:
         runs, readings = await read_all(h)
         if any(_gated(h, wid, run, journal) for wid, (run, _, journal) in runs.items()):
             assert h.cluster is not None
-            h.cluster.open_valve()
+            h.cluster.valve.open()
         now = h.t.now_ms()
         due = [
             min(r.timers.values())

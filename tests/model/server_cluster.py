@@ -6,39 +6,16 @@ read back from the ledger file they append to."""
 
 from __future__ import annotations
 
-import re
-import signal
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.procs import Proc, Server
+from tests.support.cluster import Cluster
+from tests.support.procs import Proc
 
 WORKERS = 3  # two holders of two shards each, one standby
 MAX_SHARDS = 2
-
-# Lines in a process's output that no run of the model should cause: an exception that
-# escaped (the in-process model's loop errors), a coroutine never awaited, a server that
-# stopped its log. (Warnings such as a shard not taken over are part of failing over.)
-PROBLEMS = re.compile(r"Traceback|never retrieved|never awaited|CRITICAL|Fatal|panicked")
-
-
-def problems(procs: list[Proc]) -> list[str]:
-    """The lines of `procs` no run of the model should cause (PROBLEMS), each named."""
-    return [
-        f"{proc.args[2:4]} pid {proc.popen.pid}: {line}"
-        for proc in procs
-        for line in list(proc.lines)
-        if PROBLEMS.search(line)
-    ]
-
-
-def outputs(procs: list[Proc]) -> str:
-    """The last lines of each of `procs`, for a failure's report."""
-    return "\n".join(
-        f"--- {' '.join(proc.args[2:4])} pid {proc.popen.pid}:\n{proc.output()}" for proc in procs
-    )
 
 
 class ModelWorker(Proc):
@@ -86,28 +63,41 @@ class ModelWorker(Proc):
         return f"{self.pid}.0"
 
 
-class Cluster:
+class Valve:
+    """The gate the model's gated steps wait at (server_worker.py and invoke_handler_app.py
+    watch the directory): `open` lets the ones waiting now through."""
+
     def __init__(self, root: Path) -> None:
-        self.root = root
-        (root / "valve").mkdir(parents=True, exist_ok=True)
+        self.dir = root / "valve"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.openings = 0
+
+    def next(self) -> Path:
+        """The file the next `open` makes."""
+        return self.dir / f"open-{self.openings}"
+
+    def open(self) -> None:
+        self.next().touch()
+        self.openings += 1
+
+
+class WorkersCluster(Cluster[Proc]):
+    """The server, then the workers, connected one after another as they come up."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.valve = Valve(root)
         self.code = "right"
-        self.server = Server(root / "server")
-        self.host_port = self.server.host_port
         self.workers: list[ModelWorker] = []
-        self.gone: list[Proc] = []  # killed processes, their pipes closed at the end
-        self.valve_openings = 0
+        self.start_server()
         self.start_workers(WORKERS)
 
-    def address(self, max_shards: int | None = None) -> str:
-        return self.host_port + (f"?max-shards={max_shards}" if max_shards else "")
-
     def start_workers(self, n: int) -> list[ModelWorker]:
-        started = [
-            ModelWorker(self.address(MAX_SHARDS), self.root, self.code) for _ in range(n)
-        ]  # (connected one after another, as they come up)
+        started = [ModelWorker(self.address(max_shards=MAX_SHARDS), self.root, self.code) for _ in range(n)]
         for worker in started:
             worker.ready()
         self.workers += started
+        self.procs += started
         return started
 
     def holder_of(self, shard: int) -> ModelWorker | None:
@@ -126,10 +116,8 @@ class Cluster:
         return all(w.connected() for w in self.workers if not w.stopped)
 
     def kill_worker(self, worker: ModelWorker) -> None:
-        worker.kill()
-        worker.close()
+        self._gone(worker)
         self.workers.remove(worker)
-        self.gone.append(worker)
 
     def exit_worker(self, worker: ModelWorker) -> None:
         """SIGTERM: a clean exit (its shards flushed, checkpointed and let go; steps still
@@ -138,32 +126,6 @@ class Cluster:
         worker.close()
         self.workers.remove(worker)
         self.gone.append(worker)
-
-    def restart_server(self) -> None:
-        """SIGKILL, and a new server on the same directory and port."""
-        self.server.kill()
-        self.server.close()
-        self.gone.append(self.server)
-        self.server = Server(self.root / "server", listen=self.host_port)
-
-    def open_valve(self) -> None:
-        (self.root / "valve" / f"open-{self.valve_openings}").touch()
-        self.valve_openings += 1
-
-    def problems(self) -> list[str]:
-        return problems([self.server, *self.workers, *self.gone])
-
-    def outputs(self) -> str:
-        return outputs([self.server, *self.workers])
-
-    def close(self) -> None:
-        for worker in self.workers:
-            if worker.stopped:
-                worker.signal(signal.SIGCONT)
-        for proc in [*self.workers, self.server]:
-            proc.end(timeout=10)  # killed if it does not stop
-        for proc in self.gone:
-            proc.close()
 
 
 @dataclass

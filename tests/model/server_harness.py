@@ -34,9 +34,9 @@ from fusee import journal as R
 from fusee.engine.tokens import parse_token
 
 from .calls import Calls
-from .harness import Violation
+from .harness import Violation, answer_of
 from .journal import FINAL
-from .server_cluster import Cluster, Ledger, ModelWorker
+from .server_cluster import Ledger, ModelWorker, WorkersCluster
 from .server_cluster import status as _status
 from .workflows import BUMP, BUMP_STEP, GO, PLAN_TYPE, PROGRESS, Plan
 
@@ -73,7 +73,7 @@ class ServerCalls(Calls):
     def __init__(self) -> None:
         super().__init__("server")
         self.root = Path(tempfile.mkdtemp(prefix="fusee-model-server-"))
-        self.cluster: Cluster | None = None
+        self.cluster: WorkersCluster | None = None
         self.client: fusee.Client
         self.ledger = Ledger(self.root / "ledger")
         self.t = WallClock()  # type: ignore[assignment]
@@ -101,7 +101,7 @@ class ServerCalls(Calls):
         return self.loop.run_until_complete(bounded())
 
     async def open(self, fault_seed: int = 0) -> None:
-        self.cluster = Cluster(self.root)
+        self.cluster = WorkersCluster(self.root)
         self.client = await fusee.Client.connect(self.cluster.address())
         self.log(
             f"# fusee server on {self.cluster.host_port}; workers {[w.pid for w in self.cluster.workers]}"
@@ -232,9 +232,8 @@ class ServerCalls(Calls):
         self.log(line)
         await self._connected()
         self.calling.set()
-        try:
-            value = await asyncio.wait_for(make(), MOVE_TIMEOUT_S if self.moving else CALL_TIMEOUT_S)
-        except UNACKED as error:
+
+        async def excuse(error: BaseException) -> tuple[str, Any]:
             if not self.moving:
                 raise Violation(
                     "documented-errors",
@@ -242,17 +241,9 @@ class ServerCalls(Calls):
                 ) from error
             self.log(f"#   -> {type(error).__name__}: {error}  (not acknowledged)")
             return "lost", error
-        except fusee.FuseeError as error:
-            self.log(f"#   -> {type(error).__name__}: {error}")
-            return "err", error
-        except TimeoutError:
-            raise Violation("no-hang", f"`{line}` did not answer") from None
-        except Exception as error:
-            raise Violation(
-                "documented-errors", f"`{line}` raised {type(error).__name__}: {error}"
-            ) from error
-        self.log(f"#   -> {value!r}")
-        return "ok", value
+
+        timeout_s = MOVE_TIMEOUT_S if self.moving else CALL_TIMEOUT_S
+        return await answer_of(self.log, line, make(), timeout_s, UNACKED, excuse)
 
     async def start(
         self, wid: str, plan: list[str], policy: dict[str, str], timed: bool, timeout: int | None
@@ -531,10 +522,8 @@ class ServerCalls(Calls):
 
     async def open_valve(self) -> None:
         assert self.cluster is not None
-        self.log(
-            f"open('{self.cluster.root}/valve/open-{self.cluster.valve_openings}')  # gated steps finish"
-        )
-        self.cluster.open_valve()
+        self.log(f"open('{self.cluster.valve.next()}')  # gated steps finish")
+        self.cluster.valve.open()
         await asyncio.sleep(0.05)
 
     async def pause(self, ms: int) -> None:

@@ -110,7 +110,7 @@ async def test_a_call_racing_a_budget_handback_is_not_refused(tmp_path: Path) ->
         await asyncio.sleep(0.3)
         ended.set()
         await asyncio.gather(*callers)
-        cluster.open_valve()
+        cluster.valve.open()
         await client.close()
         assert not refused, f"{len(refused)} calls refused, the first: {refused[0]}"
     finally:
@@ -150,7 +150,7 @@ async def test_a_crashed_invocation_backs_its_shard_off_one_step(tmp_path: Path)
                 break
             assert time.monotonic() < deadline + 10, cluster.outputs()
             await asyncio.sleep(0.01)
-        cluster.open_valve()
+        cluster.valve.open()
         await client.close()
         waited_s = again[0] - failed[0]
         assert waited_s <= 0.15, f"shard {shard} invoked again {waited_s:.3f} s after its invocation failed"

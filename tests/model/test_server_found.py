@@ -16,7 +16,7 @@ import fusee
 from fusee.testing.faults import held_recovery
 from tests.support.procs import Proc, Server
 
-from .server_cluster import Cluster
+from .server_cluster import WorkersCluster as Cluster
 from .workflows import BUMP_STEP, CODE, GO, Plan
 
 

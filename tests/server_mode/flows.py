@@ -150,4 +150,29 @@ async def collector(ctx: fusee.Ctx, _: int) -> list[int]:
         got.append(value)
 
 
-WORKFLOWS = [steps, parent, waiter, sender, hog, big, sleeper, slow_step, checkout, collector]
+@fusee.workflow("gather")
+async def gather(ctx: fusee.Ctx, events: list) -> list:
+    """A batch's (or a debounced start's) input, as it came."""
+    return events
+
+
+@fusee.workflow("one_at_a_time", concurrency=fusee.Concurrency(1))
+async def one_at_a_time(ctx: fusee.Ctx, seconds: float) -> float:
+    await ctx.sleep("work", int(seconds * 1000))
+    return ctx.now().timestamp()
+
+
+WORKFLOWS = [
+    steps,
+    parent,
+    waiter,
+    sender,
+    hog,
+    big,
+    sleeper,
+    slow_step,
+    checkout,
+    collector,
+    gather,
+    one_at_a_time,
+]

@@ -24,9 +24,9 @@ from typing import Any
 
 import fusee
 from fusee.engine.shard import Shard
-from fusee.testing.faults import held_checkpoint
+from fusee.testing.faults import held_checkpoint, held_read
 from tests.server_mode.flows import collector
-from tests.support.engine_kit import HeldRead, parked_ref
+from tests.support.engine_kit import parked_ref
 from tests.support.waiting import eventually
 
 
@@ -114,27 +114,27 @@ async def test_a_signal_recorded_while_its_shard_closes_is_answered_not_moved(st
     answered, and the standby that takes the shard never sees it."""
     async with holder_and_standby(start_server(shards=1)) as (holder, standby, client):
         shard = holder.by_index[0]
-        held_read = HeldRead(shard, await parked(holder, "c-1"))
-        signal = asyncio.ensure_future(client.call("signal", 0, id="c-1", name="go", value=1))
-        await asyncio.wait_for(held_read.asked.wait(), 5)
-        await client.start(collector, "c-2", 0)  # stays loaded: the close has a checkpoint to write
-        checkpoint = HeldCheckpoint(holder, shard)
-        # The accepted call outlives the handback's wait for it (half of the deadline).
-        detaching = asyncio.ensure_future(holder.detach(0, deadline=2.0))
-        await asyncio.wait_for(checkpoint.asked.wait(), 5)
-        durable = HeldDurable(shard)
-        appended = shard.appended
-        held_read.release()
-        await eventually(lambda: shard.appended > appended)  # the signal's record, sent
-        await asyncio.sleep(0.1)
-        checkpoint.release()
-        await asyncio.sleep(0.1)
-        durable.release()
-        assert await asyncio.wait_for(signal, 10) is None
-        await asyncio.wait_for(detaching, 10)
-        await eventually(lambda: 0 in standby.by_index, timeout=10)
-        await client.run("c-1").signal("go", -1)
-        assert await asyncio.wait_for(client.run("c-1").result(), 10) == [1]
+        with held_read(shard.store, await parked(holder, "c-1")) as read:
+            signal = asyncio.ensure_future(client.call("signal", 0, id="c-1", name="go", value=1))
+            await asyncio.wait_for(read.asked.wait(), 5)
+            await client.start(collector, "c-2", 0)  # stays loaded: the close has a checkpoint to write
+            checkpoint = HeldCheckpoint(holder, shard)
+            # The accepted call outlives the handback's wait for it (half of the deadline).
+            detaching = asyncio.ensure_future(holder.detach(0, deadline=2.0))
+            await asyncio.wait_for(checkpoint.asked.wait(), 5)
+            durable = HeldDurable(shard)
+            appended = shard.appended
+            read.release()
+            await eventually(lambda: shard.appended > appended)  # the signal's record, sent
+            await asyncio.sleep(0.1)
+            checkpoint.release()
+            await asyncio.sleep(0.1)
+            durable.release()
+            assert await asyncio.wait_for(signal, 10) is None
+            await asyncio.wait_for(detaching, 10)
+            await eventually(lambda: 0 in standby.by_index, timeout=10)
+            await client.run("c-1").signal("go", -1)
+            assert await asyncio.wait_for(client.run("c-1").result(), 10) == [1]
 
 
 async def test_a_signal_whose_record_outlives_the_close_deadline_is_not_moved(start_server):
@@ -145,22 +145,22 @@ async def test_a_signal_whose_record_outlives_the_close_deadline_is_not_moved(st
     failed (a retry of a signal without ID would record it again). The run holds it once."""
     async with holder_and_standby(start_server(shards=1)) as (holder, standby, client):
         shard = holder.by_index[0]
-        held_read = HeldRead(shard, await parked(holder, "c-1"))
-        signal = asyncio.ensure_future(client.call("signal", 0, id="c-1", name="go", value=1))
-        await asyncio.wait_for(held_read.asked.wait(), 5)
-        # No flush in flight whose answer the hold would keep back: the signal's record
-        # would wait for it, never sent (then answered Moved, as it should be).
-        await eventually(lambda: shard.durable == shard.appended and not shard.durability.flushing)
-        durable = HeldDurable(shard)
-        appended = shard.appended
-        held_read.release()
-        await eventually(lambda: shard.store.sent_position > appended)  # the signal's record, sent
-        await holder.detach(0, deadline=0.5)  # never durable within it: let go as at a crash
-        durable.release()
-        assert await asyncio.wait_for(signal, 10) is None
-        await eventually(lambda: 0 in standby.by_index, timeout=10)
-        await client.run("c-1").signal("go", -1)
-        assert await asyncio.wait_for(client.run("c-1").result(), 10) == [1]  # once, not twice
+        with held_read(shard.store, await parked(holder, "c-1")) as read:
+            signal = asyncio.ensure_future(client.call("signal", 0, id="c-1", name="go", value=1))
+            await asyncio.wait_for(read.asked.wait(), 5)
+            # No flush in flight whose answer the hold would keep back: the signal's record
+            # would wait for it, never sent (then answered Moved, as it should be).
+            await eventually(lambda: shard.durable == shard.appended and not shard.durability.flushing)
+            durable = HeldDurable(shard)
+            appended = shard.appended
+            read.release()
+            await eventually(lambda: shard.store.sent_position > appended)  # the signal's record, sent
+            await holder.detach(0, deadline=0.5)  # never durable within it: let go as at a crash
+            durable.release()
+            assert await asyncio.wait_for(signal, 10) is None
+            await eventually(lambda: 0 in standby.by_index, timeout=10)
+            await client.run("c-1").signal("go", -1)
+            assert await asyncio.wait_for(client.run("c-1").result(), 10) == [1]  # once, not twice
 
 
 STALL_MARKER = "handback-stall-5c1e"  # a signal's name: the server's write of its record stalls
@@ -187,30 +187,30 @@ async def test_signals_sent_as_a_close_misses_its_deadline_are_answered_once_dur
     async with holder_and_standby(server) as (holder, standby, client):
         await client.start(collector, "c-2", 0)  # stays loaded: answers while c-1 is read back
         shard = holder.by_index[0]
-        held_read = HeldRead(shard, await parked(holder, "c-1"))
-        calls = [client.call("signal", 0, id="c-1", name="go", value=v) for v in range(1, SIGNALS + 1)]
-        calls.append(client.call("signal", 0, id="c-1", name=STALL_MARKER, value=0))
-        signals = [asyncio.ensure_future(call) for call in calls]
-        await asyncio.wait_for(held_read.asked.wait(), 5)
-        # Answered behind the signals: the worker accepted every one of them before.
-        await client.call("query", 0, id="c-2", name="received", arg=None)
-        with held_checkpoint() as checkpoint:
-            detaching = asyncio.ensure_future(holder.detach(0, deadline=CLOSE_DEADLINE_S))
-            await asyncio.wait_for(checkpoint.reached.wait(), 5)
-            appended = shard.appended
-            read_released = time.monotonic()
-            held_read.release()  # the signals record now, and their records are sent
-            await eventually(lambda: shard.store.sent_position >= appended + len(calls))  # sent
-            await asyncio.wait_for(detaching, 10)  # past the deadline: let go as at a crash
-        outcomes = await asyncio.wait_for(asyncio.gather(*signals, return_exceptions=True), 20)
-        answered = time.monotonic() - read_released
-        assert outcomes == [None] * len(calls), outcomes
-        # Held by the server until the stalled write was done: it began once the records
-        # were sent, after the read was let through (the close let go ~0.25 s after that).
-        assert answered > STALL_S * 0.9, f"answered {answered:.3f} s after the records were made"
-        await eventually(lambda: 0 in standby.by_index, timeout=10)
-        await client.run("c-1").signal("go", -1)
-        assert await asyncio.wait_for(client.run("c-1").result(), 10) == list(range(1, SIGNALS + 1))
-        journal = (await client.run("c-1").describe()).journal
-        marked = [r for r in journal if getattr(r, "name", None) == STALL_MARKER]
-        assert len(marked) == 1, journal
+        with held_read(shard.store, await parked(holder, "c-1")) as read:
+            calls = [client.call("signal", 0, id="c-1", name="go", value=v) for v in range(1, SIGNALS + 1)]
+            calls.append(client.call("signal", 0, id="c-1", name=STALL_MARKER, value=0))
+            signals = [asyncio.ensure_future(call) for call in calls]
+            await asyncio.wait_for(read.asked.wait(), 5)
+            # Answered behind the signals: the worker accepted every one of them before.
+            await client.call("query", 0, id="c-2", name="received", arg=None)
+            with held_checkpoint() as checkpoint:
+                detaching = asyncio.ensure_future(holder.detach(0, deadline=CLOSE_DEADLINE_S))
+                await asyncio.wait_for(checkpoint.reached.wait(), 5)
+                appended = shard.appended
+                read_released = time.monotonic()
+                read.release()  # the signals record now, and their records are sent
+                await eventually(lambda: shard.store.sent_position >= appended + len(calls))  # sent
+                await asyncio.wait_for(detaching, 10)  # past the deadline: let go as at a crash
+            outcomes = await asyncio.wait_for(asyncio.gather(*signals, return_exceptions=True), 20)
+            answered = time.monotonic() - read_released
+            assert outcomes == [None] * len(calls), outcomes
+            # Held by the server until the stalled write was done: it began once the records
+            # were sent, after the read was let through (the close let go ~0.25 s after that).
+            assert answered > STALL_S * 0.9, f"answered {answered:.3f} s after the records were made"
+            await eventually(lambda: 0 in standby.by_index, timeout=10)
+            await client.run("c-1").signal("go", -1)
+            assert await asyncio.wait_for(client.run("c-1").result(), 10) == list(range(1, SIGNALS + 1))
+            journal = (await client.run("c-1").describe()).journal
+            marked = [r for r in journal if getattr(r, "name", None) == STALL_MARKER]
+            assert len(marked) == 1, journal

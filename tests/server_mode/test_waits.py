@@ -12,7 +12,8 @@ import time
 import pytest
 
 import fusee
-from tests.support.engine_kit import HeldRead, napper, parked_ref
+from fusee.testing.faults import held_read
+from tests.support.engine_kit import napper, parked_ref
 from tests.support.waiting import eventually
 
 RUNS = 300
@@ -40,13 +41,13 @@ async def test_a_relayed_result_asked_while_the_timer_wakes_the_run_and_it_finis
         await client.start("waits.napper", "n-1", 1_000)
         await advance(clock, 500)
         shard = engine.shard_of("n-1")
-        held = HeldRead(shard, (await eventually(lambda: [parked_ref(engine, "n-1")]))[0])
-        waiting = asyncio.ensure_future(client.run("n-1").result())
-        await asyncio.wait_for(held.asked.wait(), 5)
-        await advance(clock, 600)  # the timer wakes it (its own read goes through) and it ends
-        await eventually(lambda: shard.index_entries.get("n-1").status == "ok")  # type: ignore[union-attr]
-        held.release()
-        assert await asyncio.wait_for(waiting, 5) == 1_000
+        with held_read(shard.store, (await eventually(lambda: [parked_ref(engine, "n-1")]))[0]) as held:
+            waiting = asyncio.ensure_future(client.run("n-1").result())
+            await asyncio.wait_for(held.asked.wait(), 5)
+            await advance(clock, 600)  # the timer wakes it (its own read goes through) and it ends
+            await eventually(lambda: shard.index_entries.get("n-1").status == "ok")  # type: ignore[union-attr]
+            held.release()
+            assert await asyncio.wait_for(waiting, 5) == 1_000
     finally:
         await client.close()
         await engine.close()

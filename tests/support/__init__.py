@@ -10,8 +10,11 @@
   file, `--invoke` endpoints, a GET);
 - `handlers`: what the handler's tests run against (a counting listener, the Lambda
   Runtime API), a valid invocation body, `in_thread`;
-- `invoked`: an invoked cluster (`fusee server --invoke` and uvicorn serving the handler),
-  its metrics, and fake endpoints in front of it;
+- `cluster`: the one cluster of processes (a `fusee server` on a fixed port, restarted
+  on it, and its handler or workers) for tests/invoke/, tests/model/ and
+  bench/invoke_cost.py; an invoked server's metrics and `quiet`;
+- `invoked`: a run that sleeps through an invocation, fake endpoints in front of the
+  handler;
 - `engine_kit`: helpers of the in-process engine's tests (turns, the virtual clock moved
   with the work of each due time, parked runs, slow or held run-store reads);
 - `golden`: the workflows of the golden journals (tests/engine/golden/).

@@ -1,15 +1,14 @@
 """What the in-process engine's tests share: loop turns and a virtual clock moved with the
 work of each due time, a run that waits for a signal, one that naps, a parked run's frame,
-and run-store reads that take a while or are held back."""
+and run-store reads that take a while (held ones: `fusee.testing.faults.held_read`)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 
 import fusee
-from fusee.engine.shard import Shard
-from fusee.storage import MemoryShardStore, MemoryStorage
+from fusee.storage import MemoryStorage
+from fusee.testing.faults import Faults, FaultyStorage
 
 go = fusee.signal("go", int)
 
@@ -50,39 +49,7 @@ def parked_ref(engine: fusee.Engine, wid: str) -> int:
     return entry.ref
 
 
-class HeldRead:
-    """Holds back the first run-store read of a shard that asks for a given frame, until
-    `release()`; every other read goes through."""
-
-    def __init__(self, shard: Shard, ref: int) -> None:
-        self.ref = ref
-        self.asked = asyncio.Event()
-        self.gate = asyncio.Event()
-        self.armed = True
-        get_runs = shard.store.get_runs
-
-        async def held(offsets: Sequence[int]) -> list[bytes]:
-            if self.armed and ref in offsets:
-                self.armed = False
-                self.asked.set()
-                await self.gate.wait()
-            return await get_runs(offsets)
-
-        shard.store.get_runs = held  # type: ignore[method-assign]
-
-    def release(self) -> None:
-        self.gate.set()
-
-
-class SlowReads(MemoryStorage):
-    """Memory storage whose run-store reads take a while, as a remote store's do."""
-
-    def __init__(self, shards: int) -> None:
-        super().__init__(shards)
-        self.stores = [SlowStore() for _ in range(shards)]
-
-
-class SlowStore(MemoryShardStore):
-    async def get_run(self, offset: int) -> bytes:
-        await asyncio.sleep(0.05)
-        return self.runs[offset]
+def slow_reads(shards: int) -> FaultyStorage:
+    """Memory storage whose run-store frame reads take 50 ms each, as a remote store's do
+    (a fault of `fusee.testing.faults`)."""
+    return FaultyStorage(MemoryStorage(shards), Faults(read_delay_s=0.05))

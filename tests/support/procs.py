@@ -40,6 +40,10 @@ _LAUNCHER = (
 )
 
 
+_LEASED = re.compile(r"shard (\d+): leased to (.+) \(epoch (\d+)\)")
+_FREED = re.compile(r"shard (\d+): (released by|let go: )(.*)\(epoch (\d+)\)")
+
+
 def free_port() -> int:
     """A loopback port free now (a server told to listen on it can take it)."""
     with socket.socket() as sock:
@@ -231,6 +235,23 @@ class Server(Proc):
     def address(self, **options: str | int) -> str:
         query = "&".join(f"{k.replace('_', '-')}={v}" for k, v in options.items())
         return self.host_port + (f"?{query}" if query else "")
+
+    def held(self) -> dict[int, str]:
+        """Shard -> its holder and epoch, from the lease lines (at INFO for workers, DEBUG
+        for invoked ones): what was leased and not released or let go of since."""
+        held: dict[int, tuple[str, str]] = {}
+        for line in list(self.lines):
+            if found := _LEASED.search(line):
+                held[int(found.group(1))] = (found.group(2), found.group(3))
+            elif found := _FREED.search(line):
+                shard = int(found.group(1))
+                if shard in held and held[shard][1] == found.group(4):
+                    del held[shard]
+        return {shard: f"{who} (epoch {epoch})" for shard, (who, epoch) in held.items()}
+
+    def leases(self) -> int:
+        """How many leases it granted."""
+        return sum(1 for line in list(self.lines) if _LEASED.search(line))
 
 
 class Worker(Proc):
