@@ -9,6 +9,7 @@ shard) and a step's function, for the records before it; the code never does.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -18,6 +19,13 @@ from fusee._errors import FuseeError, LeaseLostError
 from fusee.storage.contract import ShardStore
 
 log = logging.getLogger("fusee")
+
+RELAYED: contextvars.ContextVar[bool] = contextvars.ContextVar("fusee_relayed_call", default=False)
+"""True in the task that answers a call the server relayed (fusee/engine/remote_calls.py):
+its answer goes back through the server, which holds it until the records it depends on
+are durable there (docs/server.md, *Calls at a handback*). `Durability.settle_sent`
+reads it. (A task the call starts inherits it: harmless, as a drop cancels the shard's
+own tasks, whatever their waits are told.)"""
 
 
 class Watchers(Protocol):
@@ -42,6 +50,7 @@ class DurabilityHost(Protocol):
     @property
     def engine(self) -> Watchers: ...
     def check(self) -> None: ...
+    def stopped_error(self) -> FuseeError: ...
     def stop(self, error: FuseeError) -> None: ...
     def fail(self, exc: BaseException, why: str = ...) -> None: ...
 
@@ -53,6 +62,10 @@ class Durability:
         self.durable = 0  # the last position the store reported durable
         self.gates: deque[tuple[int, Callable[[], None]]] = deque()
         self.waiting: set[asyncio.Future[Any]] = set()  # what a stop fails
+        # durable_at's callers: their positions, and whether the server relayed their call
+        self.awaited: dict[asyncio.Future[None], tuple[int, bool]] = {}
+        self.flushed = 0  # the last position handed to the store's flush (maybe written)
+        self.sealed = False  # closing: nothing more is handed to the store (Shard.close)
         self.flushing = False  # a flush is asked for and not yet reported
         self.appending = False  # inside the store's append (it may report from there)
         self.releasing = False  # running the gates a durable position opened
@@ -88,9 +101,10 @@ class Durability:
             asyncio.get_running_loop().call_soon(self._start_flush)
 
     def _start_flush(self) -> None:
-        if self.shard.closed:
+        if self.shard.closed or self.sealed:
             self.flushing = False
             return
+        self.flushed = self.appended
         self.shard.store.flush()
 
     def on_durable(self, durable: int | BaseException) -> None:
@@ -115,7 +129,8 @@ class Durability:
             if shard.engine.idle_waiters:
                 shard.engine.activity.set()
             self.release()
-            if self.durable < self.appended and not shard.closed:
+            if self.durable < self.appended and not shard.closed and not self.sealed:
+                self.flushed = self.appended
                 shard.store.flush()
             else:
                 self.flushing = False
@@ -146,16 +161,46 @@ class Durability:
         if self.durable >= lsn:
             return
         self.shard.check()
+        if self.shard.closed:
+            # Let go of (a close or a drop): nothing is flushed any more, so the gate would
+            # never open; a remote call that recorded this late is answered Moved, its
+            # record never sent (Shard.close).
+            raise self.shard.stopped_error()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.waiting.add(fut)
+        self.awaited[fut] = (lsn, RELAYED.get())
 
         def release() -> None:
             self.waiting.discard(fut)
+            self.awaited.pop(fut, None)
             if not fut.done():
                 fut.set_result(None)
 
         self.gates.append((lsn, release))
         await fut
+
+    def settle_sent(self, error: FuseeError) -> None:
+        """Ahead of a drop (Shard.close past its deadline): the callers waiting for a
+        record handed to the store and not reported durable. The server writes what it
+        received before the shard's release (which the drop sends next), so the record
+        will be in the log unless the disk fails. A call the server relayed goes on as if
+        its record were durable (its answer is known once recorded): the answer leaves
+        after the release, and the server holds it until this connection's records of
+        the shard are durable, or answers a retriable error if that write fails
+        (docs/server.md, *Calls at a handback*). Failing it instead would make a call
+        without an ID, retried, act twice; answering it MOVED would have the next holder
+        act on it again. Any other caller (in this process) fails with `error`, as at a
+        crash: it cannot know if its call took effect. Those waiting for a record never
+        handed to the store hear why the shard let go (Callers.fail_all): not written."""
+        for fut, (lsn, relayed) in list(self.awaited.items()):
+            if lsn <= self.flushed and not fut.done():
+                if relayed:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(error)
+                    fut.exception()  # one nobody awaits any more must not be reported as unretrieved
+                self.waiting.discard(fut)
+                del self.awaited[fut]
 
     def release(self) -> None:
         """Run what waited for the durable position, then apply the outcomes of the steps

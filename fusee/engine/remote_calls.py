@@ -9,8 +9,11 @@ A shard let go of cleanly (a budget's end, a drain, a clean close) first answers
 accepted: a call failed back to its caller after its record was written would be applied
 twice when the caller retries as told. Calls that only wait (a result, an update's
 answer) are answered MOVED instead, and the server routes them to the shard's next
-holder; so is any call that arrives once the shard is leaving. A remote caller never sees
-the engine's own ClosedError (docs/server.md, *Calls at a handback*).
+holder; so is any call that arrives once the shard is leaving, and one whose record was
+never sent when the shard went (it is not in the log). One whose record was sent is
+answered, even when the close missed its deadline before the record was known durable:
+the server then holds the answer until the record is (Durability.settle_sent). A remote
+caller never sees the engine's own ClosedError (docs/server.md, *Calls at a handback*).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from fusee._errors import (
     RejectedError,
     _FailureError,
 )
+from fusee.engine.durability import RELAYED
 from fusee.engine.run_handle import Run, RunSummary, list_runs
 from fusee.engine.shard import Shard
 from fusee.protocol import messages as m
@@ -178,6 +182,7 @@ class CallServer:
         return state is not None and args.get("update_id") in state.updates_accepted
 
     async def _answer(self, call: m.Call) -> None:
+        RELAYED.set(True)  # this task's own context: what it waits durable for, the server settles
         args: Any = None
         try:
             attaching = self.attaching.get(call.shard)

@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from fusee import _errors as errors
 from fusee import journal as R
 from fusee._clock import Clock
 from fusee._errors import (
@@ -464,6 +465,18 @@ class Shard(RunLife):
             async with asyncio.timeout(deadline):
                 await self.durable_at(self.appended)
                 await self.checkpoint(wait=True)
+                # The race of a handback (issue 17, item 2): a call still loading its run
+                # when the close began (a signal, a start) records while the checkpoint is
+                # written, and its record is sent. Let go with that record not yet known
+                # durable, the call would hear ClosedError and be answered Moved, and the
+                # next holder would act on it again beside the record in the log. So
+                # nothing more is sent from here on, and a record a caller waits for that
+                # was sent is durable before the shard goes (no await between this and
+                # `abandon`); a call whose record was never sent hears ClosedError.
+                durability = self.durability
+                durability.sealed = True
+                if durability.awaited and self.durable < durability.flushed:
+                    await self.durable_at(durability.flushed)
         except TimeoutError:
             log.warning(
                 "shard %d: not flushed within its %.3f s deadline; let go as after a crash",
@@ -471,6 +484,22 @@ class Shard(RunLife):
                 deadline,
             )
             report = self.report(budget_ended=budget_ended, handed_back=handed_back)
+            # Records handed to the store and not yet answered durable will be in the log
+            # all the same (the server writes what came before the release, which `drop`
+            # sends). A caller waiting for one must not hear ClosedError: a remote call
+            # would be routed on to the next holder as never acted on, and applied twice.
+            # A call the server relayed goes on as if durable, and the server holds its
+            # answer until that write is done; a caller in this process cannot know, as
+            # at a crash, and hears a retriable ConnectionError. No await from here to the
+            # release: the answers leave behind it (Durability.settle_sent). One waiting
+            # for a record never sent hears ClosedError.
+            self.durability.settle_sent(
+                errors.ConnectionError(
+                    f"shard {self.index} was let go of before its last records were known durable "
+                    "(its close missed its deadline): the call may have taken effect; retry it "
+                    "with the same ID"
+                )
+            )
             self.drop()
             return report
         report = self.report(budget_ended=budget_ended, handed_back=handed_back)

@@ -47,13 +47,15 @@ coalesced, held_for_burst, bursts, failed_flush, refused_put_run, revoked, slow_
 that stop a shard (failed flushes, refused frames, lost leases) for a while, delays and
 bursts staying on: a test reopens or inspects the engine in peace.
 
-Three fault points outside `FaultyStorage`, each inert unless a test enters it (and undone
+Four fault points outside `FaultyStorage`, each inert unless a test enters it (and undone
 when it leaves): `held_recovery()` holds every shard recovery this process starts until
 the test releases it (a recovery slower than the connection it began under: a call
 relayed meanwhile, a reconnect granting the shard again); `held_read(store, ref)` holds
 the first read of one run-store frame from any shard's store, memory or remote (a read
 slower than what the run does meanwhile: its timer wakes it, it parks again or ends, its
-shard closes); `frozen_clock(module, now_ms)` stops a module's wall clock (the clock an
+shard closes); `held_checkpoint()` holds every close's checkpoint (a close that misses
+its deadline: a shard let go as a crash lets it go, with records sent and not yet known
+durable); `frozen_clock(module, now_ms)` stops a module's wall clock (the clock an
 invocation's signature is checked against: the freshness window's edges).
 """
 
@@ -82,6 +84,7 @@ __all__ = [
     "HeldRead",
     "HeldRecovery",
     "frozen_clock",
+    "held_checkpoint",
     "held_read",
     "held_recovery",
 ]
@@ -514,6 +517,30 @@ def held_read(store: ShardStore, ref: int) -> Iterator[HeldRead]:
         return await real(offsets)
 
     with _replaced(store, "get_runs", get_runs):
+        try:
+            yield held
+        finally:
+            held.release()
+
+
+@contextlib.contextmanager
+def held_checkpoint() -> Iterator[Held]:
+    """Every close's checkpoint (a shard being let go: `Shard.close`) that this process's
+    engines take waits until `release()`, then is taken as it would have been; timed
+    checkpoints go through (the shard's call of `fusee.engine.checkpoint.take` with
+    `wait=True`, the close's, is wrapped). A disk or server slow to write the last
+    checkpoint: the close runs into its deadline, and lets the shard go as a crash does."""
+    from fusee.engine import checkpoint as checkpoint_module
+
+    held = Held()
+    real = vars(checkpoint_module)["take"]
+
+    async def take(shard: Any, *, wait: bool = False) -> None:
+        if wait:
+            await held.wait()
+        await real(shard, wait=wait)
+
+    with _replaced(checkpoint_module, "take", take):
         try:
             yield held
         finally:

@@ -106,6 +106,21 @@ class Disk:
         if lease.holder is conn and lease.epoch == epoch:
             conn.send(m.Durable([(lease.index, epoch, result)]))
 
+    def after_durable(self, index: int, position: int, then: Callable[[str | None], None]) -> None:
+        """`then(None)` once shard `index`'s log is durable up to `position` (at once if it
+        is), or `then(why)` if its write failed (the server stops then: `_durable`)."""
+        if self.log.durable(index) >= position:
+            then(None)
+            return
+
+        def written(result: int | BaseException) -> None:
+            then(str(result) if isinstance(result, BaseException) else None)
+
+        try:
+            self.storage.request(index, position, written)
+        except IoError as error:  # the log stopped already
+            then(str(error))
+
     def put_run(self, conn: ServerConnection, lease: Lease, message: m.PutRun) -> None:
         files = self.shards[lease.index].files
         try:

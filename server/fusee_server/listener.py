@@ -106,6 +106,9 @@ class ServerConnection(FramedConnection):
         self.held: set[int] = set()
         self.draining: set[int] = set()  # an invoked worker's shards it wants nothing more for
         self.calls: set[int] = set()  # calls relayed to this worker, not yet answered
+        # Shards it released -> the log's last record of theirs then: an answer it sends
+        # after a release waits for that record to be durable (relay.py, Relay.answered).
+        self.released: dict[int, int] = {}
         self.deadline: asyncio.TimerHandle | None = None
         self.write_stuck: tuple[int, float] | None = None  # (buffered bytes, since)
 

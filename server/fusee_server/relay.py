@@ -9,6 +9,8 @@ goes to the shard's next holder as if it arrived then (docs/server.md, *Calls an
 messages*). A listing's part for each shard is such a call: a holder that lets the shard
 go with the part unanswered (an invoked worker's idle end) has it routed on like any
 other, instead of the whole listing failing.
+An answer a worker sends after it released the call's shard waits until the
+records it sent for that shard are durable (docs/server.md, *Calls at a handback*).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
@@ -49,6 +52,12 @@ class Waker(Protocol):
     def why_no_worker(self, index: int) -> str: ...
 
     def metrics(self) -> dict[str, Any]: ...
+
+
+class Settler(Protocol):
+    """What the relay asks of the disk (disk.py): to hear when a shard's log is durable."""
+
+    def after_durable(self, index: int, position: int, then: Callable[[str | None], None]) -> None: ...
 
 
 class Listing:
@@ -92,8 +101,9 @@ Waiting = tuple["ServerConnection | Listing", m.Call, float]  # who asked, the c
 
 
 class Relay:
-    def __init__(self, table: list[Lease]) -> None:
+    def __init__(self, table: list[Lease], disk: Settler) -> None:
         self.table = table  # read only: who holds each shard, under which epoch
+        self.disk = disk
         self.shards = len(table)
         self.messages: list[deque[m.Relay]] = [deque() for _ in table]  # while no one holds it
         self.messages_bytes = [0 for _ in table]
@@ -259,7 +269,34 @@ class Relay:
                 rows = []
             origin.part(answer, rows)
             return
+        released = conn.released.get(call.shard)
+        if released is not None:
+            # The worker released the shard before it sent this answer: a close that
+            # missed its deadline lets its calls whose records were sent finish as if
+            # those were durable (fusee/engine/shard.py, Shard.close). The records were
+            # staged here before the release, so they will be written: the answer waits
+            # until they are, and says so if the write fails. (A holder's other answers
+            # come after it heard their records durable: they go at once, at no cost.)
+            shard = call.shard
+            self.disk.after_durable(
+                shard, released, lambda failed: self._settled(origin, rid, answer, shard, failed)
+            )
+            return
         origin.send(m.Answer(rid, answer.value, answer.code, answer.message))
+
+    def _settled(
+        self, client: ServerConnection | Listing, rid: int, answer: m.Answer, shard: int, failed: str | None
+    ) -> None:
+        """A held answer: the records behind it are durable, or their write `failed`."""
+        if client.closed:
+            return
+        if failed is not None:
+            why = (
+                f"the server's write of shard {shard}'s records failed ({failed}): the call may "
+                "or may not have taken effect; retry it (with the same ID, if it has one)"
+            )
+            answer = m.Answer(rid, code="Connection", message=why)
+        client.send(m.Answer(rid, answer.value, answer.code, answer.message))
 
     def lost(self, conn: ServerConnection, held: set[int]) -> None:
         """`conn` is gone, and with it the shards it `held`: the calls relayed to it go on."""

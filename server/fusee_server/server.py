@@ -24,7 +24,7 @@ from fusee.protocol import messages as m
 from fusee.protocol.frames import PAYLOAD_BYTES_MAX, FrameError
 from fusee_server.disk import Disk
 from fusee_server.invoker import Invoker
-from fusee_server.leases import Leases
+from fusee_server.leases import Lease, Leases
 from fusee_server.limits import ServerLimits
 from fusee_server.listener import ServerConnection
 from fusee_server.relay import Relay
@@ -42,7 +42,7 @@ class Server:
         self.stopped = stopped
         self.shards = len(disk.shards)
         self.leases = Leases(self.shards, self)
-        self.relay = Relay(self.leases.table)
+        self.relay = Relay(self.leases.table, disk)
         self.limits = ServerLimits(disk.storage.root)
         self.relay.limits = self.limits
         self.listeners: list[asyncio.Server] = []
@@ -208,7 +208,15 @@ class Server:
         elif conn.role == m.ROLE_PINGER:
             conn.fail(f"{kind.__name__} on a pinger connection (it sends PING only)")
         elif kind is m.Request:
-            asyncio.get_running_loop().create_task(self._request(conn, message))
+            # The lease is checked as the frame arrives, in the connection's order: a
+            # release processed here must not fail a request that came before it.
+            lease = self.leases.held(conn, message.shard, message.epoch)
+            if lease is None:
+                pass
+            elif message.op == "release":
+                self._release(conn, lease, message)
+            else:
+                asyncio.get_running_loop().create_task(self._request(conn, lease, message))
         elif kind is m.Relay:
             self.relay.relay(conn, message)
         elif kind is m.Call:
@@ -233,16 +241,22 @@ class Server:
         else:
             conn.fail(f"{kind.__name__} is not a frame a {conn.role} sends")
 
-    async def _request(self, conn: ServerConnection, request: m.Request) -> None:
-        lease = self.leases.held(conn, request.shard, request.epoch)
-        if lease is None:
-            return
-        if request.op == "release":
-            if lease.holder is conn and lease.epoch == request.epoch:
-                self.leases.free(lease, f"released by {conn}", skip=conn)
-            reply = m.Reply(request.rid)
-        else:
-            reply = await self.disk.reply(lease.index, request)
+    def _release(self, conn: ServerConnection, lease: Lease, request: m.Request) -> None:
+        """A holder lets a shard go, at once, in the connection's order of frames: the
+        frames behind the release and its connection's close come after it. So a call its
+        worker had not answered when the connection closed goes to the next holder as
+        never acted on, not failed as by a worker that went holding the shard (its
+        release was still waiting for a turn of the loop: relay.py, `Relay.lost`). And
+        the log's last record of the shard is noted now: the records the worker sent are
+        all staged, none comes after, and an answer behind the release may rest on them
+        (a close past its deadline answers as if they were durable: Shard.close), so the
+        relay holds such an answer until they are (Relay.answered)."""
+        conn.released[lease.index] = self.disk.log.appended(lease.index)
+        self.leases.free(lease, f"released by {conn}", skip=conn)
+        conn.send(m.Reply(request.rid))
+
+    async def _request(self, conn: ServerConnection, lease: Lease, request: m.Request) -> None:
+        reply = await self.disk.reply(lease.index, request)
         try:
             conn.send(reply)
         except FrameError as error:  # an answer over the frame limit (too many frames asked for)
