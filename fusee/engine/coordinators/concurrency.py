@@ -178,7 +178,7 @@ async def through_queue(run: Any) -> None:
     there is no slot either."""
     if run.id.startswith(SLOT + "/"):
         raise NotFoundError(f"no workflow '{run.id}'", workflow_id=run.id)
-    await _owner(run).run(slot_id(run.id)).result()
+    await (await _owner(run, slot_id(run.id))).run(slot_id(run.id)).result()
     await wait_started(run)
 
 
@@ -187,8 +187,17 @@ async def cancel_queued(run: Any, reason: str | None) -> None:
     its slot. NotFoundError if there is no slot either."""
     if run.id.startswith(SLOT + "/"):
         raise NotFoundError(f"no running workflow '{run.id}'", workflow_id=run.id)
-    await _owner(run).run(slot_id(run.id)).cancel(reason)
+    await (await _owner(run, slot_id(run.id))).run(slot_id(run.id)).cancel(reason)
 
 
-def _owner(run: Any) -> Any:
-    return run.engine if hasattr(run, "engine") else run.client
+async def _owner(run: Any, wid: str) -> Any:
+    """Who can reach run `wid`: a client, or an engine holding its shard; an engine on
+    a worker that does not hold it goes through a client of its server (the slot is on
+    the shard of its own ID, which another worker may hold: the model test through
+    invoked workers met a cancel refused as "not held" there)."""
+    engine = getattr(run, "engine", None)
+    if engine is None:
+        return run.client
+    if engine.shard_index(wid) in engine.by_index:
+        return engine
+    return await engine.coordinators.via()

@@ -38,7 +38,8 @@ class Coordinators:
         # steps reach their runs (an engine alone, or a client, calls it itself).
         self._reach = Starter(target) if hasattr(target, "storage") else None
 
-    async def _via(self) -> Any:
+    async def via(self) -> Any:
+        """The engine or client that reaches a run on any shard."""
         if self._reach is None:
             return self._target
         await self._reach.route()
@@ -113,7 +114,7 @@ class Coordinators:
         if event_id is not None:
             arg["event_id"] = names.name(event_id, "event_id")
         receipt = await send(
-            await self._via(),
+            await self.via(),
             kind,
             coordinator_id(kind, wf_name, key),
             new_state(kind, wf_name, key),
@@ -127,7 +128,7 @@ class Coordinators:
         names.name(id, "workflow ID")
         codec.convert(input, definition.input_type, "the workflow's input")
         value = msgspec.json.decode(codec.encode(input, "the workflow's input"))
-        await enqueue(await self._via(), definition, id, input, value)
+        await enqueue(await self.via(), definition, id, input, value)
         return self._target.run(id, definition)
 
 
