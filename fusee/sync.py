@@ -73,6 +73,16 @@ class Client:
     def run(self, id: str, wf: Workflow[Out] | None = None) -> Run[Out]:
         return Run(self, self.inner.run(id, wf))
 
+    def limit(self, name: str, *, concurrent: int | None = None, per_second: float | None = None) -> None:
+        """See `fusee.Client.limit` (docs/limits.md)."""
+        self._wait(self.inner.limit(name, concurrent=concurrent, per_second=per_second))
+
+    def limits(self) -> list[dict[str, Any]]:
+        return self._wait(self.inner.limits())
+
+    def limit_usage(self, name: str) -> dict[str, int]:
+        return self._wait(self.inner.limit_usage(name))
+
     def debounce(self, wf: Workflow[Any] | str, key: str, input: Any = None, **options: Any) -> Run[Any]:
         """See `fusee.Client.debounce` (docs/coordinators.md)."""
         return Run(self, self._wait(self.inner.debounce(wf, key, input, **options)))

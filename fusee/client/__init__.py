@@ -39,6 +39,7 @@ from fusee.client._link import Link
 from fusee.engine.coordinators import Coordinators
 from fusee.engine.coordinators.calls import wait_started
 from fusee.engine.coordinators.concurrency import cancel_queued, through_queue
+from fusee.engine.limits.handle import check_definition
 from fusee.engine.run_handle import RunDescription, RunSummary, listed_status
 from fusee.engine.schedules import ScheduleHandle, Schedules
 from fusee.protocol import messages as m
@@ -288,6 +289,22 @@ class Client:
         """Add an event to the key's batch; one run per batch (docs/coordinators.md)."""
         run: ClientRun[Any] = await self.coordinators.batch(wf, key, event, **options)
         return run
+
+    async def limit(
+        self, name: str, *, concurrent: int | None = None, per_second: float | None = None
+    ) -> None:
+        """Define (or change) limit `name`; the server holds it (docs/limits.md)."""
+        await self.call("limit", check_definition(name, concurrent, per_second))
+
+    async def limits(self) -> list[dict[str, Any]]:
+        """Every limit the server holds, with its usage across every worker."""
+        listed: list[dict[str, Any]] = await self.call("limits", {})
+        return listed
+
+    async def limit_usage(self, name: str) -> dict[str, int]:
+        """`in_use` (permits held) and `waiting` (steps queued) of limit `name`."""
+        used: dict[str, int] = await self.call("limit_usage", {"name": names.name(name, "limit name")})
+        return used
 
     def run(self, id: str, wf: Workflow[Out] | None = None) -> ClientRun[Out]:
         """A handle; makes no call. `wf` types its result."""

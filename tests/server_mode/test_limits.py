@@ -41,7 +41,7 @@ async def test_concurrent_4_across_3_workers_never_lets_more_than_4_inside(
     file.touch()
     client = await fusee.Client.connect(server.address())
     try:
-        await client.call("limit", {"name": "api", "concurrent": 4})
+        await client.limit("api", concurrent=4)
         runs = await asyncio.gather(
             *(
                 client.start("limited", f"c{i}", {"limit": "api", "ms": 60, "file": str(file)})
@@ -51,7 +51,8 @@ async def test_concurrent_4_across_3_workers_never_lets_more_than_4_inside(
         assert [await run.result() for run in runs] == ["ok"] * 60
         assert most_inside(file) == 4
         assert len({pid for _, _, pid in events(file)}) == 3  # every worker ran some
-        assert await client.call("limit_usage", {"name": "api"}) == {"in_use": 0, "waiting": 0}
+        assert await client.limit_usage("api") == {"in_use": 0, "waiting": 0}
+        assert [(d["name"], d["concurrent"]) for d in await client.limits()] == [("api", 4)]
     finally:
         await client.close()
 
@@ -64,7 +65,7 @@ async def test_per_second_20_across_3_workers_keeps_to_the_rate(start_server, st
     file.touch()
     client = await fusee.Client.connect(server.address())
     try:
-        await client.call("limit", {"name": "rate", "per_second": 20})
+        await client.limit("rate", per_second=20)
         runs = await asyncio.gather(
             *(
                 client.start("limited", f"r{i}", {"limit": "rate", "ms": 1, "file": str(file)})
