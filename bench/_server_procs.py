@@ -1,5 +1,5 @@
-"""Child processes for bench/server_cost.py and bench/invoke_cost.py: a `fusee server` and
-worker processes, on the tests' process harness (tests/support/procs.py, in its own
+"""Child processes for bench/server_cost.py, invoke_cost.py and limit_cost.py: a `fusee
+server` and worker processes, on the tests' process harness (tests/support/procs.py, in its own
 session and stopped with its parent: see there), their memory, CPU time and context
 switches read from /proc, and all of them stopped however the benchmark ends (a Ctrl-C
 reaches the benchmark alone, which stops its children in order, the server cleanly on
