@@ -60,6 +60,8 @@ class Window:
 
     cpu_ns: dict[str, int]
     threads_gone: int
+    invocations: int = 0  # the handler's, answered in the window
+    not_granted: int = 0  # of them, those granted no shard (answered without opening)
 
 
 class Meter:
@@ -103,11 +105,17 @@ async def invoked_window(cluster: Cluster, meter: Meter, count: int, prefix: str
     await started.wait()
     # Every start's invocation over; the shards with a timer count as due, none overdue.
     await cluster.quiet(due_allowed=SHARDS)
+    mark = cluster.mark()
     meter.start()
     opened = time.time()
     await runs
     await cluster.quiet()
     window = meter.stop()
+    assert cluster.handler is not None
+    with cluster.handler.lock:
+        lines = cluster.handler.lines[mark:]
+    window.invocations = sum(line.startswith("bench invocation ") for line in lines)
+    window.not_granted = sum(" leased granted=[] " in line for line in lines)
     if opened * 1000 >= min(dues):
         raise RuntimeError(
             f"the window opened {opened - began:.2f} s after the starts, after a timer was due"
@@ -171,7 +179,9 @@ async def run_all(args: argparse.Namespace, scratch: Path) -> None:
                 f"{per['server'][-1]:.0f} us, local {per['local'][-1]:.0f} us "
                 f"(windows, 1 and {args.many}: handler {inv_one.cpu_ns['handler'] / 1e6:.1f} and "
                 f"{inv_many.cpu_ns['handler'] / 1e6:.1f} ms, local {loc_one.cpu_ns['local'] / 1e6:.1f} "
-                f"and {loc_many.cpu_ns['local'] / 1e6:.1f} ms)",
+                f"and {loc_many.cpu_ns['local'] / 1e6:.1f} ms; handler invocations, 1 and {args.many}: "
+                f"{inv_one.invocations} and {inv_many.invocations}, of which granted nothing "
+                f"{inv_one.not_granted} and {inv_many.not_granted})",
                 file=sys.stderr,
                 flush=True,
             )
