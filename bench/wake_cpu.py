@@ -207,7 +207,9 @@ async def run_all(args: argparse.Namespace, scratch: Path) -> None:
 
 
 def arguments() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0] if __doc__ else None, allow_abbrev=False
+    )
     parser.add_argument("--rounds", type=int, default=5, help="measured rounds (default 5)")
     parser.add_argument("--many", type=int, default=100, help="sleepers against 1 (default 100)")
     parser.add_argument(
