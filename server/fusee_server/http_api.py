@@ -1,5 +1,6 @@
-"""`fusee server --http HOST:PORT`: `/metrics` in the Prometheus text format and
-`/healthz`, served by aiohttp on the server's own event loop.
+"""`fusee server --http HOST:PORT`: the HTTP API (`/v1`, http_runs.py), `/metrics` in
+the Prometheus text format and `/healthz`, served by aiohttp on the server's own event
+loop, behind http_guard.py's checks.
 
 Most numbers are read from the server's and the invoker's state when Prometheus scrapes
 (`StateCollector`), so nothing is counted twice and an idle server does no metrics work.
@@ -8,10 +9,10 @@ times (enough for its p50 and its timer lead), and a histogram needs every obser
 so the invoker feeds them as each invocation is answered and each IDLE report arrives
 (`Metrics` is its `observer`).
 
-With the server's token (`--token-file`) both paths want `Authorization: Bearer
+With the server's token (`--token-file`) every path wants `Authorization: Bearer
 <token>`: the worker token, a client token (`--client-token-file`) or a read token
 (`--read-token-file`), the one to give a scraper, since it cannot lease shards. A read
-token may only GET (a change answers 403). With the server's TLS settings both paths are
+token may only GET (a change answers 403). With the server's TLS settings every path is
 served over the same TLS.
 """
 
@@ -28,7 +29,10 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from fusee_server.access import Scope, Tokens
+from fusee_server.access import Tokens
+from fusee_server.http_guard import Guard, is_loopback
+from fusee_server.http_openapi import openapi_route
+from fusee_server.http_runs import BODY_BYTES_MAX, ROUTES, RelayCalls, RunsApi
 
 if TYPE_CHECKING:
     from fusee_server.invoker import EndpointState, Invoker
@@ -219,16 +223,21 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class HttpApi:
-    """The HTTP site. It is closed after the server stops, so `/healthz` answers 503
+    """The HTTP site: `/v1` (http_runs.py), `/metrics` and `/healthz`, behind the guard
+    (http_guard.py). It is closed after the server stops, so `/healthz` answers 503
     while the stop flushes and closes the log rather than refusing connections."""
 
-    def __init__(self, server: Server, tokens: Tokens) -> None:
+    def __init__(self, server: Server, tokens: Tokens, tls: bool = False) -> None:
         self.server = server
         self.tokens = tokens
         self.metrics = Metrics(server)
-        app = web.Application(middlewares=[self._authorize])
+        self.guard = Guard(tokens, tls)
+        app = web.Application(middlewares=[self.guard.middleware], client_max_size=BODY_BYTES_MAX)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
+        self.calls = RelayCalls(server.relay, server.shards)
+        self.runs = RunsApi(self.calls, invoker=lambda: server.invoker is not None)
+        self.runs.add_routes(app, [*ROUTES, openapi_route(ROUTES)])
         # No access log: a line per scrape every few seconds would bury the lease events.
         self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_S)
 
@@ -238,38 +247,14 @@ class HttpApi:
         await self.runner.setup()
         for sock in sockets:
             await web.SockSite(self.runner, sock, ssl_context=tls).start()
-        return int(sockets[0].getsockname()[1])
+        port = int(sockets[0].getsockname()[1])
+        if self.tokens.worker is None and all(is_loopback(sock.getsockname()[0]) for sock in sockets):
+            self.guard.local_port = port  # open, on loopback: this machine's names only
+        return port
 
     async def close(self) -> None:
+        self.calls.close()
         await self.runner.cleanup()
-
-    @web.middleware
-    async def _authorize(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if self.tokens.worker is None:
-            return await handler(request)
-        scope = self._bearer_scope(request.headers.get("Authorization", ""))
-        if scope is None:
-            return web.json_response(
-                {
-                    "error": "a bearer token is required (the server's --token-file, --read-token-file or --client-token-file)"
-                },
-                status=401,
-                headers={"WWW-Authenticate": 'Bearer realm="fusee"'},
-            )
-        if scope is Scope.READ and request.method not in ("GET", "HEAD"):
-            return web.json_response({"error": "a read token may only read (GET)"}, status=403)
-        return await handler(request)
-
-    def _bearer_scope(self, header: str) -> Scope | None:
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer":
-            return None
-        try:
-            offered = given.strip().encode("utf-8", "surrogateescape")
-        except UnicodeEncodeError:
-            return None
-        # Constant time: how long a refusal takes says nothing about how much matched.
-        return self.tokens.bearer(offered)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         body, content_type = self.metrics.exposition(request.headers.get("Accept", ""))

@@ -302,7 +302,7 @@ async def serve(args: argparse.Namespace) -> int:
         raise SettingError(f"--listen/--unix: {error.strerror or error}") from None
     api = None
     if http is not None:
-        api = HttpApi(server, tokens)
+        api = HttpApi(server, tokens, tls is not None)
         try:
             port = await api.start(http_sockets, tls)
         except OSError as error:

@@ -60,6 +60,16 @@ class Settler(Protocol):
     def after_durable(self, index: int, position: int, then: Callable[[str | None], None]) -> None: ...
 
 
+class Caller(Protocol):
+    """Who asked a call: a client's connection, a listing (for its parts), or the HTTP
+    API (http_runs.py), whose calls take this same path."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def send(self, answer: m.Answer) -> None: ...
+
+
 class Listing:
     """A listing: one `list` call per shard, each routed as any call for that shard is
     (waiting for a holder, invoking one, rerouted when its holder lets the shard go), and
@@ -67,7 +77,7 @@ class Listing:
     whole to each holder would lose a shard's rows, or fail, when its holder let it go
     before answering; a part per shard follows its shard."""
 
-    def __init__(self, client: ServerConnection | Listing, rid: int, parts: int) -> None:
+    def __init__(self, client: Caller, rid: int, parts: int) -> None:
         self.client = client
         self.rid = rid
         self.parts = parts
@@ -97,7 +107,7 @@ class Listing:
                 self.client.send(m.Answer(self.rid, m.encode_value(ordered)))
 
 
-Waiting = tuple["ServerConnection | Listing", m.Call, float]  # who asked, the call, until when (loop time)
+Waiting = tuple[Caller, m.Call, float]  # who asked, the call, until when (loop time)
 
 
 class Relay:
@@ -111,7 +121,7 @@ class Relay:
         self.calls_waiting: list[deque[Waiting]] = [deque() for _ in table]
         # Calls relayed to a worker, by the server's number: who asked (and its number for
         # it), the worker, the call.
-        self.calls: dict[int, tuple[ServerConnection | Listing, int, ServerConnection, m.Call]] = {}
+        self.calls: dict[int, tuple[Caller, int, ServerConnection, m.Call]] = {}
         self.rids = itertools.count(1)
         self.invoker: Waker | None = None
         self.limits: Any = None  # the server's limits (limits.py): answers their calls
@@ -168,7 +178,7 @@ class Relay:
 
     # -- calls from clients ---------------------------------------------------------------
 
-    def call(self, client: ServerConnection | Listing, call: m.Call) -> None:
+    def call(self, client: Caller, call: m.Call) -> None:
         if call.method == "invocations":
             # Answered here, whatever the shard and the arguments say (it names neither).
             metrics = self.invoker.metrics() if self.invoker is not None else {"endpoints": []}
@@ -201,9 +211,7 @@ class Relay:
             return
         self._route(client, call, holder)
 
-    def _reroute(
-        self, mover: ServerConnection, client: ServerConnection | Listing, call: m.Call, due: bool
-    ) -> None:
+    def _reroute(self, mover: ServerConnection, client: Caller, call: m.Call, due: bool) -> None:
         """A call `mover` answered MOVED (it let the shard go before hearing of the call,
         or with the call waiting on its run): to the shard's next holder, as if it arrived
         now. While `mover` still holds the shard here (its release is on its way) it
@@ -223,13 +231,13 @@ class Relay:
             if due:
                 self.invoker.make_due(call.shard, Reason.CALL, type=_type_of(call))
 
-    def _route(self, client: ServerConnection | Listing, call: m.Call, holder: ServerConnection) -> None:
+    def _route(self, client: Caller, call: m.Call, holder: ServerConnection) -> None:
         rid = next(self.rids)
         self.calls[rid] = (client, call.rid, holder, call)
         holder.calls.add(rid)
         holder.send(m.Call(rid, call.method, call.shard, call.args))
 
-    def _list(self, client: ServerConnection | Listing, call: m.Call) -> None:
+    def _list(self, client: Caller, call: m.Call) -> None:
         free = [s.index for s in self.table if s.holder is None or s.index in s.holder.draining]
         if free and self.invoker is None:
             client.send(m.Answer(call.rid, code="NoHolder", message=no_holder(free[0])))
@@ -284,9 +292,7 @@ class Relay:
             return
         origin.send(m.Answer(rid, answer.value, answer.code, answer.message))
 
-    def _settled(
-        self, client: ServerConnection | Listing, rid: int, answer: m.Answer, shard: int, failed: str | None
-    ) -> None:
+    def _settled(self, client: Caller, rid: int, answer: m.Answer, shard: int, failed: str | None) -> None:
         """A held answer: the records behind it are durable, or their write `failed`."""
         if client.closed:
             return

@@ -1,0 +1,143 @@
+"""Who may ask the HTTP site what, checked before any route runs (docs/http-api.md,
+*Who may ask*): the bearer token's scope, and what keeps a web page in a browser from
+using the API behind its user's back.
+
+- A token is configured: no bearer (or a wrong one) is 401; a read token's change is 403.
+- A loopback site with no token answers only requests for this machine's names
+  (`localhost`, `127.0.0.1`, `[::1]`, with the port it serves): a page whose own name
+  resolves to 127.0.0.1 (DNS rebinding) sends its own name as the Host, and is refused.
+- A browser's `Origin` must be this site: a page elsewhere cannot send a request a
+  browser marks as its own.
+- A change (any method but GET and HEAD) carries a JSON body (`Content-Type:
+  application/json`) or `X-Fusee-Action: 1`. An HTML form can send neither, and a
+  script on another site cannot either without a CORS preflight, which this site never
+  grants: so a page elsewhere cannot make a change even against an open loopback API.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Awaitable, Callable
+
+import msgspec
+from aiohttp import web
+
+from fusee._errors import DOCS, Failure
+from fusee_server.access import Scope, Tokens
+from fusee_server.http_types import Error
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+READS = frozenset({"GET", "HEAD"})
+LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
+SCOPE = "fusee.scope"  # the request's key for its Scope (None: the server has no token)
+ACTION_HEADER = "X-Fusee-Action"
+
+_encode = msgspec.json.Encoder().encode
+
+
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    cause: Failure | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    """An error as JSON: its code, message, docs section and recorded cause."""
+    body = Error(code, message, DOCS + code.lower(), cause)
+    return web.Response(body=_encode(body), status=status, content_type="application/json", headers=headers)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class Guard:
+    """The site's middleware. `local_port` is set by the start when the site serves only
+    loopback addresses and the server has no token: the Host check applies then."""
+
+    def __init__(self, tokens: Tokens, tls: bool) -> None:
+        self.tokens = tokens
+        self.scheme = "https" if tls else "http"
+        self.local_port: int | None = None
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        refused = self._refusal(request)
+        if refused is not None:
+            return refused
+        try:
+            return await handler(request)
+        except web.HTTPException as error:  # no such route, method, or a body too large
+            if error.status < 400:
+                raise
+            code = "NotFound" if error.status == 404 else "Rejected"
+            return error_response(error.status, code, f"{request.method} {request.path}: {error.reason}")
+
+    def _refusal(self, request: web.Request) -> web.Response | None:
+        host = request.headers.get("Host", "")
+        if self.local_port is not None and not self._local(host):
+            return error_response(
+                403,
+                "Rejected",
+                f"this API listens on loopback without a token and answers only requests for "
+                f"localhost, 127.0.0.1 or [::1] on port {self.local_port}, not for Host {host!r} "
+                "(a page that points its own name at this machine is refused)",
+            )
+        scope: Scope | None = None
+        if self.tokens.worker is not None:
+            scope = self._bearer_scope(request.headers.get("Authorization", ""))
+            if scope is None:
+                return error_response(
+                    401,
+                    "Rejected",
+                    "a bearer token is required (Authorization: Bearer <the server's --token-file, "
+                    "--client-token-file or --read-token-file token>)",
+                    headers={"WWW-Authenticate": 'Bearer realm="fusee"'},
+                )
+        request[SCOPE] = scope
+        origin = request.headers.get("Origin")
+        if origin is not None and origin.lower() != f"{self.scheme}://{host}".lower():
+            return error_response(
+                403, "Rejected", f"Origin {origin!r} is not this site ({self.scheme}://{host})"
+            )
+        if request.method in READS:
+            return None
+        if scope is Scope.READ:
+            return error_response(403, "Rejected", "a read token may only read (GET)")
+        content_type = request.headers.get("Content-Type", "").partition(";")[0].strip().lower()
+        if content_type != "application/json" and request.headers.get(ACTION_HEADER) != "1":
+            return error_response(
+                400,
+                "Rejected",
+                f"a {request.method} changes something: send a JSON body (Content-Type: application/json) "
+                f"or the header {ACTION_HEADER}: 1",
+            )
+        return None
+
+    def _local(self, host: str) -> bool:
+        """`host` names this machine, on the port served (or, without a port, the
+        scheme's default one, if that is the port served)."""
+        name, colon, port = host.rpartition(":")
+        if not colon or name.endswith(":") or (name.startswith("[") != name.endswith("]")):
+            name, port = host, ""  # no port ([::1] alone has colons, but no ':' after ']')
+        if name.lower() not in LOCAL_NAMES:
+            return False
+        default = 443 if self.scheme == "https" else 80
+        return port == str(self.local_port) or (port == "" and self.local_port == default)
+
+    def _bearer_scope(self, header: str) -> Scope | None:
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer":
+            return None
+        try:
+            offered = given.strip().encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            return None
+        # Constant time: how long a refusal takes says nothing about how much matched.
+        return self.tokens.bearer(offered)
