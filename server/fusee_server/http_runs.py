@@ -450,7 +450,7 @@ def _cursor_of(id: str) -> str:
 
 def _cursor(cursor: str) -> str:
     try:
-        return base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        return base64.b64decode(cursor + "=" * (-len(cursor) % 4), altchars=b"-_", validate=True).decode()
     except (binascii.Error, ValueError):
         raise RejectedError(f"cursor {cursor[:40]!r}: not one a listing gave (nextCursor)") from None
 
