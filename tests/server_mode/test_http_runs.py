@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import get_args
 
 import pytest
+from fusee_server.http_types import ListedStatus
 
 from fusee.engine.run_handle import LISTED
-from fusee_server.http_types import ListedStatus
 from tests.support.cluster import Cluster
 from tests.support.http import Http, path_id
 from tests.support.procs import Proc
@@ -61,7 +61,15 @@ async def test_start_query_update_signal_and_result(api):
         "status": "ok",
     }
     kinds = [record["kind"] for record in described["journal"]]
-    assert kinds == ["Started", "WaitStarted", "UpdateAccepted", "UpdateDone", "SignalReceived", "StepDone", "Finished"]
+    assert kinds == [
+        "Started",
+        "WaitStarted",
+        "UpdateAccepted",
+        "UpdateDone",
+        "SignalReceived",
+        "StepDone",
+        "Finished",
+    ]
     journal = {record["kind"]: record for record in described["journal"]}
     assert journal["Started"]["input"] == ORDER  # payloads as the JSON they hold
     assert journal["SignalReceived"]["id"] == signalled["signalId"]
@@ -118,7 +126,11 @@ async def test_cancel_and_terminate_end_runs_with_their_failure(api):
     status, _ = await api.post(run("end-2", "/terminate"))  # no body: X-Fusee-Action
     assert status == 200
     cancelled = await api.ok("GET", run("end-1", "/result"), wait="10000")
-    assert (cancelled["done"], cancelled["status"], cancelled["error"]["code"]) == (True, "cancelled", "Cancelled")
+    assert (cancelled["done"], cancelled["status"], cancelled["error"]["code"]) == (
+        True,
+        "cancelled",
+        "Cancelled",
+    )
     terminated = await api.ok("GET", run("end-2", "/result"), wait="10000")
     assert (terminated["status"], terminated["error"]["code"]) == ("terminated", "Terminated")
     assert terminated["error"]["docs"] == "docs/errors.md#terminated"
