@@ -397,7 +397,8 @@ class RunsApi:
                 )
                 answer = await route.handler(self, asked)
             except ApiError as error:
-                return error_response(error.status, error.code, error.message, error.cause)
+                retry = {"Retry-After": "1"} if error.status == 503 else None
+                return error_response(error.status, error.code, error.message, error.cause, retry)
             except FuseeError as error:  # refused here, before anything was sent
                 return error_response(STATUS_OF.get(error.code, 400), error.code, error.message)
             return web.Response(
