@@ -154,8 +154,10 @@ async def listing(
             assert r.status == 200, await r.text()
             return await r.json()
 
-    middle = await page({"limit": str(args.list_runs // 2), "prefix": "list-"})
-    cursor = middle["nextCursor"]
+    cursor = None  # the middle: half the runs paged through, 1,000 (the most) at a time
+    for _ in range(max(1, args.list_runs // 2000)):
+        cursor = (await page({"limit": "1000"} | ({"cursor": cursor} if cursor else {})))["nextCursor"]
+    assert cursor is not None
     for label, params in (
         ("first page", {"limit": "50"}),
         ("a page in the middle", {"limit": "50", "cursor": cursor}),

@@ -19,7 +19,9 @@ caller never sees the engine's own ClosedError (docs/server.md, *Calls at a hand
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
+import operator
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
@@ -328,31 +330,31 @@ async def _fail(engine: ServedEngine, a: dict[str, Any]) -> Any:
 
 
 async def _list(engine: ServedEngine, a: dict[str, Any]) -> Any:
-    return _page([_summary(row) async for row in engine.list(a.get("type"), a.get("status"))], a)
+    return await _page(engine.list(a.get("type"), a.get("status")), a)
 
 
 async def _list_shard(engine: ServedEngine, index: int, a: dict[str, Any]) -> Any:
     shard = engine.by_index[index]
-    return _page([_summary(row) async for row in list_runs([shard], a.get("type"), a.get("status"))], a)
+    return await _page(list_runs([shard], a.get("type"), a.get("status")), a)
 
 
-def _page(rows: list[dict[str, Any]], a: dict[str, Any]) -> list[dict[str, Any]]:
+async def _page(rows: AsyncIterator[RunSummary], a: dict[str, Any]) -> list[dict[str, Any]]:
     """A page of a listing (the HTTP API's): the IDs that start with `prefix`, after
     `after`, in ID order, at most `limit`. Each shard sends at most a page, so the server
     merges a few rows per shard instead of every run there is. Without them, every row
     in the shard's own order, as always."""
     prefix, after, limit = a.get("prefix"), a.get("after"), a.get("limit")
     if prefix is None and after is None and limit is None:
-        return rows
+        return [_summary(row) async for row in rows]
     if not isinstance(prefix, (str, type(None))) or not isinstance(after, (str, type(None))):
         raise RejectedError("list: prefix and after are workflow IDs (str)")
     if limit is not None and (type(limit) is not int or limit < 1):
         raise RejectedError(f"list: limit={limit!r}: expected a count from 1")
-    rows = sorted(
-        (r for r in rows if r["id"].startswith(prefix or "") and (after is None or r["id"] > after)),
-        key=lambda r: r["id"],
-    )
-    return rows[:limit] if limit is not None else rows
+    start = prefix or ""
+    wanted = [row async for row in rows if row.id.startswith(start) and (after is None or row.id > after)]
+    by_id = operator.attrgetter("id")
+    chosen = heapq.nsmallest(limit, wanted, key=by_id) if limit is not None else sorted(wanted, key=by_id)
+    return [_summary(row) for row in chosen]
 
 
 # Calls that wait for the run rather than act on it: at a handback they are answered MOVED

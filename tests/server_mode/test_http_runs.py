@@ -163,6 +163,8 @@ async def test_errors_are_json_with_their_code_and_docs(api):
         (await api.get(run("co-e", "/queries/phase"), arg="{not json"), 400, "Rejected"),
         (await api.get(run("co-e", "/queries/nope")), 400, "Rejected"),
     ]
+    too_big = {"type": "steps", "id": "big-1", "input": "x" * (17 << 20)}
+    cases.append((await api.post("/v1/runs", too_big), 413, "Rejected"))
     for (status, error), expected, code in cases:
         assert (status, error.get("code")) == (expected, code), error
         assert error["docs"] == f"docs/errors.md#{code.lower()}" and error["message"], error

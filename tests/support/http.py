@@ -4,6 +4,7 @@ language would do)."""
 
 from __future__ import annotations
 
+import io
 import json
 from typing import Any
 from urllib.parse import quote
@@ -53,8 +54,10 @@ class Http:
         if data is None and body is not None:
             data = json.dumps(body).encode()
             sent.setdefault("Content-Type", "application/json")
+        # A large body as a stream: aiohttp warns that raw bytes would hold the loop.
+        payload = io.BytesIO(data) if data is not None and len(data) > 1 << 20 else data
         async with self.session.request(
-            method, self.base + path, data=data, params=params, headers=sent
+            method, self.base + path, data=payload, params=params, headers=sent
         ) as response:
             text = await response.text()
             try:
