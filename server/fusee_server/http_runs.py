@@ -337,7 +337,9 @@ class RunsApi:
         if waiting is None:
             waiting = asyncio.ensure_future(self.calls.call("result", self.shard_of(id), {"id": id}))
             self.results[id] = waiting
-            waiting.add_done_callback(lambda done: self.results.pop(id) if self.results.get(id) is done else None)
+            waiting.add_done_callback(
+                lambda done: self.results.pop(id) if self.results.get(id) is done else None
+            )
         return waiting
 
     @staticmethod
