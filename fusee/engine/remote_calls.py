@@ -230,17 +230,43 @@ class CallServer:
                 answer = self._moved(call)
             else:
                 answer = m.Answer(call.rid, b"", errors.ConnectionError.code, f"{error}; retry")
-        except _FailureError as error:
-            cause = _encode(error.cause) if error.cause is not None else b""
-            answer = m.Answer(call.rid, cause, error.code, error.message)
-        except FuseeError as error:
-            answer = m.Answer(call.rid, b"", error.code, error.message)
-        except (TypeError, ValueError, KeyError, msgspec.ValidationError) as error:
-            answer = m.Answer(call.rid, b"", RejectedError.code, f"call {call.method!r}: {error!r}")
+        except (FuseeError, *MALFORMED) as error:
+            answer = error_answer(call, error)
         try:
             self.storage.send(answer)
         except FrameError as error:  # a value over the frame limit
             self.storage.send(m.Answer(call.rid, b"", RejectedError.code, f"call {call.method!r}: {error}"))
+
+
+# What a call's arguments of the wrong shape raise in a method (a missing key, a wrong type).
+MALFORMED = (TypeError, ValueError, KeyError, msgspec.ValidationError)
+
+
+def error_answer(call: m.Call, error: Exception) -> m.Answer:
+    """The answer for a call that raised `error` (a FuseeError, or MALFORMED arguments):
+    its code and message, and a recorded failure's envelope, so the caller raises the
+    same error the engine raised."""
+    if isinstance(error, _FailureError):
+        cause = _encode(error.cause) if error.cause is not None else b""
+        return m.Answer(call.rid, cause, error.code, error.message)
+    if isinstance(error, FuseeError):
+        return m.Answer(call.rid, b"", error.code, error.message)
+    return m.Answer(call.rid, b"", RejectedError.code, f"call {call.method!r}: {error!r}")
+
+
+async def answer_here(engine: ServedEngine, call: m.Call) -> m.Answer:
+    """A call answered by `engine` in this process, as a worker answers it for the server
+    (the HTTP API of an engine that serves it itself: fusee_server/http_engine.py)."""
+    method = METHODS.get(call.method)
+    try:
+        if method is None:
+            raise RejectedError(f"no call {call.method!r} (expected one of {', '.join(sorted(METHODS))})")
+        args = m.decode_value(call.args)
+        if not isinstance(args, dict):
+            raise RejectedError("a call's arguments are a map")
+        return m.Answer(call.rid, _encode(await method(engine, args)))
+    except (FuseeError, *MALFORMED) as error:
+        return error_answer(call, error)
 
 
 def _summary(row: Any) -> dict[str, Any]:

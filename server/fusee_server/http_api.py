@@ -31,8 +31,7 @@ from prometheus_client.registry import Collector
 
 from fusee_server.access import Tokens
 from fusee_server.http_guard import Guard, is_loopback
-from fusee_server.http_openapi import openapi_route
-from fusee_server.http_runs import BODY_BYTES_MAX, ROUTES, RelayCalls, RunsApi
+from fusee_server.http_runs import RelayCalls, RunsApi
 
 if TYPE_CHECKING:
     from fusee_server.invoker import EndpointState, Invoker
@@ -232,12 +231,11 @@ class HttpApi:
         self.tokens = tokens
         self.metrics = Metrics(server)
         self.guard = Guard(tokens, tls)
-        app = web.Application(middlewares=[self.guard.middleware], client_max_size=BODY_BYTES_MAX)
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/healthz", self._healthz)
         self.calls = RelayCalls(server.relay, server.shards)
         self.runs = RunsApi(self.calls, invoker=lambda: server.invoker is not None)
-        self.runs.add_routes(app, [*ROUTES, openapi_route(ROUTES)])
+        app = self.runs.app(self.guard)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", self._healthz)
         # No access log: a line per scrape every few seconds would bury the lease events.
         self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_S)
 

@@ -30,7 +30,6 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 READS = frozenset({"GET", "HEAD"})
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
-SCOPE = "fusee.scope"  # the request's key for its Scope (None: the server has no token)
 ACTION_HEADER = "X-Fusee-Action"
 
 _encode = msgspec.json.Encoder().encode
@@ -100,7 +99,6 @@ class Guard:
                     "--client-token-file or --read-token-file token>)",
                     headers={"WWW-Authenticate": 'Bearer realm="fusee"'},
                 )
-        request[SCOPE] = scope
         origin = request.headers.get("Origin")
         if origin is not None and origin.lower() != f"{self.scheme}://{host}".lower():
             return error_response(
@@ -119,6 +117,13 @@ class Guard:
                 f"or the header {ACTION_HEADER}: 1",
             )
         return None
+
+    def scope_of(self, request: web.Request) -> Scope | None:
+        """The scope of the request's token (None: the server has no token), once the
+        middleware let it through (a handler asks: /v1/info says it)."""
+        if self.tokens.worker is None:
+            return None
+        return self._bearer_scope(request.headers.get("Authorization", ""))
 
     def _local(self, host: str) -> bool:
         """`host` names this machine, on the port served (or, without a port, the

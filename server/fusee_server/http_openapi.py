@@ -9,13 +9,39 @@ shows in the document as it is.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import msgspec
 
 import fusee
-from fusee_server.http_runs import Route
 from fusee_server.http_types import Error
+
+
+class Route(Protocol):
+    """What the document reads of a route (http_runs.Route)."""
+
+    @property
+    def method(self) -> str: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def summary(self) -> str: ...
+    @property
+    def answer(self) -> Any: ...
+    @property
+    def query(self) -> Any: ...
+    @property
+    def body(self) -> Any: ...
+    @property
+    def status(self) -> int: ...
+    @property
+    def errors(self) -> tuple[int, ...]: ...
+    @property
+    def params(self) -> list[str]: ...
+
 
 REF = "#/components/schemas/{name}"
 ERROR_WORDS = {
@@ -30,7 +56,7 @@ ERROR_WORDS = {
 }
 
 
-def document(routes: list[Route]) -> dict[str, Any]:
+def document(routes: Sequence[Route]) -> dict[str, Any]:
     bodies = [route.body for route in routes if route.body is not None]
     answers = [route.answer for route in routes]
     queries = [route.query for route in routes if route.query is not None]
@@ -97,14 +123,3 @@ def _parameters(schema: dict[str, Any]) -> list[dict[str, Any]]:
         }
         for name, field in schema["properties"].items()
     ]
-
-
-def openapi_route(routes: list[Route]) -> Route:
-    """`GET /v1/openapi.json`, itself one of the routes the document describes."""
-
-    async def served(api: Any, asked: Any) -> dict[str, Any]:
-        return described
-
-    route = Route("GET", "/v1/openapi.json", "openapi", "This document", dict[str, Any], served)
-    described = document([*routes, route])
-    return route

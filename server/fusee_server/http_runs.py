@@ -40,7 +40,8 @@ from fusee.journal import FINAL
 from fusee.protocol import messages as m
 from fusee.workflow.durations import at_ms, to_ms
 from fusee_server.access import Scope
-from fusee_server.http_guard import SCOPE, error_response
+from fusee_server.http_guard import Guard, error_response
+from fusee_server.http_openapi import document
 from fusee_server.http_types import (
     DescribeString,
     Done,
@@ -211,6 +212,7 @@ class RunsApi:
     def __init__(self, calls: Calls, invoker: Callable[[], bool] = lambda: False) -> None:
         self.calls = calls
         self.invoker = invoker
+        self.scope_of: Callable[[web.Request], Scope | None] = lambda _: None  # set by `app`
         # A result's long poll per run: every poll of one run shares one `result` call,
         # so polling a run that sleeps for days keeps one call waiting, not one per poll.
         self.results: dict[str, asyncio.Task[m.Answer]] = {}
@@ -388,6 +390,13 @@ class RunsApi:
         for route in routes:
             app.router.add_route(route.method, route.path, self._endpoint(route))
 
+    def app(self, guard: Guard) -> web.Application:
+        """An aiohttp app with the `/v1` routes (the document's too) behind `guard`."""
+        app = web.Application(middlewares=[guard.middleware], client_max_size=BODY_BYTES_MAX)
+        self.scope_of = guard.scope_of
+        self.add_routes(app, [*ROUTES, openapi_route(ROUTES)])
+        return app
+
     def _endpoint(self, route: Route) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def endpoint(request: web.Request) -> web.Response:
             try:
@@ -395,7 +404,7 @@ class RunsApi:
                     request.match_info,
                     _decoded_query(request, route.query),
                     await _decoded_body(request, route.body),
-                    request.get(SCOPE),
+                    self.scope_of(request),
                 )
                 answer = await route.handler(self, asked)
             except ApiError as error:
@@ -545,3 +554,14 @@ ROUTES = [
     _r("GET", "/v1/invocations", "invocations", "The invoker's endpoints and counts", Invocations,
        RunsApi.invocations),
 ]  # fmt: skip
+
+
+def openapi_route(routes: list[Route]) -> Route:
+    """`GET /v1/openapi.json`, itself one of the routes the document describes."""
+
+    async def served(api: RunsApi, asked: Asked) -> dict[str, Any]:
+        return described
+
+    route = Route("GET", "/v1/openapi.json", "openapi", "This document", dict[str, Any], served)
+    described = document([*routes, route])
+    return route

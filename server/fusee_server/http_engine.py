@@ -1,0 +1,71 @@
+"""The HTTP API served by an engine in this process (`serve(engine, host, port, token=)`),
+for an engine opened on a data directory or in memory, with no server: the same routes,
+guard and document as `fusee server --http`, each call answered by the engine itself
+as a worker answers the server's (fusee/engine/remote_calls.py).
+
+`Engine.serve()` is meant to call this; until it does, an application calls it directly.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from aiohttp import web
+
+from fusee import _secrets
+from fusee.engine.remote_calls import ServedEngine, answer_here
+from fusee.protocol import messages as m
+from fusee_server.access import Tokens
+from fusee_server.http_guard import Guard, is_loopback
+from fusee_server.http_runs import RunsApi
+
+SHUTDOWN_S = 1.0
+
+
+class EngineCalls:
+    """Calls answered by `engine`: `invocations` (nothing invokes an engine) here, the
+    rest by the engine's methods."""
+
+    def __init__(self, engine: ServedEngine, shards: int) -> None:
+        self.engine = engine
+        self.shards = shards
+
+    async def call(self, method: str, shard: int, args: dict[str, Any]) -> m.Answer:
+        if method == "invocations":
+            return m.Answer(0, m.encode_value({"endpoints": []}))
+        return await answer_here(self.engine, m.Call(0, method, shard, m.encode_value(args)))
+
+
+class Served:
+    """The site an engine serves; `close()` stops it (before the engine closes)."""
+
+    def __init__(self, runner: web.AppRunner, port: int) -> None:
+        self.runner = runner
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"  # for a loopback site (tests, local tools)
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
+
+
+async def serve(engine: Any, host: str = "127.0.0.1", port: int = 7601, token: str | None = None) -> Served:
+    """Serve `engine`'s HTTP API on `host:port` (0: a free port) until `close()`. With
+    `token` (at least 16 bytes), every request needs it as its bearer (the worker
+    scope); without one, listening on loopback, only this machine's names are answered."""
+    tokens = Tokens(_secrets.given(token, "token=") if token is not None else None)
+    guard = Guard(tokens, tls=False)
+    runs = RunsApi(EngineCalls(engine, engine.shard_count))
+    runner = web.AppRunner(runs.app(guard), access_log=None, shutdown_timeout=SHUTDOWN_S)
+    await runner.setup()
+    sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        await web.SockSite(runner, sock).start()
+    except BaseException:
+        sock.close()
+        await runner.cleanup()
+        raise
+    bound = int(sock.getsockname()[1])
+    if token is None and is_loopback(host):
+        guard.local_port = bound
+    return Served(runner, bound)
