@@ -150,6 +150,14 @@ class RunState:
             isinstance(op, StepOp) and op.state is _STEP_RUNNING and not op.done for op in self.ops.values()
         )
 
+    def stepping(self) -> bool:
+        """`in_flight`, but for steps waiting for a permit at the server: those hold no
+        worker, since the server keeps the wait for the shard (docs/limits.md)."""
+        return any(
+            isinstance(op, StepOp) and op.state is _STEP_RUNNING and not op.done and not op.asking
+            for op in self.ops.values()
+        )
+
     def next_due(self) -> int:
         return min(self.timers.values(), default=0)
 

@@ -61,9 +61,13 @@ class StepHost(Protocol):
     steps_run: int
 
     @property
+    def index(self) -> int: ...
+    @property
     def engine(self) -> StepSettings: ...
     @property
     def closed(self) -> bool: ...
+    @property
+    def leaving(self) -> bool: ...
     @property
     def store(self) -> ShardStore: ...
     @property
@@ -150,19 +154,28 @@ class Steps:
             self.execute(run, op)
             return
 
-        def granted(permit: Any) -> bool:
-            if op.done or run.final or self.shard.closed:
-                return False  # cancelled, ended or let go of while it waited
+        shard = self.shard
+
+        def granted(permit: Any) -> bool | None:
+            op.asking = False
+            if op.done or run.final:
+                return False  # cancelled or ended while it waited
+            if shard.closed or shard.leaving:
+                # Let go of (or reported idle) while it waited: the step still wants its
+                # permit, under the shard's next holder (`None`: the server keeps it).
+                return None
             op.permit = permit
             self.execute(run, op)
             return True
 
+        permits = shard.engine.permits
         try:
-            self.shard.engine.permits.acquire(
-                op.limit, op.priority, op.fairness_key, op.fairness_weight, granted
-            )
+            permits.acquire(op.limit, op.priority, op.fairness_key, op.fairness_weight, granted, shard.index)
         except Exception as exc:  # noqa: BLE001 - no permit to be had (server mode): the attempt's outcome
             self._step_outcome(run, op, None, exc)
+            return
+        # Still waiting, at the server: the shard may be let go of meanwhile (idle.py).
+        op.asking = op.permit is None and permits.remote
 
     def execute(self, run: RunState, op: StepOp) -> None:
         """Run one attempt of a step's function."""

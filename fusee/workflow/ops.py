@@ -79,6 +79,7 @@ class StepOp(Op):
     """A step, or an async completion (its send function runs as a step)."""
 
     __slots__ = (
+        "asking",
         "attempt",
         "awaitable",
         "completion",
@@ -135,6 +136,9 @@ class StepOp(Op):
         self.fairness_key: str | None = None
         self.fairness_weight = 1
         self.permit: Any = None  # held while an attempt runs
+        # Waiting for its permit at the server (server mode): the server wakes the shard
+        # when it is granted, so the shard may be let go of meanwhile (docs/limits.md).
+        self.asking = False
 
     @property
     def kind(self) -> str:  # type: ignore[override]
