@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,9 @@ class ServerLimits:
         self.parked: dict[int, list[Ask]] = {}  # by shard: asks its last holder left waiting
         self.reserved: dict[int, list[Reservation]] = {}  # by shard: permits kept for it
         self.held_since: dict[int, int] = {}  # by shard: when its holder took it (ms)
+        # By limit: withdrawn asks still in its queue (taken out when their turn comes),
+        # which `usage` does not count as waiting.
+        self.withdrawn: Counter[str] = Counter()
         # Called when a permit is reserved for a shard (the server makes it due).
         self.wake: Callable[[int], None] = lambda _shard: None
         if self.path.exists():
@@ -88,7 +92,9 @@ class ServerLimits:
 
     def usage(self, name: str) -> dict[str, int]:
         limit = self.limiter.limits.get(name)
-        return limit.usage() if limit is not None else {"in_use": 0, "waiting": 0}
+        if limit is None:
+            return {"in_use": 0, "waiting": 0}
+        return {"in_use": limit.in_use, "waiting": limit.queue.count - self.withdrawn[name]}
 
     def _persist(self) -> None:
         data = json.dumps(list(self.defs.values()), sort_keys=True).encode()
@@ -127,6 +133,7 @@ class ServerLimits:
     def _granted(self, ask: Ask, permit: Any) -> bool:
         """The queue's turn came for `ask`: to its worker, or kept for its shard."""
         if ask.withdrawn:
+            self.withdrawn[ask.name] -= 1
             return False
         conn = ask.conn
         if conn is not None:
@@ -158,7 +165,7 @@ class ServerLimits:
             ticket = (conn, number)
             waiting = self.waiting.pop(ticket, None)
             if waiting is not None:
-                waiting.withdrawn = True  # its queue entry grants nothing when its turn comes
+                self._withdraw(waiting)
             held = self.held.pop(ticket, None)
             self.expires.pop(ticket, None)
             if held is None:
@@ -209,7 +216,13 @@ class ServerLimits:
                 ask.conn = None
                 self.parked.setdefault(ask.shard, []).append(ask)
             else:
-                ask.withdrawn = True
+                self._withdraw(ask)
+
+    def _withdraw(self, ask: Ask) -> None:
+        """Its queue entry grants nothing when its turn comes."""
+        if not ask.withdrawn:
+            ask.withdrawn = True
+            self.withdrawn[ask.name] += 1
 
     def expire(self) -> None:
         now = self.clock.now_ms()
