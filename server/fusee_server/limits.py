@@ -115,6 +115,8 @@ class ServerLimits:
     def ask(self, conn: ServerConnection, message: m.PermitAsk) -> None:
         ticket = (conn, message.ticket)
         ask = Ask(conn, message)
+        if ask.shard not in conn.held:
+            ask.shard = -1  # only a shard its worker holds has its waits kept (and woken)
         if ask.shard >= 0:
             reservation = _take(self.reserved, ask.shard, ask.kind)
             if reservation is not None:
