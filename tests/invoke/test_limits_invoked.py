@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from fusee.protocol import address
+from fusee.protocol import messages as m
+from fusee.storage.remote import RemoteStorage
 from tests.server_mode.test_limits import events, most_inside
 from tests.support.cluster import Cluster, metrics, quiet, sends
 from tests.support.procs import Proc
@@ -143,5 +146,68 @@ async def test_concurrent_4_across_worker_processes_and_invoked_handlers(cluster
     assert most_inside(file) == 4
     assert await client.limit_usage("api") == {"in_use": 0, "waiting": 0}
     assert server.held()  # the workers' shards
+    assert not cluster.problems(), cluster.problems()
+    await client.close()
+
+
+class Grants:
+    """A scripted worker's side of the limits (RemoteStorage's `permits`): it hands every
+    grant back unused, as a worker letting the step's shard go does."""
+
+    def __init__(self, storage: RemoteStorage) -> None:
+        self.storage = storage
+        self.got: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+
+    def granted(self, message: m.PermitGrant) -> None:
+        self.storage.send(m.PermitReturn(message.tickets, unused=True))
+        if not self.got.done():
+            self.got.set_result(message.tickets)
+
+    def lost(self) -> None:
+        pass
+
+
+async def test_a_permit_granted_as_its_worker_lets_the_shard_go_is_kept_for_the_shard(
+    cluster, tmp_path, monkeypatch
+):
+    """The race of a grant and a leaving worker: a worker holding shard S (scripted here,
+    on the real wire) asks for the permit for S, and hands the grant back unused, then
+    lets S go. The server keeps the permit for S and invokes S (reason `permit`); the
+    handler's engine has no step asking for it, so the permit goes back when it lets S go."""
+    monkeypatch.setenv("FUSEE_INVOKE_TRACE", "1")
+    cluster.start_handler()
+    server = cluster.start_invoked()
+    client = await cluster.client()
+    await quiet(client)
+    await client.limit("gate", concurrent=1)
+    raw = await RemoteStorage.connect(address.parse(cluster.address(max_shards=1)))
+    grants = Grants(raw)
+    raw.permits = grants
+    try:
+        [(shard, epoch)] = raw.granted.items()
+        blocker = ids_on_other_shards(client, shard, 1, "b")[0]
+        file = tmp_path / "blocker"
+        file.touch()
+        run = await client.start("limited", blocker, {"limit": "gate", "ms": 300, "file": str(file)})
+        await eventually(lambda: events(file), timeout=10.0, every=0.01)
+        raw.send(m.PermitAsk(1, "gate", 0, None, 1, shard))
+        assert await eventually(lambda: grants.got.done(), timeout=10.0, every=0.01)
+        assert grants.got.result() == [1]
+        sent_before = len(sends(server))
+        raw.release(shard, epoch)
+        assert await run.result() == "ok"
+        await eventually(
+            lambda: any(shard in s and "permit" in r for _, s, r in sends(server)[sent_before:]),
+            timeout=10.0,
+            every=0.01,
+        )
+
+        async def back() -> bool:
+            return await client.limit_usage("gate") == {"in_use": 0, "waiting": 0}
+
+        await eventually(back, timeout=10.0, every=0.02)
+    finally:
+        await raw.close()
+    await quiet(client)
     assert not cluster.problems(), cluster.problems()
     await client.close()
