@@ -88,8 +88,9 @@ class RemotePermits:
             del self.waiting[ticket]
 
     def lost(self) -> None:
-        """The connection went: the server dropped this worker's waiting tickets (their
-        steps' shards are lost with it too), and lets its permits lapse."""
+        """The connection went, and its shards with it: the server keeps this worker's
+        waiting tickets for their shards (whose next holders ask again), and lets its
+        permits lapse."""
         self.waiting.clear()
         self.held.clear()
         if self.renewer is not None:
