@@ -159,7 +159,7 @@ async def test_resume_refuses_a_run_with_nothing_paused(kit):
     t = await kit(paused_order)
     run = await t.start(paused_order, "o-1", 7)
     await t.settle()
-    with pytest.raises(fusee.RejectedError, match="no step paused out of retries .it is running"):
+    with pytest.raises(fusee.RejectedError, match=r"no step paused out of retries \(it is running"):
         await run.resume()
     await run.terminate()
     with pytest.raises(fusee.RejectedError, match="it is terminated"):
@@ -198,11 +198,11 @@ async def test_retry_refuses_a_run_that_has_not_failed(kit):
     t = await kit(order)
     run = await t.start(order, "o-1", 7)
     await t.settle()
-    with pytest.raises(fusee.RejectedError, match="has not failed .it is running"):
+    with pytest.raises(fusee.RejectedError, match=r"has not failed \(it is running"):
         await run.retry()
     await run.signal(go, "yes")
     await t.result("o-1")
-    with pytest.raises(fusee.RejectedError, match="has not failed .it is ok"):
+    with pytest.raises(fusee.RejectedError, match=r"has not failed \(it is ok"):
         await run.retry()
 
 
@@ -308,7 +308,7 @@ async def test_reset_refuses_a_step_the_run_does_not_have(kit):
     t = await kit(order)
     run = await t.start(order, "o-1", 7)
     await t.settle()
-    with pytest.raises(fusee.RejectedError, match="has no step 'nope' .its steps: reserve"):
+    with pytest.raises(fusee.RejectedError, match=r"has no step 'nope' \(its steps: reserve"):
         await run.reset("nope")
     assert (await run.status()).run == 1  # nothing changed
     with pytest.raises(fusee.NotFoundError):
