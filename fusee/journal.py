@@ -352,6 +352,23 @@ def op_of(rec: Any) -> tuple[str, str]:
     return (type(rec).__name__, str(getattr(rec, "seq", "")))
 
 
+def pauses(records: list[Any]) -> bool:
+    """Whether a journal ends paused: a step's paused attempt with no record of that step
+    after it (a resume, a result, a cancel's failure) and no end. How a listing tells a
+    parked paused run from a parked running one without loading it."""
+    paused: set[int] = set()
+    for rec in records:
+        if isinstance(rec, Attempt) and rec.paused:
+            paused.add(rec.seq)
+        elif isinstance(rec, (Resume, StepDone, StepFailed, Completed)):
+            paused.discard(rec.seq)
+        elif isinstance(rec, CancelRequested):
+            paused.clear()  # the cancel ends every waiting operation, the paused step too
+        elif isinstance(rec, (Finished, ContinuedAsNew)):
+            return False
+    return bool(paused)
+
+
 class Entry(msgspec.Struct, array_like=True):
     """One log record: a run's record, or a shard record (`wid` "")."""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import msgspec
 import pytest
 
 import fusee
@@ -126,6 +127,43 @@ async def test_a_final_failure_fails_even_under_pause(kit):
     t.mock_step(paused_order, "charge", fatal)
     run = await _at_charge(t, paused_order, "o-1")
     assert (await run.status()).status == Status.FAILED
+
+
+@pytest.mark.parametrize("reopen", ["crash", "restart"])
+async def test_a_parked_paused_run_is_listed_paused_and_stays_paused_across_a_reopen(kit, reopen):
+    t = await kit(paused_order)
+    charges = Charges()
+    t.mock_step(paused_order, "charge", charges)
+    await _at_charge(t, paused_order, "o-1")
+    await t.advance("5s")
+    assert not any("o-1" in shard.runs for shard in t.engine.shards)  # parked
+    assert [(r.id, r.status) async for r in t.engine.list()] == [("o-1", Status.PAUSED)]
+    await (t.crash() if reopen == "crash" else t.restart())
+    assert [(r.id, r.status) async for r in t.engine.list()] == [("o-1", Status.PAUSED)]
+    charges.broken = False
+    await t.engine.run("o-1").resume()
+    assert (await t.result("o-1"))[2] == "charged on attempt 1"
+
+
+async def test_a_paused_run_still_times_out(kit):
+    t = await kit(paused_order)
+    t.mock_step(paused_order, "charge", Charges())
+    run = await t.start(paused_order, "o-1", 7, timeout="1m")
+    await t.settle()
+    await run.signal(go, "yes")
+    await t.advance("5s")
+    assert (await run.status()).status == Status.PAUSED
+    await t.advance("2m")
+    assert (await run.status()).status == Status.TIMED_OUT
+
+
+def test_records_written_before_the_new_fields_read_as_before():
+    failure = fusee.Failure("boom")
+    old_attempt = msgspec.msgpack.encode(["o-1", 1, [11, 3, "charge", 2, failure, 5000, 4000]])
+    rec = R.decode_entry(old_attempt).rec
+    assert isinstance(rec, R.Attempt) and rec.paused is False and rec.retry_at == 5000
+    old_end = msgspec.msgpack.encode(["o-1", 1, [2, "terminated", None, failure, 0, []]])
+    assert R.decode_entry(old_end).rec == R.Finished("terminated", failure=failure, by=None)
 
 
 async def test_a_paused_run_stays_paused_across_a_crash_and_resumes_after(kit):
