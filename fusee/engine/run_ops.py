@@ -8,20 +8,25 @@ run's number, so recovery finds the new run whole in the log like any other (a r
 number that changes begins a new journal, as after a continue-as-new) and the old run's
 records after the cut are superseded. The new run replays the copy, then goes live: the
 steps after the cut run again, with new idempotency keys (`ctx.key()` includes the run).
-Issued records in the copy keep their outbox numbers: a receiver takes a message it has
-applied once, so the copy's children are attached to, and its signals are not sent again.
+
+What the copy sent out is not sent again: the answers the old run got after the cut (a
+child's start and result, a signal's delivery, a completion) follow the Reset record, so
+nothing waits for an answer already given; a message still unanswered keeps its outbox
+number, now owned by the new run, and its answer goes there; and a child still running
+names the old run as its parent, so the new run takes results naming the run its copy
+came from (`RunState.inherited`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from fusee import _names as names
 from fusee import journal as R
 from fusee._audit import requester
 from fusee._errors import FuseeError, NotFoundError, RejectedError
 from fusee.engine.run import RunState, stop_step
-from fusee.journal import FINAL, Status
+from fusee.journal import FINAL, Msg, Status
 from fusee.workflow.ops import StepOp
 
 if TYPE_CHECKING:
@@ -152,12 +157,42 @@ def _cut(state: RunState | StoredRun, step: str, seq: int | None) -> int | None:
     return None
 
 
-class _NewRun:
-    """What `Shard.append` reads of the run a record belongs to, for the copy's records
-    appended before the new run's state exists (it is built by replaying them)."""
+_ISSUED_OUT = (R.ChildRequested, R.SignalSent, R.CancelSent, R.CompletionSent)
+_ANSWERS = (R.ChildStarted, R.Delivered, R.ChildResult, R.Completed)
 
-    def __init__(self, wid: str, run_no: int, started: R.Started) -> None:
-        self.wid, self.run_no, self.started = wid, run_no, started
+
+def _carried(copy: list[R.Rec], after: list[R.Rec], reapply_signals: bool) -> list[R.Rec]:
+    """The records after the cut the new run takes, in their order: the signals (unless
+    not reapplied), and the answers to what the copy sent out (a child's start and
+    result, a signal's or cancel's delivery, an async completion): those were answered
+    once, to the old run, and are not asked again."""
+    sent = {r.seq for r in copy if isinstance(r, _ISSUED_OUT)}
+    out: list[R.Rec] = []
+    for rec in after:
+        if isinstance(rec, R.SignalReceived) and reapply_signals:
+            out.append(rec)
+        elif isinstance(rec, _ANSWERS) and rec.seq in sent:
+            out.append(rec)
+    return out
+
+
+def _append_copy(shard: Shard, wid: str, run_no: int, started: R.Started, records: list[R.Rec]) -> None:
+    """Stage the new run's records (before its state exists: replaying them builds it).
+    The outbox takes each as on any append, but what they send leaves only once the whole
+    copy is staged: a message whose answer follows in the copy is no longer pending by
+    then, and is not sent again (sent at once, a child would be started a second time).
+    One still unanswered goes out again under its number, now the new run's."""
+    durability = shard.durability
+    out: list[Msg] = []
+    lsn = durability.appended
+    for rec in records:
+        lsn = durability.stage(R.encode_entry(R.Entry(wid, run_no, rec)))
+        sent = shard.outbox.note(wid, run_no, rec, started.parent)
+        if sent is not None:
+            out += sent if isinstance(sent, list) else [sent]
+        durability.made(lsn)
+    if out:
+        shard.messages.send_when_durable(lsn, out)
 
 
 async def _begin_from(
@@ -166,18 +201,19 @@ async def _begin_from(
     started = state.journal[0]
     assert isinstance(started, R.Started)
     wid = state.wid
-    after = state.journal[cut:]
-    signals = [r for r in after if isinstance(r, R.SignalReceived)] if reapply_signals else []
-    records = [*state.journal[:cut], R.Reset(state.run_no, step, requester(), reapply_signals), *signals]
+    copy = state.journal[:cut]
+    records = [
+        *copy,
+        R.Reset(state.run_no, step, requester(), reapply_signals),
+        *_carried(copy, state.journal[cut:], reapply_signals),
+    ]
     if isinstance(state, RunState):
         if shard.runs.get(wid) is not state:
             await _refuse(shard, RejectedError(f"reset: workflow '{wid}' moved on meanwhile; try again"))
         _retire(shard, state)
     shard.index_entries.pop(wid)  # a finished run's entry: the new run is the ID's now
     run_no = state.run_no + 1
-    target: Any = _NewRun(wid, run_no, started)
-    for rec in records:
-        shard.append(target, rec)
+    _append_copy(shard, wid, run_no, started, records)
     # Replayed against the copy, then live: it runs on from the cut. Result waiters wait
     # by workflow ID, so callers of `result()` get the new run's outcome.
     new = shard.revive(wid, run_no, records)

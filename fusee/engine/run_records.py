@@ -61,6 +61,7 @@ class AppliedRun(Driver, Protocol):
     code_outcome: tuple[Any, BaseException | None] | None
     paused: int | None
     pending_start: list[Op]
+    inherited: dict[int, int]
 
     @property
     def shard(self) -> _Shard: ...
@@ -142,7 +143,11 @@ def resume(run: AppliedRun, rec: R.Resume) -> None:
 
 
 def reset(run: AppliedRun, rec: R.Reset) -> None:
-    """Marks where a reset's copy of the previous run ends: nothing to apply."""
+    """Where a reset's copy of the previous run ends. The children the copy started and
+    that are still running were started by run `rec.run` (or an earlier one, for a copy of
+    a copy): their results name that run, and this run takes them."""
+    for seq in run.children:
+        run.inherited.setdefault(seq, rec.run)
 
 
 def step_failed(run: AppliedRun, rec: R.StepFailed) -> None:

@@ -353,6 +353,50 @@ async def test_reset_refuses_a_step_the_run_does_not_have(kit):
         await t.engine.run("nobody").reset("reserve")
 
 
+kid_go = fusee.signal("kid-go", int)
+
+
+@fusee.workflow("kid")
+async def kid(ctx: fusee.Ctx, signals: int) -> int:
+    """The sum of `signals` signals."""
+    return sum([await ctx.wait_for(kid_go) or 0 for _ in range(signals)])
+
+
+@fusee.workflow("family")
+async def family(ctx: fusee.Ctx, n: int) -> list[int]:
+    early = await ctx.child(kid, f"{ctx.workflow_id}-early", 1)  # ends before the cut
+    late = await ctx.start_child(kid, f"{ctx.workflow_id}-late", 2)  # the test ends it
+    await ctx.signal_workflow(f"{ctx.workflow_id}-late", kid_go, 1)
+    marked = await ctx.step("mark", lambda: 100)
+    return [early, await late.result(), marked]
+
+
+@pytest.mark.parametrize("late_ends", ["before the reset", "after the reset"])
+async def test_reset_attaches_to_the_children_the_copy_started(kit, late_ends):
+    t = await kit(family, kid)
+    run = await t.start(family, "f-1", 1)
+    await t.settle()
+    await t.engine.run("f-1-early").signal(kid_go, 10)
+    await t.advance("1s")
+    late = t.engine.run("f-1-late")
+    if late_ends == "before the reset":
+        await late.signal(kid_go, 5)
+        await t.advance("1s")
+        assert (await late.status()).status == Status.OK
+    await run.reset("mark")  # after the start and the signal, before the step
+    if late_ends == "after the reset":
+        assert (await late.status()).status == Status.RUNNING
+        await late.signal(kid_go, 5)  # its result names run 1; run 2 takes it
+    assert await t.result("f-1") == [10, 6, 100]
+    assert (await run.status()).run == 2
+    kids = [r for r in await _journal(t, "f-1") if isinstance(r, R.ChildRequested)]
+    assert len(kids) == 2 and (await late.status()).run == 1  # no child started again
+    got = [r.value for r in await _journal(t, "f-1-late") if isinstance(r, R.SignalReceived)]
+    assert got == [b"1", b"5"]  # the copy's signal was not sent again
+    await t.crash()
+    assert await t.result("f-1") == [10, 6, 100]
+
+
 # -- audit ----------------------------------------------------------------------------
 
 
