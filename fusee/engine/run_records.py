@@ -144,10 +144,14 @@ def resume(run: AppliedRun, rec: R.Resume) -> None:
 
 def reset(run: AppliedRun, rec: R.Reset) -> None:
     """Where a reset's copy of the previous run ends. The children the copy started and
-    that are still running were started by run `rec.run` (or an earlier one, for a copy of
-    a copy): their results name that run, and this run takes them."""
+    that are still running, and the completion tokens it handed out and that are still
+    out, name run `rec.run` (or an earlier one, for a copy of a copy): this run takes
+    their results."""
     for seq in run.children:
         run.inherited.setdefault(seq, rec.run)
+    for op in run.ops.values():
+        if isinstance(op, StepOp) and op.state is StepState.SENT and not op.done:
+            run.inherited.setdefault(op.seq, rec.run)
 
 
 def step_failed(run: AppliedRun, rec: R.StepFailed) -> None:

@@ -397,6 +397,30 @@ async def test_reset_attaches_to_the_children_the_copy_started(kit, late_ends):
     assert await t.result("f-1") == [10, 6, 100]
 
 
+TOKENS: list[str] = []
+
+
+@fusee.workflow("approval")
+async def approval(ctx: fusee.Ctx, n: int) -> list[Any]:
+    asked = ctx.await_completion("ask", lambda cb: TOKENS.append(cb.token))
+    return await ctx.all([asked, ctx.step("later", lambda: "after")])
+
+
+async def test_a_completion_token_handed_out_before_the_cut_completes_the_new_run(kit):
+    TOKENS.clear()
+    t = await kit(approval)
+    run = await t.start(approval, "a-1", 0)
+    await t.settle()
+    kinds = [type(r).__name__ for r in await _journal(t, "a-1")]
+    assert kinds.index("CompletionSent") < kinds.index("StepDone")  # the token is in the copy
+    await run.reset("later")
+    await t.settle()
+    assert len(TOKENS) == 1  # not asked again
+    await t.engine.complete(TOKENS[0], "approved")
+    assert await t.result("a-1") == ["approved", "after"]
+    assert (await run.status()).run == 2
+
+
 # -- audit ----------------------------------------------------------------------------
 
 
