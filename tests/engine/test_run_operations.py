@@ -206,6 +206,91 @@ async def test_resume_refuses_a_run_with_nothing_paused(kit):
         await t.engine.run("nobody").resume()
 
 
+async def _at_point(t: TestEngine, point: str) -> fusee.Run[Any]:
+    """A run of `order` at a point of its life; 'charge' hangs mid-step at 'mid-step'."""
+    if point == "mid-step":
+        t.mock_step(order, "charge", lambda attempt: asyncio.Event().wait())
+    elif point == "failed":
+        t.mock_step(order, "charge", Charges())
+    run = await t.start(order, "o-1", 7)
+    if point == "before its first turn":
+        return run
+    await t.settle()
+    if point == "cancelled":
+        await run.cancel("no")
+    elif point == "terminated":
+        await run.terminate("no")
+    elif point != "parked on a wait":
+        await run.signal(go, "yes")
+        await t.advance("5s")  # mid-step, failed, or parked on its sleep
+        if point == "completed":
+            await t.result("o-1")
+    await t.settle()
+    return run
+
+
+POINTS = [
+    "before its first turn",
+    "parked on a wait",
+    "mid-step",
+    "parked on a sleep",
+    "failed",
+    "completed",
+    "cancelled",
+    "terminated",
+]
+
+
+@pytest.mark.parametrize("point", POINTS)
+async def test_resume_and_retry_are_refused_where_they_do_not_apply(kit, point):
+    t = await kit(order)
+    run = await _at_point(t, point)
+    status = (await run.status()).status
+    with pytest.raises(fusee.RejectedError, match=rf"no step paused out of retries \(it is {status}\)"):
+        await run.resume()
+    if point != "failed":
+        with pytest.raises(fusee.RejectedError, match=rf"has not failed \(it is {status}\)"):
+            await run.retry()
+    assert (await run.status()).run == 1  # nothing was recorded
+
+
+@pytest.mark.parametrize("point", POINTS)
+async def test_reset_before_the_first_step_works_at_every_point(kit, point):
+    t = await kit(order)
+    run = await _at_point(t, point)
+    t.mocks.clear()  # the code is fixed
+    assert await run.reset("reserve") == 2
+    await t.settle()
+    await run.signal(go, "again")  # a signal after the cut was reapplied, or this one is taken
+    result = await t.result("o-1")
+    assert result[0] == 7 and result[1] in ("yes", "again") and result[3] == "shipped"
+    assert result[2] == "o-1/2/2"  # charge ran again under the new run's key
+    await t.check()
+
+
+ELAPSING = fusee.Retry(
+    attempts=100, initial="1s", factor=1, jitter=False, max_elapsed="3s", on_exhausted="pause"
+)
+elapsing_order = _order("elapsing-order", ELAPSING)
+
+
+async def test_a_step_paused_by_max_elapsed_counts_it_again_from_the_resume(kit):
+    t = await kit(elapsing_order)
+    charges = Charges()
+    t.mock_step(elapsing_order, "charge", charges)
+    run = await t.start(elapsing_order, "o-1", 7)
+    await t.settle()
+    await run.signal(go, "yes")
+    await t.advance("10s")
+    assert (await run.status()).status == Status.PAUSED
+    first = len(charges.attempts)
+    assert 3 <= first <= 5  # 1 s apart, for 3 s
+    await run.resume()
+    await t.advance("10s")
+    assert (await run.status()).status == Status.PAUSED
+    assert charges.attempts == list(range(1, first + 1)) * 2  # as many again: max_elapsed restarted
+
+
 # -- retry ----------------------------------------------------------------------------
 
 

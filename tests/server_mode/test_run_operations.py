@@ -15,6 +15,8 @@ import fusee
 import fusee.sync
 from fusee import journal as R
 from fusee.journal import Status
+from fusee.protocol import messages as m
+from fusee_server.access import Scope, refusal
 from tests.support.procs import Server, Worker
 from tests.support.waiting import eventually
 
@@ -90,3 +92,10 @@ async def test_the_blocking_client_sends_its_requester(
     end = journal[-1]
     assert signal.by == "script:bob"
     assert isinstance(end, R.Finished) and end.status == "terminated" and end.by == "script:bob"
+
+
+@pytest.mark.parametrize("method", ["reset", "retry", "resume"])
+def test_a_read_token_may_not_reset_retry_or_resume(method: str) -> None:
+    refused = refusal(Scope.READ, m.Call(1, method, 0, b""))
+    assert refused is not None and repr(method) in refused
+    assert refusal(Scope.CLIENT, m.Call(1, method, 0, b"")) is None
