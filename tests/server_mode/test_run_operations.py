@@ -10,13 +10,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from fusee_server.access import Scope, refusal
 
 import fusee
 import fusee.sync
 from fusee import journal as R
 from fusee.journal import Status
 from fusee.protocol import messages as m
-from fusee_server.access import Scope, refusal
 from tests.support.procs import Server, Worker
 from tests.support.waiting import eventually
 
