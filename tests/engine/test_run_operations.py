@@ -427,6 +427,28 @@ async def test_reset_survives_a_crash_and_the_old_run_does_not_come_back(kit):
     await t.check()
 
 
+@pytest.mark.parametrize("turns", [0, 1, 2, 5])
+async def test_a_crash_during_a_reset_finds_the_old_run_or_the_new_one_whole(kit, turns):
+    t = await kit(order)
+    run = await t.start(order, "o-1", 7)
+    await t.settle()
+    await run.signal(go, "yes")
+    await t.advance("2s")
+    resetting = asyncio.ensure_future(run.reset("charge"))
+    for _ in range(turns):
+        await asyncio.sleep(0)
+    await t.crash(settle=False)
+    resetting.cancel()
+    summary = await t.engine.run("o-1").status()
+    journal = await _journal(t, "o-1")
+    if summary.run == 2:
+        assert [type(r).__name__ for r in journal[:5]][-1] == "Reset"
+    else:
+        assert not any(isinstance(r, R.Reset) for r in journal)
+    assert (await t.result("o-1"))[2] == f"o-1/{summary.run}/2"
+    await t.check()
+
+
 async def test_reset_refuses_a_step_the_run_does_not_have(kit):
     t = await kit(order)
     run = await t.start(order, "o-1", 7)
