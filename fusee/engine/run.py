@@ -135,6 +135,8 @@ class RunState:
         self.child_watchers: dict[int, list[WatchOp]] = {}
         self.children: dict[int, str] = {}
         self.cancel_reason: str | None = None
+        self.paused: int | None = None  # the position of the step paused out of retries
+        self.inherited: dict[int, int] = {}  # a reset's children: position -> the run that started them
         self.last_lsn = 0
         self.timers: dict[int, int] = {}  # seq -> due, for parking and next due
         self.last_active_ms = 0

@@ -42,6 +42,7 @@ class StepState(enum.Enum):
     IDLE = "idle"  # not begun, or between attempts (`retry_at` says until when)
     RUNNING = "running"  # its function runs, or waits for the records before it to be durable
     SENT = "sent"  # an async completion whose token is out: it waits for `complete`/`fail`
+    PAUSED = "paused"  # out of retries under on_exhausted="pause": waits for `resume()`
 
 
 class Op:
@@ -81,6 +82,7 @@ class StepOp(Op):
     __slots__ = (
         "asking",
         "attempt",
+        "attempts_before",
         "awaitable",
         "completion",
         "context",
@@ -118,7 +120,8 @@ class StepOp(Op):
         self.timeout_ms = timeout_ms
         self.read_only = read_only
         self.thread = thread
-        self.attempt = 1
+        self.attempt = 1  # what the step function sees: from 1 again after a resume
+        self.attempts_before = 0  # the attempts made before the last resume (the journal numbers on)
         self.first_failure_at = 0
         self.retry_at = 0
         self.task: Any = None
