@@ -1,5 +1,6 @@
 """What a limit adds to a step (docs/limits.md). Run on demand:
-`python bench/limit_cost.py [--steps 2000] [--rounds 7] [--server-steps 500] [--attempts 200]`.
+`python bench/limit_cost.py [--steps 2000] [--rounds 7] [--server-steps 500] [--attempts 200]
+[--only local|server|invoked-regrant] [--regrants 30]`.
 
 - Local: sequential steps with `limit=` against the same steps without, on a memory engine
   in one process (local mode's permit path), in alternating rounds.
@@ -10,6 +11,13 @@
   for it; every attempt appends its begin and end times to a file, and the gap from one
   attempt's end to the next one's begin is the permit's way back to the server and out
   to the next waiter (to another worker, or to the same one).
+
+- Invoked regrant (`--only invoked-regrant`, not run by default): `fusee server --invoke`
+  POSTing to uvicorn serving handlers/asgi.py (the tests' cluster), `concurrent=1`; in
+  each round a step on one shard holds the permit while a step on another shard asks for
+  it, its shard is let go of (its invocation returns), and the gap from the holder's end
+  to the waiter's begin is the server's grant, the shard's new invocation (reason
+  `permit`), its engine's open and the step's asking again.
 
 Prints the median µs per step of each and the difference, then the gaps' p50 and p90.
 """
@@ -26,6 +34,7 @@ import tempfile
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -196,6 +205,53 @@ async def server_mode(args: argparse.Namespace, scratch: Path) -> None:
     await grant_latency(scratch, args.attempts, args.ms)
 
 
+async def invoked_regrant(scratch: Path, rounds: int) -> None:
+    from tests.support.cluster import Cluster
+    from tests.support.waiting import eventually
+
+    cluster: Cluster[Any] = Cluster(scratch / "cluster")
+    try:
+        cluster.start_handler()
+        server = cluster.start_invoked(shards=2)
+        client = await cluster.client()
+        await client.limit("one", concurrent=1)
+        gaps: list[float] = []
+        skipped = 0
+
+        async def waiting() -> bool:
+            return (await client.limit_usage("one"))["waiting"] == 1
+
+        ids = (f"r{i}" for i in itertools.count())
+        for r in range(rounds):
+            holder = next(i for i in ids if client.shard_of(i) == 0)
+            waiter = next(i for i in ids if client.shard_of(i) == 1)
+            files = [scratch / f"{r}-holder", scratch / f"{r}-waiter"]
+            for f in files:
+                f.touch()
+            await client.start("limited", holder, {"limit": "one", "ms": 700, "file": str(files[0])})
+            await eventually(lambda files=files: files[0].read_text(), timeout=10.0, every=0.005)
+            await client.start("limited", waiter, {"limit": "one", "ms": 1, "file": str(files[1])})
+            await eventually(waiting, timeout=10.0, every=0.005)
+            await eventually(lambda: 1 not in server.held(), timeout=10.0, every=0.005)
+            released = "-1" not in files[0].read_text()
+            await eventually(
+                lambda files=files: files[1].read_text().count("\n") == 2, timeout=10.0, every=0.005
+            )
+            if not released:
+                skipped += 1  # its shard was still held when the permit came: not this path
+                continue
+            end = float(files[0].read_text().splitlines()[1].split()[1])
+            begin = float(files[1].read_text().splitlines()[0].split()[1])
+            gaps.append((begin - end) * 1000)
+        await client.close()
+    finally:
+        cluster.close()
+    print(
+        f"invoked regrant: permit returned -> the waiting step begins in its shard's new invocation, "
+        f"{len(gaps)} rounds ({skipped} skipped): {p(gaps, 0.5):.1f} ms p50, {p(gaps, 0.9):.1f} ms p90"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--steps", type=int, default=2000, help="local mode's steps per round")
@@ -204,16 +260,21 @@ def main() -> int:
     parser.add_argument("--attempts", type=int, default=300, help="contending attempts, grant latency")
     parser.add_argument("--ms", type=float, default=2.0, help="each contending attempt's sleep")
     parser.add_argument("--local-only", action="store_true")
+    parser.add_argument("--only", choices=["local", "server", "invoked-regrant"])
+    parser.add_argument("--regrants", type=int, default=30, help="invoked regrant's rounds")
     parser.add_argument("--worker", metavar="ADDRESS", help=argparse.SUPPRESS)  # a worker process
     args = parser.parse_args()
     if args.worker is not None:
         asyncio.run(worker_process(args.worker))
         return 0
-    asyncio.run(local(args.steps, args.rounds))
-    if args.local_only:
+    if args.only in (None, "local"):
+        asyncio.run(local(args.steps, args.rounds))
+    if args.local_only or args.only == "local":
         return 0
-    print()
     scratch = Path(tempfile.mkdtemp(prefix="fusee-limit-cost-"))
+    if args.only == "invoked-regrant":
+        return run_in(scratch, invoked_regrant(scratch, args.regrants))
+    print()
     return run_in(scratch, server_mode(args, scratch))
 
 

@@ -2,6 +2,7 @@
 
 from typing import TYPE_CHECKING
 
+from fusee._audit import as_requester
 from fusee._clock import SystemClock, VirtualClock
 from fusee._errors import (
     AlreadyExistsError,
@@ -95,6 +96,7 @@ __all__ = [
     "VirtualClock",
     "Workflow",
     "WorkflowError",
+    "as_requester",
     "invocation_handler",
     "query",
     "signal",

@@ -36,6 +36,10 @@ class Status(enum.StrEnum):
     TIMED_OUT = "timed_out"
     TERMINATED = "terminated"
     CONTINUED = "continued"  # continued as new: the ID's next run holds it
+    # A step ran out of retries under `on_exhausted="pause"`: the run waits for `resume()`.
+    # Shown by answers only: in memory the run is RUNNING (it parks, checkpoints and
+    # sweeps as one), and `RunState.paused` says which step waits.
+    PAUSED = "paused"
 
 
 ENDED = frozenset({Status.OK, Status.FAILED, Status.CANCELLED, Status.TIMED_OUT, Status.TERMINATED})
@@ -85,6 +89,19 @@ class Finished(Rec, tag=2):
     failure: Failure | None = None
     msg: int = 0
     closes: list[tuple[str, int, str]] = []
+    by: str | None = None  # who asked, for a termination (docs/run-operations.md, *Audit*)
+
+
+class Reset(Rec, tag=4):
+    """A run begun by `reset()` or `retry()`: its records before this one are the previous
+    run's (`run`) up to just before step `step`'s first record; the signals after it are
+    the ones received after that cut, reapplied (none when `reapply_signals` was false).
+    Applying it changes nothing: it marks where the copy ends and who asked."""
+
+    run: int
+    step: str
+    by: str | None = None
+    reapply_signals: bool = True
 
 
 class ContinuedAsNew(Rec, tag=3):
@@ -118,12 +135,25 @@ class Attempt(Rec, tag=11):
     failure: Failure
     retry_at: int
     failed_at: int = 0
+    # The retries ran out under `on_exhausted="pause"`: retried only by `resume()` (its
+    # `retry_at` is 0, "until resumed").
+    paused: bool = False
 
 
 class StepFailed(Rec, tag=12):
     seq: int
     name: str
     failure: Failure
+
+
+class Resume(Rec, tag=13):
+    """`resume()` of the step paused at `seq`, after its attempt `attempt` (the journal's
+    numbering): it runs again with a fresh set of attempts."""
+
+    seq: int
+    name: str
+    attempt: int
+    by: str | None = None
 
 
 # -- time, signals, values ------------------------------------------------------------
@@ -266,9 +296,11 @@ Record = (
     Started
     | Finished
     | ContinuedAsNew
+    | Reset
     | StepDone
     | Attempt
     | StepFailed
+    | Resume
     | TimerStarted
     | TimerFired
     | WaitStarted
@@ -301,7 +333,7 @@ def op_of(rec: Any) -> tuple[str, str]:
     """The operation (kind, identity) a record stands for: what replay compares with the
     operation the code calls at the same position (`Op.ident`; docs/engine.md, *Runs,
     journals and replay*), and what a determinism error names."""
-    if isinstance(rec, (StepDone, Attempt, StepFailed)):
+    if isinstance(rec, (StepDone, Attempt, StepFailed, Resume)):
         return ("step", rec.name)
     if isinstance(rec, TimerStarted):
         return ("sleep", rec.name)
@@ -318,6 +350,23 @@ def op_of(rec: Any) -> tuple[str, str]:
     if isinstance(rec, (CompletionSent,)):
         return ("await_completion", rec.name)
     return (type(rec).__name__, str(getattr(rec, "seq", "")))
+
+
+def pauses(records: list[Any]) -> bool:
+    """Whether a journal ends paused: a step's paused attempt with no record of that step
+    after it (a resume, a result, a cancel's failure) and no end. How a listing tells a
+    parked paused run from a parked running one without loading it."""
+    paused: set[int] = set()
+    for rec in records:
+        if isinstance(rec, Attempt) and rec.paused:
+            paused.add(rec.seq)
+        elif isinstance(rec, (Resume, StepDone, StepFailed, Completed)):
+            paused.discard(rec.seq)
+        elif isinstance(rec, CancelRequested):
+            paused.clear()  # the cancel ends every waiting operation, the paused step too
+        elif isinstance(rec, (Finished, ContinuedAsNew)):
+            return False
+    return bool(paused)
 
 
 class Entry(msgspec.Struct, array_like=True):

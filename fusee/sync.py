@@ -13,6 +13,7 @@ from collections.abc import Coroutine, Iterator
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
+from fusee._audit import as_requester, requester
 from fusee._errors import Failure
 from fusee.client import Client as AsyncClient
 from fusee.client import ClientRun as AsyncRun
@@ -46,6 +47,11 @@ class Client:
         return cls(address, token_file=token_file, tls=tls)
 
     def _wait(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        by = requester()
+        if by is not None:
+            # The call runs on the client's loop thread, outside this thread's context:
+            # the requester named here (`fusee.as_requester`) goes with it.
+            coro = _as_requester(by, coro)
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return future.result(timeout)
@@ -200,6 +206,20 @@ class Run(Generic[Out]):
 
     def terminate(self, reason: str | None = None) -> None:
         self.client._wait(self.inner.terminate(reason))
+
+    def reset(self, before_step: str, *, reapply_signals: bool = True) -> int:
+        return self.client._wait(self.inner.reset(before_step, reapply_signals=reapply_signals))
+
+    def retry(self) -> int:
+        return self.client._wait(self.inner.retry())
+
+    def resume(self) -> None:
+        self.client._wait(self.inner.resume())
+
+
+async def _as_requester(by: str, coro: Coroutine[Any, Any, T]) -> T:
+    with as_requester(by):
+        return await coro
 
 
 class Schedules:

@@ -3,7 +3,8 @@ of a `fusee server`, from any process.
 
 The client has the engine's interface (`start`, `run`, `signal_with_start`,
 `update_with_start`, `list`, `complete`, `fail`, `close`; a run's `signal`, `query`,
-`update`, `result`, `status`, `describe`, `cancel`, `terminate`), with the same
+`update`, `result`, `status`, `describe`, `cancel`, `terminate`, `reset`, `retry`,
+`resume`), with the same
 arguments, the same answers (`list()` an async iterator of `RunSummary`, a status a
 `Status`, results typed by the definitions given) and the same errors: a value JSON
 cannot hold is a `CodecError` naming its path here, before anything is sent, as the
@@ -34,6 +35,7 @@ from fusee import _codec as codec
 from fusee import _errors as errors
 from fusee import _names as names
 from fusee import journal as R
+from fusee._audit import requester
 from fusee._errors import Failure, FuseeError, NoHolderError, failure_from
 from fusee.client._link import Link
 from fusee.engine.coordinators import Coordinators
@@ -67,6 +69,8 @@ def _described() -> msgspec.msgpack.Decoder[_Described]:
     return msgspec.msgpack.Decoder(_Described)  # built on first use: it costs ms, off the import
 
 
+# The calls whose records say who asked: a client sends the requester with them.
+AUDITED = frozenset({"signal", "cancel", "terminate", "reset", "retry", "resume"})
 SIGNAL_RETRY_S = 60.0  # a signal is sent again under its ID this long (as a call waits at the server)
 
 _BY_CODE: dict[str, type[FuseeError]] = {
@@ -231,6 +235,10 @@ class Client:
             args, shard = {**shard, **args}, -1
         if type(shard) is not int:
             raise errors.RejectedError(f"call {method!r}: the shard is a number, not {shard!r}")
+        if method in AUDITED and "by" not in args:
+            by = requester()  # `fusee.as_requester`: the worker records it as `by`
+            if by is not None:
+                args["by"] = by
         value = await self._answer(method, shard, args)
         return m.decode_value(value) if value else None
 
@@ -512,3 +520,21 @@ class ClientRun(Generic[Out]):
     async def terminate(self, reason: str | None = None) -> None:
         reason = names.text(reason, "terminate reason")
         await self.client.call("terminate", self.shard, id=self.id, reason=reason)
+
+    async def reset(self, before_step: str, *, reapply_signals: bool = True) -> int:
+        """The ID's next run from just before step `before_step` (as the engine's); its
+        run number."""
+        step = names.name(before_step, "reset step")
+        run_no: int = await self.client.call(
+            "reset", self.shard, id=self.id, before_step=step, reapply_signals=reapply_signals
+        )
+        return run_no
+
+    async def retry(self) -> int:
+        """A failed run again from its failed step; the new run's number."""
+        run_no: int = await self.client.call("retry", self.shard, id=self.id)
+        return run_no
+
+    async def resume(self) -> None:
+        """The step paused out of retries runs again with a fresh set of attempts."""
+        await self.client.call("resume", self.shard, id=self.id)

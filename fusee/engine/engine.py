@@ -41,6 +41,7 @@ from fusee.workflow.definitions import (
     Signal,
     Update,
     Workflow,
+    check_on_exhausted,
     signal_of,
     update_of,
 )
@@ -55,6 +56,9 @@ Out = TypeVar("Out")
 
 class Engine:
     """Runs workflows on shards over one storage backend."""
+
+    # What a step out of retries does when its policy does not say: "fail" or "pause".
+    on_exhausted = "fail"
 
     def __init__(
         self,
@@ -118,6 +122,7 @@ class Engine:
         profile: str | None = None,
         record_stacks: bool = True,
         retry: Retry = DEFAULT_RETRY,
+        on_exhausted: str = "fail",
         clock: Clock | None = None,
         storage: Storage | None = None,
         shard_ids: Sequence[int] | None = None,
@@ -132,6 +137,7 @@ class Engine:
         takes its shards back (docs/server.md, *Reconnecting*)."""
         if shards is not None and shards < 1:
             raise RejectedError(f"shards={shards}: need at least 1")
+        on_exhausted = check_on_exhausted(on_exhausted, "Engine.open(on_exhausted=)")
         if storage is None:
             storage, granted = await opening.storage_for(dir, shards, durability, address)
             shard_ids = granted if shard_ids is None else shard_ids
@@ -145,6 +151,7 @@ class Engine:
             record_stacks,
             retry,
         )
+        engine.on_exhausted = on_exhausted  # a step's Retry(on_exhausted=) overrides it
         try:
             await opening.open_shards(engine, shard_ids)
         except BaseException:

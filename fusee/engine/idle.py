@@ -81,7 +81,8 @@ class IdleView(Protocol):
 
 def is_idle(shard: IdleView, *, housekeeping: bool = False) -> bool:
     """Nothing can make progress on the shard: every loaded run waits on a timer, a
-    signal, a child or a completion (no step runs, no code replays); no load, call being
+    signal, a child, a completion or a permit the server holds the wait for (no step
+    runs, no code replays); no load, call being
     answered, flush or checkpoint is under way; every message sent in the last 3 s is
     answered (an older one no longer holds the shard: its resend goes out from the
     shard's next holder); and its next due time is at least 250 ms away.
@@ -100,7 +101,7 @@ def is_idle(shard: IdleView, *, housekeeping: bool = False) -> bool:
         return False
     for run in shard.runs.values():
         if run.status == Status.RUNNING and (
-            run.in_flight() or run.completions or run.pending_start or run.replaying
+            run.stepping() or run.completions or run.pending_start or run.replaying
         ):
             return False
     now = shard.now_ms()
@@ -129,7 +130,7 @@ def report(shard: IdleView, *, budget_ended: bool = False, handed_back: Sequence
     """What an invoked worker tells the server of the shard as it leaves."""
     now = shard.now_ms()
     due = shard.next_due_ms()
-    steps_running = bool(handed_back) or any(run.in_flight() for run in shard.runs.values())
+    steps_running = bool(handed_back) or any(run.stepping() for run in shard.runs.values())
     return IdleReport(
         shard=shard.index,
         epoch=shard.store.epoch,

@@ -255,5 +255,7 @@ class RunLoader:
         ):
             frame = R.decode_frame(data)
             entry.wid = frame.wid
+            if entry.status == Status.PARKED and R.pauses(frame.records):
+                entry.status = Status.PAUSED  # a copy: the index keeps it parked
             out.append((frame.wid, entry))
         return out

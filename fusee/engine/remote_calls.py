@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import msgspec
 
 from fusee import _errors as errors
+from fusee._audit import as_requester
 from fusee._errors import (
     ClosedError,
     Failure,
@@ -212,7 +213,11 @@ class CallServer:
                 # next holder is not answered twice for another.
                 value = await _list_shard(self.engine, call.shard, args)
             else:
-                value = await method(self.engine, args)
+                # The requester the client named (`fusee.as_requester`), recorded as `by`
+                # by the calls that audit (docs/run-operations.md, *Audit*).
+                by = args.get("by")
+                with as_requester(by if isinstance(by, str) else None):
+                    value = await method(self.engine, args)
             answer = m.Answer(call.rid, _encode(value))
         except asyncio.CancelledError as cancelled:
             task = asyncio.current_task()
@@ -346,6 +351,18 @@ async def _terminate(engine: ServedEngine, a: dict[str, Any]) -> Any:
     await engine.run(a["id"]).terminate(a.get("reason"))
 
 
+async def _reset(engine: ServedEngine, a: dict[str, Any]) -> Any:
+    return await engine.run(a["id"]).reset(a["before_step"], reapply_signals=a.get("reapply_signals", True))
+
+
+async def _retry(engine: ServedEngine, a: dict[str, Any]) -> Any:
+    return await engine.run(a["id"]).retry()
+
+
+async def _resume(engine: ServedEngine, a: dict[str, Any]) -> Any:
+    await engine.run(a["id"]).resume()
+
+
 async def _complete(engine: ServedEngine, a: dict[str, Any]) -> Any:
     await engine.complete(a["token"], a.get("value"))
 
@@ -399,6 +416,9 @@ METHODS: dict[str, Callable[[ServedEngine, dict[str, Any]], Awaitable[Any]]] = {
     "describe": _describe,
     "cancel": _cancel,
     "terminate": _terminate,
+    "reset": _reset,
+    "retry": _retry,
+    "resume": _resume,
     "complete": _complete,
     "fail": _fail,
     "list": _list,

@@ -98,7 +98,7 @@ def journal_to_json(records: Sequence[R.Rec]) -> list[dict[str, Any]]:
                 value = codec.decode(value)
                 if isinstance(value, bytes):
                     value = {"$bytes": value.hex()}
-            elif name in _SHOWN_WHEN_SET and not value:
+            elif (name in _SHOWN_WHEN_SET or (type(rec), name) in _SHOWN_WHEN_SET) and not value:
                 continue
             else:
                 value = msgspec.to_builtins(value)
@@ -109,7 +109,7 @@ def journal_to_json(records: Sequence[R.Rec]) -> list[dict[str, Any]]:
 
 # Fields added after journals were exported, left out at their default so that an export
 # (and the goldens) of a journal that does not use them reads as it always did.
-_SHOWN_WHEN_SET = frozenset({"not_before"})
+_SHOWN_WHEN_SET: frozenset[Any] = frozenset({"not_before", "paused", (R.Finished, "by")})
 
 
 _KINDS: dict[str, type[R.Rec]] = {cls.__name__: cls for cls in R.Record.__args__}

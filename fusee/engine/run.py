@@ -135,6 +135,8 @@ class RunState:
         self.child_watchers: dict[int, list[WatchOp]] = {}
         self.children: dict[int, str] = {}
         self.cancel_reason: str | None = None
+        self.paused: int | None = None  # the position of the step paused out of retries
+        self.inherited: dict[int, int] = {}  # a reset's children: position -> the run that started them
         self.last_lsn = 0
         self.timers: dict[int, int] = {}  # seq -> due, for parking and next due
         self.last_active_ms = 0
@@ -148,6 +150,14 @@ class RunState:
         """A step's function is running or waiting for its gate: the run cannot park."""
         return any(
             isinstance(op, StepOp) and op.state is _STEP_RUNNING and not op.done for op in self.ops.values()
+        )
+
+    def stepping(self) -> bool:
+        """`in_flight`, but for steps waiting for a permit at the server: those hold no
+        worker, since the server keeps the wait for the shard (docs/limits.md)."""
+        return any(
+            isinstance(op, StepOp) and op.state is _STEP_RUNNING and not op.done and not op.asking
+            for op in self.ops.values()
         )
 
     def next_due(self) -> int:

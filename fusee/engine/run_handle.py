@@ -14,6 +14,7 @@ import msgspec
 from fusee import _codec as codec
 from fusee import _names as names
 from fusee import journal as R
+from fusee._audit import requester
 from fusee._errors import (
     Failure,
     FuseeError,
@@ -23,6 +24,7 @@ from fusee._errors import (
     error_from,
     failure_from,
 )
+from fusee.engine import run_ops
 from fusee.engine.coordinators.calls import wait_started
 from fusee.engine.coordinators.concurrency import cancel_queued, through_queue
 from fusee.engine.loader import StoredRun
@@ -40,6 +42,7 @@ _STUCK, _OK = Status.STUCK, Status.OK  # read on every result: module globals (e
 # one does), in the order its refusal names them.
 LISTED = (
     Status.RUNNING,
+    Status.PAUSED,
     Status.WAITING_FOR_CODE,
     Status.STUCK,
     Status.OK,
@@ -83,7 +86,10 @@ async def list_runs(shards: list[Shard], type: str | None, status: str | None) -
     durable."""
     wanted = listed_status(status)  # a misspelt status is refused, not an empty listing
     for shard in shards:
-        rows = [RunSummary(r.wid, r.run_no, r.type, r.status, shard.index) for r in shard.runs.values()]
+        rows = [
+            RunSummary(r.wid, r.run_no, r.type, run_ops.shown_status(r), shard.index)
+            for r in shard.runs.values()
+        ]
         seen = shard.appended
         rows += [
             RunSummary(
@@ -180,7 +186,7 @@ class Run(Generic[Out]):
             # Recorded by an earlier try: acknowledged once that record is durable.
             await shard.durable_at(shard.durability.appended)
             return
-        state.event(R.SignalReceived(name, payload, None, signal_id))
+        state.event(R.SignalReceived(name, payload, requester(), signal_id))
         await shard.durable_at(state.last_lsn)
 
     async def query(self, query: Query[Any, Any] | str, arg: Any = None) -> Any:
@@ -386,7 +392,7 @@ class Run(Generic[Out]):
             await self._refuse(shard, NotFoundError(f"no workflow '{self.id}'", workflow_id=self.id))
         assert state is not None
         description = RunDescription(
-            RunSummary(self.id, state.run_no, state.type, STATUS_OF[state.status], shard.index),
+            RunSummary(self.id, state.run_no, state.type, run_ops.shown_status(state), shard.index),
             list(state.journal),
         )
         # What it shows leaves the process: only once every record behind it is durable.
@@ -407,7 +413,7 @@ class Run(Generic[Out]):
             except NotFoundError:
                 raise error from None
             return
-        state.event(R.CancelRequested(reason))
+        state.event(R.CancelRequested(reason, requester()))
         await shard.durable_at(state.last_lsn)
 
     async def terminate(self, reason: str | None = None) -> None:
@@ -415,8 +421,29 @@ class Run(Generic[Out]):
         reason = names.text(reason, "terminate reason")
         shard = self._shard
         state = await self._running(shard)
-        state.end(R.Finished(Status.TERMINATED, failure=Failure(reason or "terminated", type="Terminated")))
+        state.end(
+            R.Finished(
+                Status.TERMINATED, failure=Failure(reason or "terminated", type="Terminated"), by=requester()
+            )
+        )
         await shard.durable_at(state.last_lsn)
+
+    async def reset(self, before_step: str, *, reapply_signals: bool = True) -> int:
+        """Start the ID's next run from just before step `before_step`'s first record: the
+        steps from there run again (with new keys); the signals received after the cut
+        are reapplied unless `reapply_signals=False`. The run in place (running or ended)
+        is replaced. Returns the new run's number once its records are durable."""
+        return await run_ops.reset(self._shard, self.id, before_step, reapply_signals)
+
+    async def retry(self) -> int:
+        """A failed run starts again from before the step that failed it (`reset` to it);
+        the new run's number. A run that has not failed is refused."""
+        return await run_ops.retry(self._shard, self.id)
+
+    async def resume(self) -> None:
+        """The step paused out of retries (`Retry(on_exhausted="pause")`) runs again with a
+        fresh set of attempts. A run with no paused step is refused."""
+        await run_ops.resume(self._shard, self.id)
 
 
 def _close(awaitable: Any) -> None:

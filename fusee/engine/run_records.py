@@ -59,6 +59,9 @@ class AppliedRun(Driver, Protocol):
     update_results: dict[str, R.UpdateDone]
     children: dict[int, str]
     code_outcome: tuple[Any, BaseException | None] | None
+    paused: int | None
+    pending_start: list[Op]
+    inherited: dict[int, int]
 
     @property
     def shard(self) -> _Shard: ...
@@ -110,12 +113,45 @@ def attempt(run: AppliedRun, rec: R.Attempt) -> None:
     if isinstance(op, StepOp):
         if rec.attempt == 1 or not op.first_failure_at:
             op.first_failure_at = rec.failed_at or rec.retry_at
-        op.attempt = rec.attempt + 1
+        op.attempt = rec.attempt - op.attempts_before + 1
         op.retry_at = rec.retry_at
+        if rec.paused:
+            # No timer: only `resume()` runs it again (a Resume record). The run waits as
+            # a suspended one does, and may park.
+            op.state = StepState.PAUSED
+            run.paused = op.seq
+            return
         op.state = StepState.IDLE
         if not run.replaying:
             run.timers[op.seq] = rec.retry_at
             run.shard.timers.add(rec.retry_at, run, op.seq)
+
+
+def resume(run: AppliedRun, rec: R.Resume) -> None:
+    """The paused step runs again with a fresh set of attempts: the function sees attempt
+    1 again and `max_elapsed` counts from now; the journal numbers on after `rec.attempt`."""
+    op = _verify(run, rec)
+    if isinstance(op, StepOp):
+        op.attempts_before = rec.attempt
+        op.attempt = 1
+        op.first_failure_at = 0
+        op.retry_at = 0
+        op.state = StepState.IDLE
+        run.paused = None
+        if not run.replaying:
+            run.pending_start.append(op)  # started after this turn, behind the durability gate
+
+
+def reset(run: AppliedRun, rec: R.Reset) -> None:
+    """Where a reset's copy of the previous run ends. The children the copy started and
+    that are still running, and the completion tokens it handed out and that are still
+    out, name run `rec.run` (or an earlier one, for a copy of a copy): this run takes
+    their results."""
+    for seq in run.children:
+        run.inherited.setdefault(seq, rec.run)
+    for op in run.ops.values():
+        if isinstance(op, StepOp) and op.state is StepState.SENT and not op.done:
+            run.inherited.setdefault(op.seq, rec.run)
 
 
 def step_failed(run: AppliedRun, rec: R.StepFailed) -> None:
@@ -258,6 +294,8 @@ APPLY: dict[type, Callable[[AppliedRun, Any], None]] = {
     R.StepDone: step_done,
     R.Attempt: attempt,
     R.StepFailed: step_failed,
+    R.Resume: resume,
+    R.Reset: reset,
     R.TimerStarted: issued,
     R.TimerFired: timer_fired,
     R.WaitStarted: issued,

@@ -86,6 +86,8 @@ class ShardHost(Protocol):
     def activity(self) -> asyncio.Event: ...
     @property
     def permits(self) -> Limits: ...
+    @property
+    def on_exhausted(self) -> str: ...
     def step_threads(self) -> ThreadPoolExecutor: ...
     def route(self, msg: Msg) -> None: ...
     def route_ack(self, src: int, ack: Ack) -> None: ...
@@ -145,6 +147,9 @@ class Shard(RunLife):
         self.checkpoint_done: asyncio.Future[None] | None = None
         self.closed = False
         self.draining = False  # routes nothing new; answers what was routed (Engine.drain)
+        # Reported or closing: a permit granted now is kept by the server for the shard's
+        # next holder, not used here (the report said no step runs).
+        self.leaving = False
         self.live = False  # recovered: relayed messages are applied (until then they wait)
         self.early: list[Msg | Ack] = []
         self.tasks: set[asyncio.Future[Any]] = set()  # see `spawn`
@@ -431,6 +436,7 @@ class Shard(RunLife):
             self.engine.activity.set()
 
     def report(self, *, budget_ended: bool = False, handed_back: Sequence[str] = ()) -> IdleReport:
+        self.leaving = True  # reported as its holder leaves it: see `leaving`
         return idle.report(self, budget_ended=budget_ended, handed_back=handed_back)
 
     # -- checkpoints and close --------------------------------------------------------------
@@ -458,7 +464,8 @@ class Shard(RunLife):
         Steps still running are not waited for: their runs are handed back and run them
         again under the next holder (a result that arrives after this is dropped, so it
         cannot overlap the next holder's attempt)."""
-        handed_back = [wid for wid, run in self.runs.items() if run.in_flight()]
+        self.leaving = True
+        handed_back = [wid for wid, run in self.runs.items() if run.stepping()]
         if self.closed:
             return self.report(budget_ended=budget_ended, handed_back=handed_back)
         try:

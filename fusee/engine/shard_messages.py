@@ -127,7 +127,13 @@ class Delivery:
                 return failure_from(error)
             return None
         if msg.kind == "result":
-            if run is not None and run.run_no == msg.run and not run.final:
+            # A run begun by a reset takes the results of the children its copy started
+            # (docs/run-operations.md): they name the run that started them.
+            if (
+                run is not None
+                and not run.final
+                and (run.run_no == msg.run or run.inherited.get(msg.op) == msg.run)
+            ):
                 run.event(R.ChildResult(msg.op, msg.value, msg.failure))
             return None
         if run is None or run.final:

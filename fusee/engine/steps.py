@@ -33,6 +33,7 @@ from fusee.workflow.ops import (
 
 log = logging.getLogger("fusee")
 _IDLE, _RUNNING = StepState.IDLE, StepState.RUNNING  # module globals: read on every step
+EXHAUSTED = -1  # `_retry_at`: a retryable failure whose attempts ran out
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +52,8 @@ class StepSettings(Protocol):
     def record_stacks(self) -> bool: ...
     @property
     def permits(self) -> Limits: ...
+    @property
+    def on_exhausted(self) -> str: ...
     def step_threads(self) -> ThreadPoolExecutor: ...
 
 
@@ -61,9 +64,13 @@ class StepHost(Protocol):
     steps_run: int
 
     @property
+    def index(self) -> int: ...
+    @property
     def engine(self) -> StepSettings: ...
     @property
     def closed(self) -> bool: ...
+    @property
+    def leaving(self) -> bool: ...
     @property
     def store(self) -> ShardStore: ...
     @property
@@ -150,19 +157,28 @@ class Steps:
             self.execute(run, op)
             return
 
-        def granted(permit: Any) -> bool:
-            if op.done or run.final or self.shard.closed:
-                return False  # cancelled, ended or let go of while it waited
+        shard = self.shard
+
+        def granted(permit: Any) -> bool | None:
+            op.asking = False
+            if op.done or run.final:
+                return False  # cancelled or ended while it waited
+            if shard.closed or shard.leaving:
+                # Let go of (or reported idle) while it waited: the step still wants its
+                # permit, under the shard's next holder (`None`: the server keeps it).
+                return None
             op.permit = permit
             self.execute(run, op)
             return True
 
+        permits = shard.engine.permits
         try:
-            self.shard.engine.permits.acquire(
-                op.limit, op.priority, op.fairness_key, op.fairness_weight, granted
-            )
+            permits.acquire(op.limit, op.priority, op.fairness_key, op.fairness_weight, granted, shard.index)
         except Exception as exc:  # noqa: BLE001 - no permit to be had (server mode): the attempt's outcome
             self._step_outcome(run, op, None, exc)
+            return
+        # Still waiting, at the server: the shard may be let go of meanwhile (idle.py).
+        op.asking = op.permit is None and permits.remote
 
     def execute(self, run: RunState, op: StepOp) -> None:
         """Run one attempt of a step's function."""
@@ -260,8 +276,17 @@ class Steps:
         else:
             failure = failure_from(exc, self.shard.engine.record_stacks)
             retry_at = self._retry_at(op, exc, failure)
-            if retry_at:
-                rec = R.Attempt(op.seq, op.name, op.attempt, failure, retry_at, self.shard.now_ms())
+            number = op.attempt + op.attempts_before  # the journal numbers on across resumes
+            if retry_at > 0:
+                rec = R.Attempt(op.seq, op.name, number, failure, retry_at, self.shard.now_ms())
+            elif retry_at == EXHAUSTED and self._pauses(op):
+                rec = R.Attempt(op.seq, op.name, number, failure, 0, self.shard.now_ms(), paused=True)
+                log.warning(
+                    "run '%s' paused: step '%s' ran out of retries (%s); resume it with run.resume()",
+                    run.wid,
+                    op.name,
+                    failure.message,
+                )
             else:
                 rec = R.StepFailed(op.seq, op.name, failure)
         op.state = _IDLE
@@ -282,28 +307,24 @@ class Steps:
         if not run.final and not self.shard.closed:
             run.drive()
 
+    def _pauses(self, op: StepOp) -> bool:
+        """Out of retries, the step pauses its run rather than fail it: its policy's choice,
+        else the engine's. An async completion's send function fails as before."""
+        if op.completion:
+            return False
+        return (op.retry.on_exhausted or self.shard.engine.on_exhausted) == "pause"
+
     def _retry_at(self, op: StepOp, exc: BaseException, failure: Failure) -> int:
-        """When to try again, or 0 when the failure is final."""
+        """When to try again; 0 when the failure is final, EXHAUSTED when the policy would
+        retry it but its attempts (or `max_elapsed`) ran out."""
         policy = op.retry
         if failure.retryable is False or isinstance(exc, CodecError):
             return 0
         if op.attempt >= policy.attempts:
+            # Asked only when pausing: a failing policy's `retry_if` sees no extra call.
+            return EXHAUSTED if self._pauses(op) and self._passes(op, exc, failure) else 0
+        if not self._passes(op, exc, failure):
             return 0
-        causes = _causes(exc)
-        names = {f.type for f in _chain(failure)}
-        for kind in policy.non_retryable:
-            if isinstance(kind, type) and any(isinstance(e, kind) for e in causes):
-                return 0
-            if isinstance(kind, str) and kind in names:
-                return 0
-        if policy.retry_if is not None:
-            try:
-                again = policy.retry_if(failure, op.attempt)
-            except Exception as error:  # noqa: BLE001 - a policy that fails decides "final"
-                log.warning("step '%s': retry_if raised %r; the failure is final", op.name, error)
-                return 0
-            if not again:
-                return 0
         now = self.shard.now_ms()
         import random  # a retry's jitter: loaded on first use, not by `import fusee`
 
@@ -313,8 +334,28 @@ class Steps:
 
             first = op.first_failure_at or now
             if retry_at - first > to_ms(policy.max_elapsed):
-                return 0
+                return EXHAUSTED
         return retry_at
+
+    def _passes(self, op: StepOp, exc: BaseException, failure: Failure) -> bool:
+        """The policy would retry this failure (its type and `retry_if` allow it)."""
+        policy = op.retry
+        causes = _causes(exc)
+        names = {f.type for f in _chain(failure)}
+        for kind in policy.non_retryable:
+            if isinstance(kind, type) and any(isinstance(e, kind) for e in causes):
+                return False
+            if isinstance(kind, str) and kind in names:
+                return False
+        if policy.retry_if is not None:
+            try:
+                again = policy.retry_if(failure, op.attempt)
+            except Exception as error:  # noqa: BLE001 - a policy that fails decides "final"
+                log.warning("step '%s': retry_if raised %r; the failure is final", op.name, error)
+                return False
+            if not again:
+                return False
+        return True
 
     def token(self, run: RunState, op: StepOp) -> str:
         return make_token(run.wid, run.run_no, op.seq, op.attempt, run.started.seed)

@@ -62,7 +62,9 @@ async def take_completion(
     wid, run_no, seq, attempt, _mac = parse_token(token)
     shard = shard_of(wid)
     state = await shard.load(wid)
-    op = state.ops.get(seq) if state is not None and state.run_no == run_no else None
+    # A run begun by a reset takes the tokens its copy handed out (docs/run-operations.md).
+    ours = state is not None and (state.run_no == run_no or state.inherited.get(seq) == run_no)
+    op = state.ops.get(seq) if state is not None and ours else None
     if (
         state is None
         or op is None

@@ -196,13 +196,16 @@ class Idle(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
 
 class PermitAsk(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     """A step waits for a permit of limit `name`: `ticket` is the worker's number for it
-    (unique in the worker's process), answered by PERMIT_GRANT when its turn comes."""
+    (unique in the worker's process), answered by PERMIT_GRANT when its turn comes.
+    `shard`: the step's shard (-1: none said): the server keeps the wait for the shard
+    when its holder lets it go (docs/limits.md, *A waiting step holds no invocation*)."""
 
     ticket: int
     name: str
     priority: int = 0
     key: str | None = None
     weight: int = 1
+    shard: int = -1
 
 
 class PermitGrant(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
@@ -212,9 +215,12 @@ class PermitGrant(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
 
 
 class PermitReturn(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
-    """Permits the worker is done with, or tickets it no longer waits on."""
+    """Permits the worker is done with, or tickets it no longer waits on. `unused`:
+    permits granted to steps of a shard the worker was letting go of; the server keeps
+    them for the shard's next holder instead of granting them again."""
 
     tickets: list[int]
+    unused: bool = False
 
 
 class PermitRenew(msgspec.Struct, array_like=True, forbid_unknown_fields=True):

@@ -387,6 +387,8 @@ class RemoteStorage:
     def let_go(self, store: RemoteShardStore) -> None:
         if self.stores.get(store.index) is store:
             del self.stores[store.index]
+            if self.permits is not None:
+                self.permits.forget(store.index)
             self.relayed.detach(store.index, store.receive)
             if self.granted.get(store.index) == store.epoch:
                 del self.granted[store.index]

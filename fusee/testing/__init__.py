@@ -44,6 +44,7 @@ class TestEngine:
         self.shards = shards
         self.park_after = park_after
         self.clock = VirtualClock()
+        self.on_exhausted = "fail"  # Engine.open(on_exhausted=), kept across reopens
         # flush_on_turn: records become durable a loop turn after they are made, and a
         # crash loses what was not flushed (see MemoryShardStore).
         self.storage: Any = storage or (
@@ -62,8 +63,10 @@ class TestEngine:
         flush_on_turn: bool = False,
         dir: str | Path | None = None,
         storage: Storage | None = None,
+        on_exhausted: str = "fail",
     ) -> TestEngine:
         t = cls(workflows, shards, park_after, flush_on_turn, dir, storage)
+        t.on_exhausted = on_exhausted
         await t._open()
         return t
 
@@ -79,6 +82,7 @@ class TestEngine:
             profile="dev",
             clock=self.clock,
             storage=self.storage,
+            on_exhausted=self.on_exhausted,
         )
         self.engine.step_mocks = self.mocks
 

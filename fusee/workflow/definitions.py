@@ -200,6 +200,10 @@ class Retry(msgspec.Struct, frozen=True):
     max_elapsed: Duration | None = None
     non_retryable: Sequence[type[BaseException] | str] = ()
     retry_if: Callable[[Any, int], bool] | None = None
+    # What a retryable failure does once the attempts (or `max_elapsed`) run out: "fail"
+    # the step, or "pause" the run until `run.resume()`; None takes the engine's
+    # `Engine.open(on_exhausted=)`, which defaults to "fail".
+    on_exhausted: str | None = None
 
     def __post_init__(self) -> None:
         # Checked when the policy is made, not when a step fails: a bad policy found at a
@@ -214,6 +218,8 @@ class Retry(msgspec.Struct, frozen=True):
             to_ms(self.max_elapsed, "Retry(max_elapsed=)")
         if self.retry_if is not None and not callable(self.retry_if):
             raise RejectedError("Retry(retry_if=): expected a function of (failure, attempt)")
+        if self.on_exhausted is not None:
+            check_on_exhausted(self.on_exhausted, "Retry(on_exhausted=)")
 
     def delay_ms(self, attempt: int, draw: float) -> int:
         """The wait after failed attempt `attempt` (1-based); `draw` is in [0, 1)."""
@@ -226,3 +232,11 @@ class Retry(msgspec.Struct, frozen=True):
 
 
 DEFAULT_RETRY = Retry()
+ON_EXHAUSTED = ("fail", "pause")
+
+
+def check_on_exhausted(value: Any, where: str) -> str:
+    """`on_exhausted=` as given to a Retry or to Engine.open: "fail" or "pause"."""
+    if value not in ON_EXHAUSTED:
+        raise RejectedError(f"{where}: {value!r} is not a choice; expected 'fail' or 'pause'")
+    return str(value)

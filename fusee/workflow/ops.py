@@ -42,6 +42,7 @@ class StepState(enum.Enum):
     IDLE = "idle"  # not begun, or between attempts (`retry_at` says until when)
     RUNNING = "running"  # its function runs, or waits for the records before it to be durable
     SENT = "sent"  # an async completion whose token is out: it waits for `complete`/`fail`
+    PAUSED = "paused"  # out of retries under on_exhausted="pause": waits for `resume()`
 
 
 class Op:
@@ -79,7 +80,9 @@ class StepOp(Op):
     """A step, or an async completion (its send function runs as a step)."""
 
     __slots__ = (
+        "asking",
         "attempt",
+        "attempts_before",
         "awaitable",
         "completion",
         "context",
@@ -117,7 +120,8 @@ class StepOp(Op):
         self.timeout_ms = timeout_ms
         self.read_only = read_only
         self.thread = thread
-        self.attempt = 1
+        self.attempt = 1  # what the step function sees: from 1 again after a resume
+        self.attempts_before = 0  # the attempts made before the last resume (the journal numbers on)
         self.first_failure_at = 0
         self.retry_at = 0
         self.task: Any = None
@@ -135,6 +139,9 @@ class StepOp(Op):
         self.fairness_key: str | None = None
         self.fairness_weight = 1
         self.permit: Any = None  # held while an attempt runs
+        # Waiting for its permit at the server (server mode): the server wakes the shard
+        # when it is granted, so the shard may be let go of meanwhile (docs/limits.md).
+        self.asking = False
 
     @property
     def kind(self) -> str:  # type: ignore[override]

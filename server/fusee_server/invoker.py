@@ -74,6 +74,7 @@ class Reason(enum.StrEnum):
     CALL = "call"  # a client's call for it waits at the server
     MESSAGE = "message"  # a message from another shard waits for it at the server
     TIMER = "timer"  # the next due time its last holder reported came
+    PERMIT = "permit"  # a permit was granted to a step its last holder left waiting (our extension)
     RECOVERY = "recovery"  # nothing is known of it: the server started, or its holder left without reporting
     HANDBACK = "handback"  # its invoked holder left it with work left (its budget ended, or runs busy)
     CODE = "code"  # its holder had runs of a type it has no code for, and another endpoint lists it

@@ -23,7 +23,7 @@ from typing import Any
 from fusee.protocol import messages as m
 from fusee.protocol.frames import PAYLOAD_BYTES_MAX, FrameError
 from fusee_server.disk import Disk
-from fusee_server.invoker import Invoker
+from fusee_server.invoker import Invoker, Reason
 from fusee_server.leases import Lease, Leases
 from fusee_server.limits import ServerLimits
 from fusee_server.listener import ServerConnection
@@ -45,6 +45,7 @@ class Server:
         self.relay = Relay(self.leases.table, disk)
         self.limits = ServerLimits(disk.storage.root)
         self.relay.limits = self.limits
+        self.limits.wake = self._permit_kept
         self.listeners: list[asyncio.Server] = []
         self.watch: asyncio.Task[None] | None = None
         self._invoker: Invoker | None = None
@@ -160,8 +161,19 @@ class Server:
             self.granted(index)
         return None
 
+    def _permit_kept(self, index: int) -> None:
+        """A permit was reserved for shard `index` (limits.py): the shard is due for it
+        once nobody holds it (a holder's steps take it as they ask again). After this
+        turn: the shard's release that made it may not have freed the lease yet."""
+        asyncio.get_running_loop().call_soon(self._due_for_permit, index)
+
+    def _due_for_permit(self, index: int) -> None:
+        if self.invoker is not None and self.leases.holder(index) is None and self.limits.reserved.get(index):
+            self.invoker.make_due(index, Reason.PERMIT)
+
     def granted(self, index: int) -> None:
         """After the grant went out: what waited for a holder goes to it."""
+        self.limits.held_by(index)
         if self.invoker is not None:
             self.invoker.held(index)
         self.relay.granted(index)
@@ -185,6 +197,8 @@ class Server:
             invocation = self.invoker.lookup(conn.invocation)
             if invocation is not None and invocation.conn is conn:
                 invocation.closed.set()
+        for index in sorted(conn.held):
+            self.limits.released(conn, index)
         self.limits.lost(conn)
         held = set(conn.held)
         for index in sorted(held):
@@ -252,6 +266,7 @@ class Server:
         (a close past its deadline answers as if they were durable: Shard.close), so the
         relay holds such an answer until they are (Relay.answered)."""
         conn.released[lease.index] = self.disk.log.appended(lease.index)
+        self.limits.released(conn, lease.index)
         self.leases.free(lease, f"released by {conn}", skip=conn)
         conn.send(m.Reply(request.rid))
 

@@ -384,7 +384,9 @@ async def test_list_refuses_a_status_no_run_is_listed_with(kit):
     t = await kit(stepper)
     await t.start(stepper, "s-ok", 1)
     await t.result("s-ok")
-    valid = "running, waiting_for_code, stuck, ok, failed, cancelled, timed_out, terminated, continued"
+    valid = (
+        "running, paused, waiting_for_code, stuck, ok, failed, cancelled, timed_out, terminated, continued"
+    )
     for wrong in ("completed", "bogus", "parked", "active", 3):
         with pytest.raises(
             fusee.RejectedError, match=f"list\\(status={wrong!r}\\).*expected one of {valid}$"
@@ -613,7 +615,7 @@ def test_public_names_are_pinned():
         Completion Concurrency ConnectionError Ctx DeterminismError Durability Engine Failure Fatal FuseeError
         IoError LeaseLostError NoHolderError NotFoundError Query RejectedError Replayer Retry Run RunDescription RunSummary
         ScheduleHandle ScheduleSpec Signal StepContext StepError SystemClock TerminatedError TimeoutError UnknownWorkflowError Update
-        VirtualClock Workflow WorkflowError invocation_handler query signal update workflow
+        VirtualClock Workflow WorkflowError as_requester invocation_handler query signal update workflow
     """.split()
     assert sorted(fusee.__all__) == pinned
     namespace: dict[str, object] = {}

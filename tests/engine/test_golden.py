@@ -27,6 +27,7 @@ from fusee.engine.replay import Replayer, journal_from_json, journal_to_json
 from tests.support.golden import (
     GOLDEN,
     NONDETERMINISTIC,
+    REPAIRED,
     add_item,
     approve,
     flaky_charge,
@@ -34,10 +35,11 @@ from tests.support.golden import (
     g_child,
     g_parent,
     g_pay,
+    g_repair,
     g_retry,
 )
 
-WORKFLOWS = [g_retry, g_approval, g_child, g_parent, g_pay]
+WORKFLOWS = [g_retry, g_approval, g_child, g_parent, g_pay, g_repair]
 FILES = sorted(GOLDEN.glob("*.json"))
 DETERMINISTIC = [path for path in FILES if path.name != NONDETERMINISTIC]
 
@@ -51,6 +53,7 @@ def test_the_golden_set_is_there():
         "retry_sleep.json",
         "signal_update.json",
         "child.json",
+        "repair.json",
         NONDETERMINISTIC,
     }
     for path in FILES:
@@ -77,6 +80,9 @@ def test_the_goldens_cover_the_operations():
         "ChildResult",
         "Finished",
     }
+    repair = _load(GOLDEN / "repair.json")["journal"]
+    assert {"Reset", "Resume"} <= {row["kind"] for row in repair}
+    assert [row.get("paused", False) for row in repair if row["kind"] == "Attempt"] == [False, True]
     attempts = [r for r in _load(GOLDEN / "retry_sleep.json")["journal"] if r["kind"] == "Attempt"]
     assert [r["attempt"] for r in attempts] == [1, 2]
     assert all("card network down" in r["failure"]["message"] for r in attempts)
@@ -181,6 +187,7 @@ async def _write() -> None:
         NONDETERMINISTIC: ("golden-pay", "g_pay"),
     }
     GOLDEN.mkdir(exist_ok=True)
+    await _write_repair(t)
     for name, (wid, workflow) in files.items():
         journal = _strip_stacks(await t.journal(wid))
         document = {"id": wid, "workflow": workflow, "journal": journal}
@@ -189,5 +196,36 @@ async def _write() -> None:
     await t.close()
 
 
+async def _write_repair(t: Any = None) -> None:
+    """repair.json: g_repair paused, reset by 'cli:bob' to before its charge, paused
+    again, then resumed by 'ops:ana' once fixed; the journal of its second run."""
+    from fusee.testing import TestEngine
+
+    own = t is None
+    if own:
+        t = await TestEngine.open(workflows=[g_repair])
+    REPAIRED[0] = False
+    run = await t.start(g_repair, "golden-repair", "order-9")
+    await t.settle()
+    with fusee.as_requester("ops:ana"):
+        await run.signal(approve, True)
+    await t.advance("1s")
+    with fusee.as_requester("cli:bob"):
+        await run.reset("charge")
+    await t.advance("1s")
+    REPAIRED[0] = True
+    with fusee.as_requester("ops:ana"):
+        await run.resume()
+    assert await t.result("golden-repair") == "prepared:order-9/True/ch_2"
+    journal = _strip_stacks(await t.journal("golden-repair"))
+    document = {"id": "golden-repair", "workflow": "g_repair", "journal": journal}
+    (GOLDEN / "repair.json").write_text(json.dumps(document, indent=1) + "\n")
+    print(f"wrote {GOLDEN / 'repair.json'} ({len(journal)} records)")
+    if own:
+        await t.close()
+
+
 if __name__ == "__main__" and "--write" in sys.argv:
     asyncio.run(_write())
+elif __name__ == "__main__" and "--write-repair" in sys.argv:  # only the file added last
+    asyncio.run(_write_repair())

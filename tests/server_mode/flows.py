@@ -183,6 +183,23 @@ async def limited(ctx: fusee.Ctx, x: dict) -> str:
     )
 
 
+def _charge() -> str:
+    """Fails until the test writes FUSEE_TEST_STEPS + ".fixed" (the fix deployed)."""
+    path = os.environ.get("FUSEE_TEST_STEPS")
+    if not path or not os.path.exists(path + ".fixed"):
+        raise ConnectionError("payments are down")
+    return "charged"
+
+
+@fusee.workflow("flaky")
+async def flaky(ctx: fusee.Ctx, pause: bool) -> str:
+    """A step that fails until fixed: its retries run out in ~30 ms, then it pauses the
+    run (`pause`) or fails it (docs/run-operations.md)."""
+    await ctx.step("prepare", lambda: "ready")
+    retry = fusee.Retry(attempts=2, initial="10ms", jitter=False, on_exhausted="pause" if pause else "fail")
+    return await ctx.step("charge", _charge, retry=retry)
+
+
 WORKFLOWS = [
     steps,
     parent,
@@ -197,4 +214,5 @@ WORKFLOWS = [
     gather,
     one_at_a_time,
     limited,
+    flaky,
 ]

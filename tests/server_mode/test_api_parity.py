@@ -99,7 +99,19 @@ async def test_one_scenario_against_the_engine_and_the_client(api: Api) -> None:
 
 
 SHARED = ["start", "run", "signal_with_start", "update_with_start", "complete", "fail", "list"]
-RUN = ["signal", "query", "update", "result", "status", "describe", "cancel", "terminate"]
+RUN = [
+    "signal",
+    "query",
+    "update",
+    "result",
+    "status",
+    "describe",
+    "cancel",
+    "terminate",
+    "reset",
+    "retry",
+    "resume",
+]
 
 
 def shape(method: Any) -> list[tuple[str, Any, Any]]:

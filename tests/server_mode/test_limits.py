@@ -191,3 +191,55 @@ async def test_priority_is_strict_across_workers(start_server, start_worker, tmp
         assert [wid for _, wid in began] == ["p9", "p7", "p5", "p3", "p0", "p-2"]
     finally:
         await client.close()
+
+
+async def test_a_step_keeps_its_place_in_the_queue_when_its_worker_dies(start_server, start_worker, tmp_path):
+    """The wait is the shard's (docs/limits.md, *A waiting step holds no invocation*):
+    worker A's step asks first, a step on worker B asks second; A is SIGKILLed and the
+    standby S takes A's shard, whose step asks again. It keeps its place: it goes first."""
+    server = start_server(shards=2)
+    a = start_worker(server.address(max_shards=1))
+    b = start_worker(server.address(max_shards=1))
+    assert a.initial == [0] and b.initial == [1]
+    standby = start_worker(server.address(max_shards=1))
+    assert standby.initial == []
+    on = {0: [], 1: []}
+    for i in range(200):
+        wid = f"q{i}"
+        on[zlib.crc32(wid.encode()) % 2].append(wid)
+    files = {name: tmp_path / name for name in ("holder", "first", "second")}
+    for file in files.values():
+        file.touch()
+    client = await fusee.Client.connect(server.address())
+    try:
+        await client.call("limit", {"name": "one", "concurrent": 1})
+        holder = await client.start(
+            "limited", on[1][0], {"limit": "one", "ms": 4_000, "file": str(files["holder"])}
+        )
+        deadline = time.monotonic() + 20
+        while not events(files["holder"]) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        first = await client.start(
+            "limited", on[0][0], {"limit": "one", "ms": 10, "file": str(files["first"])}
+        )
+        while (await client.limit_usage("one"))["waiting"] < 1:
+            await asyncio.sleep(0.02)
+        second = await client.start(
+            "limited", on[1][1], {"limit": "one", "ms": 10, "file": str(files["second"])}
+        )
+        while (await client.limit_usage("one"))["waiting"] < 2:
+            await asyncio.sleep(0.02)
+        a.signal(signal.SIGKILL)
+        while 0 not in standby.held() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert 0 in standby.held()
+        await asyncio.sleep(0.5)  # the standby recovered shard 0: its step asked again
+        assert await client.limit_usage("one") == {"in_use": 1, "waiting": 2}
+        assert not events(files["first"]) and not events(files["second"])
+        assert [await r.result() for r in (holder, first, second)] == ["ok"] * 3
+        began = {name: events(files[name])[0] for name in ("first", "second")}
+        assert began["first"][2] == standby.popen.pid
+        assert began["first"][0] < began["second"][0], began
+        assert await client.limit_usage("one") == {"in_use": 0, "waiting": 0}
+    finally:
+        await client.close()

@@ -58,3 +58,23 @@ async def g_parent(ctx: fusee.Ctx, n: int) -> int:
 @fusee.workflow("g_pay")
 async def g_pay(ctx: fusee.Ctx, amount: int) -> str:
     return await ctx.step("refund", lambda: f"refunded {amount}")
+
+
+REPAIRED = [False]  # the fix deployed: g_repair's charge succeeds from then on
+
+
+def repair_charge() -> str:
+    if not REPAIRED[0]:
+        raise ConnectionResetError("payments are down")
+    return "ch_2"
+
+
+@fusee.workflow("g_repair")
+async def g_repair(ctx: fusee.Ctx, order: str) -> str:
+    """Paused out of retries, reset to before its charge, paused again, resumed once
+    fixed (docs/run-operations.md): its journal holds Reset, a paused Attempt and Resume."""
+    prepared = await ctx.step("prepare", lambda: f"prepared:{order}")
+    approved = await ctx.wait_for(approve, timeout="1d")
+    retry = fusee.Retry(attempts=2, initial=100, jitter=False, on_exhausted="pause")
+    charge = await ctx.step("charge", repair_charge, retry=retry)
+    return f"{prepared}/{approved}/{charge}"

@@ -121,10 +121,18 @@ class Limits:
         limit = self.limiter.limits.get(name)
         return limit.usage() if limit is not None else {"in_use": 0, "waiting": 0}
 
-    def acquire(self, name: str, priority: int, key: str | None, weight: int, grant: Grant) -> None:
-        """Queue a step for a permit of `name`; `grant(permit)` when its turn comes."""
+    @property
+    def remote(self) -> bool:
+        """The server holds the permits and the queue (server mode)."""
+        return self._remote is not None
+
+    def acquire(
+        self, name: str, priority: int, key: str | None, weight: int, grant: Grant, shard: int = -1
+    ) -> None:
+        """Queue a step of `shard` for a permit of `name`; `grant(permit)` when its turn
+        comes."""
         if self._remote is not None:
-            self._remote.acquire(name, priority, key, weight, grant)
+            self._remote.acquire(name, priority, key, weight, grant, shard)
             return
         limit = self.limiter.limits.get(name)
         if limit is None:

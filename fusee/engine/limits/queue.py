@@ -10,8 +10,10 @@ from collections import deque
 from collections.abc import Callable
 
 # A waiter's grant: called with the permit; False when the step no longer wants it (its
-# run ended or its shard was let go of while it waited), so the permit goes to the next.
-Grant = Callable[["object"], bool]
+# run ended while it waited), so the permit goes to the next; None (falsy too) when its
+# shard was let go of while it waited: in server mode the server keeps the permit for the
+# shard's next holder (docs/limits.md, *A waiting step holds no invocation*).
+Grant = Callable[["object"], "bool | None"]
 
 
 class _Level:

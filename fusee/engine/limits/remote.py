@@ -32,7 +32,7 @@ class RemotePermits:
         # Unique in this process, across reconnections: a return or renewal of an old
         # connection's permit can never name a new connection's ticket.
         self.tickets = itertools.count(1)
-        self.waiting: dict[int, Grant] = {}
+        self.waiting: dict[int, tuple[Grant, int]] = {}  # ticket: (grant, shard)
         self.held: set[int] = set()
         self.renewer: asyncio.TimerHandle | None = None
         storage.permits = self
@@ -43,20 +43,30 @@ class RemotePermits:
             raise error_from(Failure(answer.message or answer.code, type=answer.code))
         return m.decode_value(answer.value) if answer.value else None
 
-    def acquire(self, name: str, priority: int, key: str | None, weight: int, grant: Grant) -> None:
+    def acquire(
+        self, name: str, priority: int, key: str | None, weight: int, grant: Grant, shard: int = -1
+    ) -> None:
         ticket = next(self.tickets)
-        self.waiting[ticket] = grant
-        self.storage.send(m.PermitAsk(ticket, name, priority, key, weight))
+        self.waiting[ticket] = (grant, shard)
+        self.storage.send(m.PermitAsk(ticket, name, priority, key, weight, shard))
 
     def granted(self, message: m.PermitGrant) -> None:
+        unused: list[int] = []
         for ticket in message.tickets:
-            grant = self.waiting.pop(ticket, None)
-            if grant is None:
-                self.storage.send(m.PermitReturn([ticket]))
+            waiter = self.waiting.pop(ticket, None)
+            if waiter is None:
+                # Its shard was let go of (`forget`): the server keeps it for the shard.
+                unused.append(ticket)
                 continue
             self.held.add(ticket)
-            if not grant(RemotePermit(self, ticket)):
+            taken = waiter[0](RemotePermit(self, ticket))
+            if taken is None:
+                self.held.discard(ticket)
+                unused.append(ticket)
+            elif not taken:
                 self.give_back(ticket)
+        if unused:
+            self.storage.send(m.PermitReturn(unused, unused=True))
         if self.held and self.renewer is None:
             self.renewer = asyncio.get_running_loop().call_later(m.PERMIT_RENEW_MS / 1000, self._renew)
 
@@ -71,9 +81,16 @@ class RemotePermits:
             self.storage.send(m.PermitRenew(sorted(self.held)))
             self.renewer = asyncio.get_running_loop().call_later(m.PERMIT_RENEW_MS / 1000, self._renew)
 
+    def forget(self, shard: int) -> None:
+        """`shard` was let go of: the server keeps its steps' waits for its next holder
+        (docs/limits.md, *A waiting step holds no invocation*); this process forgets them."""
+        for ticket in [t for t, (_, s) in self.waiting.items() if s == shard]:
+            del self.waiting[ticket]
+
     def lost(self) -> None:
-        """The connection went: the server dropped this worker's waiting tickets (their
-        steps' shards are lost with it too), and lets its permits lapse."""
+        """The connection went, and its shards with it: the server keeps this worker's
+        waiting tickets for their shards (whose next holders ask again), and lets its
+        permits lapse."""
         self.waiting.clear()
         self.held.clear()
         if self.renewer is not None:
