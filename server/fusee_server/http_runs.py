@@ -52,6 +52,8 @@ from fusee_server.http_types import (
     Queried,
     QueryString,
     ReasonBody,
+    Rerun,
+    ResetBody,
     ResultString,
     RunList,
     RunResult,
@@ -95,6 +97,7 @@ ENDINGS = {  # a result call's failure code -> how the run ended
     "Terminated": "terminated",
 }
 RETRIABLE = frozenset({"NoHolder", "Connection"})
+BY = {Scope.WORKER: "token", Scope.CLIENT: "token:client", Scope.READ: "token:read", None: "http"}
 
 _failure = msgspec.msgpack.Decoder(fusee.Failure)
 _json = msgspec.json.Encoder()
@@ -268,7 +271,7 @@ class RunsApi:
             await self._call("signal_with_start", id, args | options)
             return Signalled(id, name)
         signal_id = names.name(body.id, "signal ID") if body.id is not None else uuid.uuid4().hex
-        args = {"id": id, "name": name, "value": body.value, "signal_id": signal_id}
+        args = {"id": id, "name": name, "value": body.value, "signal_id": signal_id, "by": _by(asked)}
         await self._retried("signal", id, args)
         return Signalled(id, name, signal_id)
 
@@ -281,12 +284,29 @@ class RunsApi:
 
     async def cancel(self, asked: Asked) -> Done:
         id = _id(asked)
-        await self._call("cancel", id, {"id": id, "reason": _reason(asked.body, "cancel reason")})
+        reason = _reason(asked.body, "cancel reason")
+        await self._call("cancel", id, {"id": id, "reason": reason, "by": _by(asked)})
         return Done(id)
 
     async def terminate(self, asked: Asked) -> Done:
         id = _id(asked)
-        await self._call("terminate", id, {"id": id, "reason": _reason(asked.body, "terminate reason")})
+        reason = _reason(asked.body, "terminate reason")
+        await self._call("terminate", id, {"id": id, "reason": reason, "by": _by(asked)})
+        return Done(id)
+
+    async def reset(self, asked: Asked) -> Rerun:
+        body: ResetBody = asked.body
+        id, step = _id(asked), names.name(body.before_step, "reset step")
+        args = {"id": id, "before_step": step, "reapply_signals": body.reapply_signals, "by": _by(asked)}
+        return Rerun(id, await self._call("reset", id, args))
+
+    async def retry(self, asked: Asked) -> Rerun:
+        id = _id(asked)
+        return Rerun(id, await self._call("retry", id, {"id": id, "by": _by(asked)}))
+
+    async def resume(self, asked: Asked) -> Done:
+        id = _id(asked)
+        await self._call("resume", id, {"id": id, "by": _by(asked)})
         return Done(id)
 
     # -- reads --------------------------------------------------------------------------
@@ -417,6 +437,12 @@ class RunsApi:
             )
 
         return endpoint
+
+
+def _by(asked: Asked) -> str:
+    """Who asked, as the records that audit keep it (`by`, docs/run-operations.md,
+    *Audit*): the token's kind, or `http` on a server without tokens."""
+    return BY[asked.scope]
 
 
 def _id(asked: Asked) -> str:
@@ -550,6 +576,12 @@ ROUTES = [
        errors=(400, 404)),
     _r("POST", "/v1/runs/{id}/terminate", "terminate", "Terminate a run", Done, RunsApi.terminate,
        body=ReasonBody, errors=(400, 404)),
+    _r("POST", "/v1/runs/{id}/reset", "reset", "Run the ID again from before a step", Rerun, RunsApi.reset,
+       body=ResetBody, errors=(400, 404)),
+    _r("POST", "/v1/runs/{id}/retry", "retry", "Run a failed run again from its failed step", Rerun,
+       RunsApi.retry, errors=(400, 404)),
+    _r("POST", "/v1/runs/{id}/resume", "resume", "Resume the step paused out of retries", Done, RunsApi.resume,
+       errors=(400, 404)),
     _r("GET", "/v1/info", "info", "The server, and what this request's token may do", Info, RunsApi.info),
     _r("GET", "/v1/invocations", "invocations", "The invoker's endpoints and counts", Invocations,
        RunsApi.invocations),

@@ -21,6 +21,7 @@ from fusee._errors import Failure  # a recorded failure, as the journal holds it
 # the document lists them; `tests/server_mode/test_http_runs.py` checks they agree.
 ListedStatus = Literal[
     "running",
+    "paused",
     "waiting_for_code",
     "stuck",
     "ok",
@@ -148,6 +149,22 @@ class Done(Answer):
     """A request the run took: it is recorded."""
 
     id: str
+
+
+class ResetBody(Request):
+    """Run the ID again from just before step `beforeStep` (docs/run-operations.md);
+    signals received after that point are received again unless `reapplySignals` is
+    false."""
+
+    before_step: str
+    reapply_signals: bool = True
+
+
+class Rerun(Answer):
+    """The ID's new run: its number."""
+
+    id: str
+    run: int
 
 
 # -- reading runs -------------------------------------------------------------------------

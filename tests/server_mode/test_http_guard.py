@@ -78,6 +78,8 @@ async def test_each_token_reaches_what_its_scope_allows(tokened):
         assert status == 200
         result = await api.ok("GET", "/v1/runs/guarded-1/result", wait="10000")
         assert result["result"] == [1]
+        journal = (await api.ok("GET", "/v1/runs/guarded-1"))["journal"]
+        assert [r["by"] for r in journal if r["kind"] == "SignalReceived"] == ["token"]  # who asked
         for scope in ("client", "worker"):
             _, info = await api.request("GET", "/v1/info", token=tokens[scope])
             assert info["access"] == scope

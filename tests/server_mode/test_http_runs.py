@@ -22,9 +22,9 @@ ORDER = {"item": "pen", "quantity": 2}
 
 
 @pytest.fixture
-async def api(start_server, start_worker) -> AsyncIterator[Http]:
+async def api(start_server, start_worker, tmp_path) -> AsyncIterator[Http]:
     server = start_server("--http", "127.0.0.1:0")
-    start_worker(server.address())
+    start_worker(server.address(), steps_file=tmp_path / "steps")
     async with Http(base_url(server)) as http:
         yield http
     assert not [line for line in server.lines if "Traceback" in line], server.output()
@@ -73,6 +73,7 @@ async def test_start_query_update_signal_and_result(api):
     journal = {record["kind"]: record for record in described["journal"]}
     assert journal["Started"]["input"] == ORDER  # payloads as the JSON they hold
     assert journal["SignalReceived"]["id"] == signalled["signalId"]
+    assert journal["SignalReceived"]["by"] == "http"  # who asked: a server without tokens
     assert journal["StepDone"] == {"kind": "StepDone", "seq": 1, "name": "ship", "value": "2 x pen"}
     summary = await api.ok("GET", run("co/1"), journal="false")
     assert "journal" not in summary and summary["status"] == "ok"
@@ -193,6 +194,44 @@ async def test_list_filters_by_type_status_and_prefix_and_pages_in_id_order(api)
     finished = await api.ok("GET", "/v1/runs", status="ok")
     assert [row["id"] for row in finished["runs"]] == ["acme/steps"]
     assert (await api.ok("GET", "/v1/runs", prefix="nobody/"))["runs"] == []
+
+
+async def until(api: Http, id: str, status: str) -> None:
+    """Wait until run `id` has `status`."""
+    for _ in range(200):
+        if (await api.ok("GET", run(id), journal="false"))["status"] == status:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{id} never became {status}")
+
+
+async def test_resume_retry_and_reset_and_who_asked(api, tmp_path):
+    await api.ok("POST", "/v1/runs", {"type": "flaky", "id": "fl/paused", "input": True})
+    await api.ok("POST", "/v1/runs", {"type": "flaky", "id": "fl/failed", "input": False})
+    await until(api, "fl/paused", "paused")
+    await until(api, "fl/failed", "failed")
+    assert [r["id"] for r in (await api.ok("GET", "/v1/runs", status="paused"))["runs"]] == ["fl/paused"]
+    for path, body, words in (
+        (run("fl/failed", "/resume"), None, "has no step paused out of retries"),
+        (run("fl/paused", "/retry"), None, "has not failed"),
+        (run("fl/paused", "/reset"), {"beforeStep": "nope"}, "has no step 'nope'"),
+    ):
+        status, error = await api.post(path, body)
+        assert (status, error["code"]) == (400, "Rejected") and words in error["message"], error
+    (tmp_path / "steps.fixed").write_text("deployed")  # the fix, deployed
+    assert await api.ok("POST", run("fl/paused", "/resume")) == {"id": "fl/paused"}
+    assert await api.ok("POST", run("fl/failed", "/retry")) == {"id": "fl/failed", "run": 2}
+    for id in ("fl/paused", "fl/failed"):
+        assert (await api.ok("GET", run(id, "/result"), wait="10000"))["result"] == "charged"
+    reset = await api.ok(
+        "POST", run("fl/failed", "/reset"), {"beforeStep": "charge", "reapplySignals": False}
+    )
+    assert reset == {"id": "fl/failed", "run": 3}
+    assert (await api.ok("GET", run("fl/failed", "/result"), wait="10000"))["result"] == "charged"
+    resumed = [r for r in (await api.ok("GET", run("fl/paused")))["journal"] if r["kind"] == "Resume"]
+    assert [(r["name"], r["by"]) for r in resumed] == [("charge", "http")]  # who asked: no token
+    journal = (await api.ok("GET", run("fl/failed")))["journal"]
+    assert journal[0]["kind"] == "Started" and journal[-1]["kind"] == "Finished"
 
 
 def test_the_listed_statuses_are_the_engine_s():
