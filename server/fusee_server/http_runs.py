@@ -36,6 +36,7 @@ from fusee import _codec as codec
 from fusee import _names as names
 from fusee import journal as R
 from fusee._errors import DOCS, FuseeError, RejectedError
+from fusee.engine.tokens import parse_token
 from fusee.journal import FINAL
 from fusee.protocol import messages as m
 from fusee.workflow.durations import at_ms, to_ms
@@ -43,6 +44,8 @@ from fusee_server.access import Scope
 from fusee_server.http_guard import Guard, error_response
 from fusee_server.http_openapi import document
 from fusee_server.http_types import (
+    CompletionFailure,
+    CompletionValue,
     DescribeString,
     Done,
     Error,
@@ -309,6 +312,21 @@ class RunsApi:
         await self._call("resume", id, {"id": id, "by": _by(asked)})
         return Done(id)
 
+    async def complete(self, asked: Asked) -> Done:
+        """A completion token's step ends with the body as its value (a callback)."""
+        token = asked.path["token"]
+        id = parse_token(token)[0]
+        await self._call("complete", id, {"token": token, "value": asked.body})
+        return Done(id)
+
+    async def fail(self, asked: Asked) -> Done:
+        """A completion token's step fails with the body: a message, or a failure."""
+        token, failure = asked.path["token"], asked.body
+        id = parse_token(token)[0]
+        envelope = fusee.Failure(failure) if isinstance(failure, str) else failure
+        await self._call("fail", id, {"token": token, "failure": msgspec.to_builtins(envelope)})
+        return Done(id)
+
     # -- reads --------------------------------------------------------------------------
 
     async def query(self, asked: Asked) -> Queried:
@@ -549,7 +567,8 @@ async def _decoded_body(request: web.Request, type_: Any) -> Any:
     except web.HTTPRequestEntityTooLarge:
         raise ApiError(413, "Rejected", f"the body is over {BODY_BYTES_MAX:,} bytes") from None
     try:
-        return msgspec.json.decode(data or b"{}", type=type_)
+        # No body: the defaults of a body's fields, or null for a body that is a value.
+        return msgspec.json.decode(data or (b"null" if type_ is CompletionValue else b"{}"), type=type_)
     except (msgspec.ValidationError, msgspec.DecodeError) as error:
         raise RejectedError(f"the body: {error}") from None
 
@@ -582,6 +601,10 @@ ROUTES = [
        RunsApi.retry, errors=(400, 404)),
     _r("POST", "/v1/runs/{id}/resume", "resume", "Resume the step paused out of retries", Done, RunsApi.resume,
        errors=(400, 404)),
+    _r("POST", "/v1/complete/{token}", "complete", "Complete a step waiting on a callback: the body is its value",
+       Done, RunsApi.complete, body=CompletionValue, errors=(400, 404)),
+    _r("POST", "/v1/fail/{token}", "fail", "Fail a step waiting on a callback", Done, RunsApi.fail,
+       body=CompletionFailure, errors=(400, 404)),
     _r("GET", "/v1/info", "info", "The server, and what this request's token may do", Info, RunsApi.info),
     _r("GET", "/v1/invocations", "invocations", "The invoker's endpoints and counts", Invocations,
        RunsApi.invocations),

@@ -167,6 +167,15 @@ class Rerun(Answer):
     run: int
 
 
+CompletionValue = Annotated[Any, msgspec.Meta(description="The step's value, as JSON (no body: null).")]
+CompletionFailure = Annotated[
+    Failure | str,
+    msgspec.Meta(
+        description="The step's failure: a message, or a failure (`message`, `type`, `code`, `details`)."
+    ),
+]
+
+
 # -- reading runs -------------------------------------------------------------------------
 
 

@@ -200,6 +200,20 @@ async def flaky(ctx: fusee.Ctx, pause: bool) -> str:
     return await ctx.step("charge", _charge, retry=retry)
 
 
+@fusee.workflow("awaiting")
+async def awaiting(ctx: fusee.Ctx, _: int) -> object:
+    """Waits for a completion from outside (a callback); its send function writes the
+    token to FUSEE_TEST_STEPS + ".<workflow ID>.token", for the test to complete it."""
+
+    def send(cb: fusee.Completion) -> None:
+        path = os.environ.get("FUSEE_TEST_STEPS")
+        if path:
+            with open(f"{path}.{ctx.workflow_id}.token", "w") as file:
+                file.write(cb.token)
+
+    return await ctx.await_completion("reply", send)
+
+
 WORKFLOWS = [
     steps,
     parent,
@@ -215,4 +229,5 @@ WORKFLOWS = [
     one_at_a_time,
     limited,
     flaky,
+    awaiting,
 ]

@@ -29,7 +29,7 @@ START = {"type": "waiter", "id": "guarded-1", "input": 1}
 def routes(document: dict[str, Any]) -> list[tuple[str, str]]:
     """(method, path) of every operation, its parameters filled in."""
     return [
-        (method.upper(), path.replace("{id}", "r-1").replace("{name}", "go"))
+        (method.upper(), path.replace("{id}", "r-1").replace("{name}", "go").replace("{token}", "t.t"))
         for path, operations in document["paths"].items()
         for method in operations
     ]

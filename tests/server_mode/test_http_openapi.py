@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -32,9 +33,25 @@ CALLS: dict[str, Call] = {
     "cancel": lambda api: _started_then(api, "doc-2", "cancel"),
     "terminate": lambda api: _started_then(api, "doc-3", "terminate"),
     "reset": lambda api: api.post("/v1/runs/doc-1/reset", {"beforeStep": "ship"}),
+    "complete": lambda api: _awaiting_then(api, "doc-c", "complete", {"ok": 1}),
+    "fail": lambda api: _awaiting_then(api, "doc-x", "fail", "declined"),
     "retry": lambda api: _flaky_then(api, "doc-f", "failed", "retry"),
     "resume": lambda api: _flaky_then(api, "doc-p", "paused", "resume"),
 }  # fmt: skip
+
+
+STEPS = [Path("steps")]  # the worker's FUSEE_TEST_STEPS: the test puts it under its tmp_path
+
+
+async def _awaiting_then(api: Http, id: str, operation: str, body: Any) -> tuple[int, Any]:
+    """An `awaiting` run's callback token (its send function writes it), then `operation`."""
+    await api.ok("POST", "/v1/runs", {"type": "awaiting", "id": id, "input": 0})
+    token = STEPS[0].with_name(f"steps.{id}.token")
+    for _ in range(200):
+        if token.exists() and token.read_text():
+            break
+        await asyncio.sleep(0.05)
+    return await api.post(f"/v1/{operation}/{token.read_text()}", body)
 
 
 async def _flaky_then(api: Http, id: str, status: str, operation: str) -> tuple[int, Any]:
@@ -65,9 +82,12 @@ def check(document: dict[str, Any], schema: dict[str, Any], value: Any) -> None:
     jsonschema.Draft202012Validator({**schema, "components": document["components"]}).validate(value)
 
 
-async def test_the_document_is_valid_and_every_operation_answers_as_it_says(start_server, start_worker):
+async def test_the_document_is_valid_and_every_operation_answers_as_it_says(
+    start_server, start_worker, tmp_path
+):
+    STEPS[0] = tmp_path / "steps"
     server = start_server("--http", "127.0.0.1:0")
-    start_worker(server.address())
+    start_worker(server.address(), steps_file=STEPS[0])
     async with Http(base_url(server)) as api:
         status, document = await api.get("/v1/openapi.json")
         assert status == 200

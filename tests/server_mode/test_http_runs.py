@@ -234,6 +234,40 @@ async def test_resume_retry_and_reset_and_who_asked(api, tmp_path):
     assert journal[0]["kind"] == "Started" and journal[-1]["kind"] == "Finished"
 
 
+async def token_of(tmp_path: Path, id: str) -> str:
+    """The completion token run `id`'s send function wrote (flows.awaiting)."""
+    path = tmp_path / f"steps.{id}.token"
+    for _ in range(200):
+        if path.exists() and path.read_text():
+            return path.read_text()
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{id} sent no token")
+
+
+async def test_callbacks_complete_and_fail_the_step_their_token_names(api, tmp_path):
+    for id in ("cb-1", "cb-2"):
+        await api.ok("POST", "/v1/runs", {"type": "awaiting", "id": id, "input": 0})
+    token = await token_of(tmp_path, "cb-1")
+    assert await api.ok("POST", f"/v1/complete/{token}", {"approved": True}) == {"id": "cb-1"}
+    assert (await api.ok("GET", run("cb-1", "/result"), wait="10000"))["result"] == {"approved": True}
+    status, error = await api.post(f"/v1/complete/{token}", {"again": True})  # used: stale
+    assert (status, error["code"]) == (400, "Rejected"), error
+    failure = {"message": "declined", "code": "card_declined", "details": {"last4": "4242"}}
+    assert await api.ok("POST", f"/v1/fail/{await token_of(tmp_path, 'cb-2')}", failure) == {"id": "cb-2"}
+    failed = await api.ok("GET", run("cb-2", "/result"), wait="10000")
+    assert (failed["done"], failed["status"]) == (True, "failed"), failed
+    causes, cause = [], failed["error"].get("cause")
+    while cause is not None:
+        causes.append(cause)
+        cause = cause.get("cause")
+    assert any(c.get("code") == "card_declined" and c.get("details") == {"last4": "4242"} for c in causes), (
+        failed
+    )
+    for path in ("/v1/complete/not-a-token", "/v1/fail/x.y"):
+        status, error = await api.post(path, "declined")
+        assert (status, error["code"], error["message"]) == (400, "Rejected", "not a completion token"), error
+
+
 def test_the_listed_statuses_are_the_engine_s():
     assert set(get_args(ListedStatus)) == {status.value for status in LISTED}
 
