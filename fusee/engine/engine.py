@@ -383,6 +383,21 @@ class Engine:
     def workflow_of(self, wf: Workflow[Any] | str) -> Workflow[Any]:
         return registry.registered(self.workflows, wf)
 
+    async def serve(self, addr: str = "127.0.0.1:7601", *, token: str | None = None) -> Any:
+        """Serve the HTTP API (`/v1`, docs/http-api.md) of this engine on `addr`
+        (`HOST:PORT`, port 0 for a free one) until the returned site's `close()`; with
+        `token`, every request needs it as its bearer. Needs the fusee-server
+        distribution (aiohttp), imported only here."""
+        try:
+            from fusee_server.http_engine import serve_at
+        except ImportError:
+            raise RejectedError(
+                "engine.serve() needs the fusee-server distribution, which holds the HTTP API: "
+                "pip install fusee-server (in this repository: pip install ./server)"
+            ) from None
+        self._check_open()
+        return await serve_at(self, addr, token)
+
     # -- starting -------------------------------------------------------------------------
 
     async def start(

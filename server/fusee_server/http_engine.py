@@ -3,7 +3,7 @@ for an engine opened on a data directory or in memory, with no server: the same 
 guard and document as `fusee server --http`, each call answered by the engine itself
 as a worker answers the server's (fusee/engine/remote_calls.py).
 
-`Engine.serve()` is meant to call this; until it does, an application calls it directly.
+`Engine.serve(addr, token=)` calls `serve_at`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from fusee import _secrets
+from fusee._errors import RejectedError
 from fusee.engine.remote_calls import ServedEngine, answer_here
 from fusee.protocol import messages as m
 from fusee_server.access import Tokens
@@ -69,3 +70,11 @@ async def serve(engine: Any, host: str = "127.0.0.1", port: int = 7601, token: s
     if token is None and is_loopback(host):
         guard.local_port = bound
     return Served(runner, bound)
+
+
+async def serve_at(engine: Any, addr: str, token: str | None = None) -> Served:
+    """`serve` on `addr`, `HOST:PORT` (`[::1]:PORT` for IPv6)."""
+    host, colon, port = addr.rpartition(":")
+    if not colon or not port.isdigit() or not host or int(port) > 65535:
+        raise RejectedError(f"serve({addr!r}): expected HOST:PORT (127.0.0.1:7601; port 0 for a free one)")
+    return await serve(engine, host.strip("[]"), int(port), token)

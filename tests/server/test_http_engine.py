@@ -4,6 +4,7 @@ client."""
 
 from __future__ import annotations
 
+import pytest
 from fusee_server.http_engine import serve
 
 import fusee
@@ -45,7 +46,9 @@ async def test_an_engine_serves_the_routes_itself(tmp_path):
 
 async def test_with_a_token_an_engine_wants_it(tmp_path):
     async with await fusee.Engine.open(workflows=WORKFLOWS) as engine:
-        served = await serve(engine, port=0, token=TOKEN)
+        with pytest.raises(fusee.RejectedError, match="HOST:PORT"):
+            await engine.serve("7601")
+        served = await engine.serve("127.0.0.1:0", token=TOKEN)
         try:
             async with Http(served.url) as api:
                 assert (await api.get("/v1/info"))[0] == 401
