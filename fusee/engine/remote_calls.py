@@ -269,7 +269,9 @@ async def answer_here(engine: ServedEngine, call: m.Call) -> m.Answer:
         args = m.decode_value(call.args)
         if not isinstance(args, dict):
             raise RejectedError("a call's arguments are a map")
-        return m.Answer(call.rid, _encode(await method(engine, args)))
+        by = args.get("by")  # who asked, recorded by the calls that audit (as in CallServer)
+        with as_requester(by if isinstance(by, str) else None):
+            return m.Answer(call.rid, _encode(await method(engine, args)))
     except (FuseeError, *MALFORMED) as error:
         return error_answer(call, error)
 

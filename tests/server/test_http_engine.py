@@ -28,6 +28,8 @@ async def test_an_engine_serves_the_routes_itself(tmp_path):
                 assert result["result"] == {"item": "pen", "quantity": 2, "approved": True, "notes": ["hi"]}
                 described = await api.ok("GET", "/v1/runs/e%2F1")
                 assert described["journal"][-1]["kind"] == "Finished"
+                received = [r for r in described["journal"] if r["kind"] == "SignalReceived"]
+                assert [r["by"] for r in received] == ["http"]  # who asked, recorded here too
                 await api.ok("POST", "/v1/runs", {"type": "waiter", "id": "e/2", "input": 1})
                 await api.ok("POST", "/v1/runs/e%2F2/cancel", {"reason": "no"})
                 cancelled = await api.ok("GET", "/v1/runs/e%2F2/result", wait="10000")
