@@ -5,6 +5,7 @@ process (or an invoked handler under uvicorn), and requests from a plain HTTP cl
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import get_args
@@ -79,13 +80,25 @@ async def test_start_query_update_signal_and_result(api):
     assert "journal" not in summary and summary["status"] == "ok"
 
 
+async def calls_in_flight(api: Http) -> float:
+    status, text = await api.get("/metrics")
+    assert status == 200
+    found = re.search(r"^fusee_calls_in_flight (\S+)$", text, re.M)
+    assert found, text
+    return float(found.group(1))
+
+
 async def test_a_long_poll_answers_as_the_run_ends(api):
+    """Polls of one run share one `result` call to its worker, however many wait."""
     await api.ok("POST", "/v1/runs", {"type": "waiter", "id": "poll-1", "input": 1})
-    polled = asyncio.ensure_future(api.ok("GET", run("poll-1", "/result"), wait="20000"))
+    polls = [asyncio.ensure_future(api.ok("GET", run("poll-1", "/result"), wait="20000")) for _ in range(5)]
     await asyncio.sleep(0.3)
-    assert not polled.done()  # it waits: the run waits for its signal
+    assert not any(poll.done() for poll in polls)  # they wait: the run waits for its signal
+    assert await calls_in_flight(api) == 1
     await api.ok("POST", run("poll-1", "/signals/go"), {"value": 7})
-    assert (await asyncio.wait_for(polled, 10))["result"] == [7]
+    answers = await asyncio.wait_for(asyncio.gather(*polls), 10)
+    assert [answer["result"] for answer in answers] == [[7]] * 5
+    assert await calls_in_flight(api) == 0
 
 
 async def test_a_signal_sent_again_under_its_id_is_recorded_once(api):
