@@ -192,7 +192,8 @@ class RunSummary(Answer):
 class RunView(Answer):
     """A run: its summary, and (unless `journal=false`) its journal, oldest first. Each
     journal entry is a record: its `kind` (`Started`, `StepDone`, `SignalReceived`, ...,
-    as docs/FORMAT.md names them) and its fields; payloads as the JSON they hold."""
+    as fusee/journal.py names them) and its fields in camelCase; payloads as the JSON they
+    hold."""
 
     id: str
     run: int
