@@ -12,7 +12,10 @@ A `fusee server --http` on loopback and one worker process (tests/server_mode/wo
   `?journal=false` (the summary), with CONCURRENCY requests in flight for SECONDS, over
   as many kept-alive connections;
 - with LIST_RUNS runs in the directory, a page of `GET /v1/runs?limit=50` (the first,
-  and one in the middle by its cursor), p50 and p90.
+  and one in the middle by its cursor), p50 and p90;
+- the web UI's pages (docs/web-ui.md) with those runs: the runs page (`GET /`, 50 a page,
+  the first and one in the middle), and a run's page (`GET /runs/{id}`) of a run with no
+  step and of one with 20 steps, p50 and p90.
 """
 
 from __future__ import annotations
@@ -163,6 +166,32 @@ async def listing(
         ("a page in the middle", {"limit": "50", "cursor": cursor}),
     ):
         samples = await timed(args.pages, lambda _, params=params: page(params))  # type: ignore[misc]
+        p50, p90 = quantiles(samples)
+        print(f"{label:28} p50 {p50:7.1f} ms   p90 {p90:7.1f} ms")
+    await ui_pages(args, client, http, url, cursor)
+
+
+async def ui_pages(
+    args: argparse.Namespace, client: fusee.Client, http: aiohttp.ClientSession, url: str, cursor: str
+) -> None:
+    """The web UI's pages, read as a browser reads the HTML (its static files are cached)."""
+    run = await client.start("steps", "ui-steps", 20)
+    await run.result()
+
+    async def html(path: str) -> None:
+        async with http.get(url + path) as r:
+            assert r.status == 200 and "text/html" in r.headers["Content-Type"], await r.text()
+            await r.read()
+
+    print("\nthe web UI's pages, with those runs")
+    for label, path in (
+        ("runs page (first)", "/"),
+        ("runs page (middle)", f"/?cursor={cursor}"),
+        ("run page, no step", "/runs/http-0-0"),
+        ("run page, 20 steps", "/runs/ui-steps"),
+    ):
+        await html(path)
+        samples = await timed(args.pages, lambda _, path=path: html(path))  # type: ignore[misc]
         p50, p90 = quantiles(samples)
         print(f"{label:28} p50 {p50:7.1f} ms   p90 {p90:7.1f} ms")
 

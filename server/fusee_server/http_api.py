@@ -1,6 +1,6 @@
-"""`fusee server --http HOST:PORT`: the HTTP API (`/v1`, http_runs.py), `/metrics` in
-the Prometheus text format and `/healthz`, served by aiohttp on the server's own event
-loop, behind http_guard.py's checks.
+"""`fusee server --http HOST:PORT`: the HTTP API (`/v1`, http_runs.py), the web UI at `/`
+(ui/), `/metrics` in the Prometheus text format and `/healthz`, served by aiohttp on the
+server's own event loop, behind http_guard.py's checks.
 
 Most numbers are read from the server's and the invoker's state when Prometheus scrapes
 (`StateCollector`), so nothing is counted twice and an idle server does no metrics work.
@@ -32,6 +32,7 @@ from prometheus_client.registry import Collector
 from fusee_server.access import Tokens
 from fusee_server.http_guard import Guard, is_loopback
 from fusee_server.http_runs import RelayCalls, RunsApi
+from fusee_server.ui import WebUi, server_shards
 
 if TYPE_CHECKING:
     from fusee_server.invoker import EndpointState, Invoker
@@ -236,6 +237,7 @@ class HttpApi:
         app = self.runs.app(self.guard)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
+        WebUi(self.runs, server_shards(server)).add_to(app)
         # No access log: a line per scrape every few seconds would bury the lease events.
         self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_S)
 

@@ -1,6 +1,6 @@
 """The HTTP API served by an engine in this process (`serve(engine, host, port, token=)`),
 for an engine opened on a data directory or in memory, with no server: the same routes,
-guard and document as `fusee server --http`, each call answered by the engine itself
+web UI, guard and document as `fusee server --http`, each call answered by the engine itself
 as a worker answers the server's (fusee/engine/remote_calls.py).
 
 `Engine.serve(addr, token=)` calls `serve_at`.
@@ -20,6 +20,7 @@ from fusee.protocol import messages as m
 from fusee_server.access import Tokens
 from fusee_server.http_guard import Guard, is_loopback
 from fusee_server.http_runs import RunsApi
+from fusee_server.ui import WebUi, engine_shards
 
 SHUTDOWN_S = 1.0
 
@@ -57,7 +58,9 @@ async def serve(engine: Any, host: str = "127.0.0.1", port: int = 7601, token: s
     tokens = Tokens(_secrets.given(token, "token=") if token is not None else None)
     guard = Guard(tokens, tls=False)
     runs = RunsApi(EngineCalls(engine, engine.shard_count))
-    runner = web.AppRunner(runs.app(guard), access_log=None, shutdown_timeout=SHUTDOWN_S)
+    app = runs.app(guard)
+    WebUi(runs, engine_shards(engine.shard_count)).add_to(app)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_S)
     await runner.setup()
     sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
     try:

@@ -1,0 +1,64 @@
+// The run page's buttons: each calls the /v1 route itself with a JSON body (or
+// X-Fusee-Action: 1 when it has none), as the API's guard asks of any change, then
+// shows the answer and refreshes the live part of the page. No other script runs here.
+"use strict";
+
+function say(text, failed) {
+  const box = document.getElementById("message");
+  if (!box) return;
+  box.textContent = text; // text, never HTML: an error message may echo user input
+  box.className = failed ? "error" : "ok";
+}
+
+function bodyOf(action, form) {
+  const data = new FormData(form);
+  if (action === "signal") {
+    const raw = (data.get("value") || "").trim();
+    return { value: raw === "" ? null : JSON.parse(raw) };
+  }
+  if (action === "cancel" || action === "terminate") {
+    const reason = (data.get("reason") || "").trim();
+    return reason ? { reason } : {};
+  }
+  if (action === "reset") return { beforeStep: data.get("beforeStep") };
+  return null; // retry, resume: no body
+}
+
+async function act(event) {
+  const form = event.target.closest("form.action");
+  if (!form) return;
+  event.preventDefault();
+  const action = form.dataset.action;
+  const run = form.closest(".actions").dataset.run; // already one encoded path segment
+  if (form.dataset.confirm && !window.confirm(form.dataset.confirm)) return;
+  let body;
+  try {
+    body = bodyOf(action, form);
+  } catch (error) {
+    say("The payload is not JSON: " + error.message, true);
+    return;
+  }
+  let path = `/v1/runs/${run}/${action}`;
+  if (action === "signal") path = `/v1/runs/${run}/signals/${encodeURIComponent(new FormData(form).get("name"))}`;
+  const headers = { "X-Fusee-Action": "1" };
+  const init = { method: "POST", headers, credentials: "same-origin" };
+  if (body !== null) {
+    headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  try {
+    const response = await fetch(path, init);
+    const answer = await response.json().catch(() => ({}));
+    if (response.ok) {
+      say(`${action}: done` + (answer.run ? ` (run ${answer.run})` : ""), false);
+    } else {
+      say(`${action}: ${answer.code || response.status}: ${answer.message || response.statusText}`, true);
+    }
+  } catch (error) {
+    say(`${action}: ${error.message}`, true);
+  }
+  const live = document.getElementById("live");
+  if (live && window.htmx) window.htmx.trigger(live, "refresh");
+}
+
+document.addEventListener("submit", act);
