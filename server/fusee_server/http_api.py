@@ -237,7 +237,7 @@ class HttpApi:
         app = self.runs.app(self.guard)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
-        WebUi(self.runs, server_shards(server)).add_to(app)
+        WebUi(self.runs, server_shards(server)).add_to(app, self.guard)
         # No access log: a line per scrape every few seconds would bury the lease events.
         self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_S)
 

@@ -59,7 +59,7 @@ async def serve(engine: Any, host: str = "127.0.0.1", port: int = 7601, token: s
     guard = Guard(tokens, tls=False)
     runs = RunsApi(EngineCalls(engine, engine.shard_count))
     app = runs.app(guard)
-    WebUi(runs, engine_shards(engine.shard_count)).add_to(app)
+    WebUi(runs, engine_shards(engine.shard_count)).add_to(app, guard)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_S)
     await runner.setup()
     sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)

@@ -8,6 +8,11 @@ using the API behind its user's back.
   resolves to 127.0.0.1 (DNS rebinding) sends its own name as the Host, and is refused.
 - A browser's `Origin` must be this site: a page elsewhere cannot send a request a
   browser marks as its own.
+- The web UI (fusee_server/ui) signs a browser in once: its sign-in page keeps the token
+  in a `fusee-token` cookie (SameSite=Strict), taken here as a bearer when a request has
+  no Authorization header. The cookie makes no cross-site change possible: the rules
+  below (a same-site Origin, JSON or `X-Fusee-Action`) hold for it as for a header.
+  The UI's static files (/static/: its script, style and htmx) need no token.
 - A change (any method but GET and HEAD) carries a JSON body (`Content-Type:
   application/json`) or `X-Fusee-Action: 1`. An HTML form can send neither, and a
   script on another site cannot either without a CORS preflight, which this site never
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Awaitable, Callable
+from urllib.parse import unquote
 
 import msgspec
 from aiohttp import web
@@ -31,6 +37,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 READS = frozenset({"GET", "HEAD"})
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
 ACTION_HEADER = "X-Fusee-Action"
+TOKEN_COOKIE = "fusee-token"  # set by the web UI's sign-in page (ui/static/ui.js)
+PUBLIC = "/static/"  # the web UI's script, style and htmx: nothing secret, no token
 
 _encode = msgspec.json.Encoder().encode
 
@@ -64,6 +72,9 @@ class Guard:
         self.tokens = tokens
         self.scheme = "https" if tls else "http"
         self.local_port: int | None = None
+        # The web UI's sign-in page, answered instead of the JSON 401 to a browser
+        # asking for a page (set by `WebUi.add_to`).
+        self.sign_in: Callable[[web.Request], web.Response] | None = None
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -89,9 +100,11 @@ class Guard:
                 "(a page that points its own name at this machine is refused)",
             )
         scope: Scope | None = None
-        if self.tokens.worker is not None:
-            scope = self._bearer_scope(request.headers.get("Authorization", ""))
+        if self.tokens.worker is not None and not request.path.startswith(PUBLIC):
+            scope = self._bearer_scope(self._authorization(request))
             if scope is None:
+                if self.sign_in is not None and self._wants_page(request):
+                    return self.sign_in(request)
                 return error_response(
                     401,
                     "Rejected",
@@ -123,7 +136,25 @@ class Guard:
         middleware let it through (a handler asks: /v1/info says it)."""
         if self.tokens.worker is None:
             return None
-        return self._bearer_scope(request.headers.get("Authorization", ""))
+        return self._bearer_scope(self._authorization(request))
+
+    @staticmethod
+    def _authorization(request: web.Request) -> str:
+        """The Authorization header, or else the web UI's cookie as a bearer."""
+        header = request.headers.get("Authorization")
+        if header is not None:
+            return header
+        cookie = request.cookies.get(TOKEN_COOKIE)
+        return f"Bearer {unquote(cookie)}" if cookie else ""
+
+    @staticmethod
+    def _wants_page(request: web.Request) -> bool:
+        """A browser asking for one of the web UI's pages (not an API call)."""
+        return (
+            request.method == "GET"
+            and not request.path.startswith(("/v1/", "/metrics", "/healthz"))
+            and "text/html" in request.headers.get("Accept", "")
+        )
 
     def _local(self, host: str) -> bool:
         """`host` names this machine, on the port served (or, without a port, the

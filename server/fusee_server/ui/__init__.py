@@ -21,6 +21,7 @@ from aiohttp import web
 
 from fusee._errors import FuseeError
 from fusee.journal import FINAL
+from fusee_server.http_guard import TOKEN_COOKIE, Guard
 from fusee_server.http_runs import ApiError, Asked, RunsApi
 from fusee_server.http_types import DescribeString, ListedStatus, ListString
 from fusee_server.ui.timeline import show, timeline
@@ -59,7 +60,10 @@ class WebUi:
         self.title = title
         self.env = _environment()
 
-    def add_to(self, app: web.Application) -> None:
+    def add_to(self, app: web.Application, guard: Guard) -> None:
+        """The pages on `app`; `guard` answers a browser without a token with the
+        sign-in page (a server with tokens)."""
+        guard.sign_in = self.sign_in_page
         get = app.router.add_get
         get("/", self.runs_page)
         get("/runs/{id}", self.run_page)
@@ -89,6 +93,13 @@ class WebUi:
         elif isinstance(error, FuseeError):
             status, code, message = 400, error.code, error.message
         return self._html("error.html", status=status, what=what, code=code, message=message, nav="")
+
+    def sign_in_page(self, request: web.Request) -> web.Response:
+        """Asks for the token once (static/ui.js keeps it in the guard's cookie)."""
+        offered = bool(request.cookies.get(TOKEN_COOKIE))
+        response = self._html("sign_in.html", status=401, nav="", offered=offered)
+        response.headers["WWW-Authenticate"] = 'Bearer realm="fusee"'
+        return response
 
     # -- runs ---------------------------------------------------------------------------
 

@@ -62,3 +62,16 @@ async function act(event) {
 }
 
 document.addEventListener("submit", act);
+
+// The sign-in page: the token goes into the cookie the API's guard reads as a bearer
+// (SameSite=Strict: no other site's page makes the browser send it), then the page the
+// browser asked for loads again.
+document.addEventListener("submit", (event) => {
+  const form = event.target;
+  if (form.id !== "sign-in") return;
+  event.preventDefault();
+  const token = new FormData(form).get("token") || "";
+  const secure = location.protocol === "https:" ? "; Secure" : "";
+  document.cookie = `fusee-token=${encodeURIComponent(token)}; Path=/; SameSite=Strict${secure}`;
+  location.reload();
+});
