@@ -4,6 +4,7 @@ carries, read as plain HTTP (the browser tests are test_web_ui.py)."""
 from __future__ import annotations
 
 import html
+import re
 
 import fusee
 from tests.server_mode.flows import WORKFLOWS
@@ -37,6 +38,13 @@ async def test_an_engine_serves_the_pages_with_its_runs(tmp_path):
                 assert status == 400 and "sleeping" in refused
                 status, script = await api.get("/static/htmx.min.js")
                 assert status == 200 and "htmx" in script
+                await engine.schedule("nightly", {"every": "1h"}, "steps", 1)
+                status, schedules = await api.get("/schedules")
+                assert status == 200 and schedules.count('class="run-link"') == 1, schedules
+                found = re.search(r'class="run-link" href="(/runs/[^"]+)">([^<]*nightly[^<]*)<', schedules)
+                assert found, schedules
+                status, schedule = await api.get(found.group(1))
+                assert status == 200 and "fusee.schedule" in schedule and "every" in schedule
                 # The API's browser rules cover the pages too: a rebinding name is refused.
                 status, _ = await api.request("GET", "/", headers={"Host": "evil.example"})
                 assert status == 403
