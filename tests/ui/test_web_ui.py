@@ -38,7 +38,13 @@ async def test_list_open_a_run_see_its_journal_and_signal_it_to_the_end(ui):
     await expect(page.locator("#input")).to_contain_text('"item": "pen"')
     journal = page.locator("#journal li .kind")
     await expect(journal).to_have_text(["Started", "WaitStarted", "UpdateAccepted", "UpdateDone"])
+    page_loads = []
+    page.on("load", lambda _: page_loads.append(1))
     await expect(page.locator("#updates")).to_contain_text("gift wrap")
+    # Sent elsewhere while the page is open: the page polls, and shows it without a reload.
+    await ui.api.ok("POST", f"/v1/runs/{path_id('co/1')}/updates/note", {"arg": "by phone"})
+    await expect(page.locator("#updates")).to_contain_text("by phone")
+    assert not page_loads
 
     await page.fill("form[data-action=signal] input[name=name]", "review")
     await page.fill("form[data-action=signal] input[name=value]", "true")
