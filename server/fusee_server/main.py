@@ -314,6 +314,7 @@ async def serve(args: argparse.Namespace) -> int:
         host = f"[{http[0]}]" if ":" in http[0] else http[0]
         scheme = "https" if tls is not None else "http"
         print(f"fusee server: metrics on {scheme}://{host}:{port}/metrics", file=sys.stderr, flush=True)
+        print(f"fusee server: web UI on {scheme}://{host}:{port}/ (API at /v1)", file=sys.stderr, flush=True)
     print(f"fusee server: {server.shards} shards in {args.dir}, ready", file=sys.stderr, flush=True)
     server.start()
     if invoked:
