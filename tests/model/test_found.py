@@ -500,3 +500,45 @@ async def test_a_result_asked_as_the_timer_wakes_its_parked_run_answers(mode, tu
     t.clock.set(t.now_ms() + 500)
     await t.settle()
     assert await asyncio.wait_for(waiting, ANSWER_S) == 0
+
+
+async def test_a_schedule_outlives_a_start_on_a_shard_that_stopped():
+    """Found by the model test's flow-control moves (faulty storage; `schedule-fires`: an
+    `every="1s"` schedule started nothing after a storage fault). A schedule's `fire` step
+    starts the time's run on that run's shard; when that shard has stopped (its flush
+    failed: the process must restart) the start raises IoError, and a FuseeError out of a
+    step is final, so the schedule's run failed and the schedule was gone for good. The
+    step retries it now (a schedule outlives any one failing start), and the restarted
+    process starts the time's run."""
+    storage = FaultyStorage(MemoryStorage(2, instant=False))
+    t = await TestEngine.open(workflows=CODE["right"], storage=storage, shards=2)
+    try:
+        name = next(
+            n for n in (f"s{i}" for i in range(100)) if t.engine.shard_index(f"fusee.schedule/{n}") == 0
+        )
+        await t.engine.schedule(name, {"every": "1s"}, "model.take", {"ms": 10})
+        now = t.now_ms()
+        at = next(
+            ms
+            for ms in range(now // 1000 * 1000 + 1000, now + 100_000, 1000)
+            if t.engine.shard_index(f"{name}@{_iso(ms)}") == 1
+        )
+        await t.advance(at - now - 1)
+        storage.shard_faults[1] = Faults(fail_flush=1.0)  # the time's shard stops at its next flush
+        await t.advance(1)
+        status = await t.engine.run(f"fusee.schedule/{name}").status()
+        assert status.status == "running"
+        storage.shard_faults[1] = Faults()
+        await t.crash(settle=True)  # the process restarts, as after any storage fault
+        await t.advance(60_000)  # (the step's retry comes within a minute)
+        assert (await t.engine.run(f"{name}@{_iso(at)}").status()).status == "ok"
+        assert (await t.engine.run(f"fusee.schedule/{name}").status()).status == "running"
+    finally:
+        storage.shard_faults.clear()
+        await t.close()
+
+
+def _iso(ms: int) -> str:
+    from fusee.engine.schedules.times import iso
+
+    return iso(ms)

@@ -32,6 +32,7 @@ from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test, i
 
 from .calls import Calls
 from .checks import check, check_progress
+from .features import EVENT_IDS, KEYS, LIMITED_IDS, SCHEDULES, Features
 from .harness import FAULT_TOTALS, IDS, POLICIES, UPDATES, WIDS, model_settings
 from .known import AVOID
 
@@ -75,6 +76,7 @@ class EngineModel(RuleBasedStateMachine):
         super().__init__()
         self.h = Calls(self.mode)
         self.h.note = note
+        self.f = Features(self.h)
 
     @initialize()
     def open(self) -> None:
@@ -88,6 +90,7 @@ class EngineModel(RuleBasedStateMachine):
         if hasattr(self.h, "t"):
             try:
                 self.h.run(check(self.h))
+                self.h.run(self.f.check())
             except AssertionError:
                 note("# the program, as Python:\n" + self.h.program())
                 raise
@@ -169,6 +172,44 @@ class EngineModel(RuleBasedStateMachine):
     def open_valve(self) -> None:
         self.h.run(self.h.open_valve())
 
+    # -- flow control: schedules, the limit, debounce and batches (features.py) --------------
+
+    @rule(name=st.sampled_from(sorted(SCHEDULES)))
+    def schedule(self, name: str) -> None:
+        self.h.run(self.f.schedule(name))
+
+    @rule(
+        name=st.sampled_from(sorted(SCHEDULES)),
+        op=st.sampled_from(["pause", "resume", "resume", "trigger", "delete"]),
+    )
+    def schedule_control(self, name: str, op: str) -> None:
+        self.h.run(self.f.control(name, op))
+
+    @rule(concurrent=st.integers(1, 3), per_second=st.sampled_from([None, None, 5]))
+    def define_limit(self, concurrent: int, per_second: int | None) -> None:
+        self.h.run(self.f.define_limit(concurrent, per_second))
+
+    @rule(
+        wid=st.sampled_from(LIMITED_IDS),
+        job=st.fixed_dictionaries(
+            {
+                "n": st.integers(1, 3),
+                "priority": st.integers(0, 2),
+                "key": st.sampled_from([None, "t1", "t2"]),
+                "weight": st.integers(1, 2),
+                "fail": st.booleans(),
+            }
+        ),
+    )
+    def start_limited(self, wid: str, job: dict[str, Any]) -> None:
+        self.h.run(self.f.start_limited(wid, job))
+
+    @rule(
+        kind=st.sampled_from(["debounce", "batch"]), key=st.sampled_from(KEYS), eid=st.sampled_from(EVENT_IDS)
+    )
+    def send_event(self, kind: str, key: str, eid: str | None) -> None:
+        self.h.run(self.f.send(kind, key, eid))
+
     # -- time, crashes, deploys --------------------------------------------------------------
 
     @rule(ms=st.sampled_from([50, 300, 1_000, 5_000]))
@@ -187,6 +228,7 @@ class EngineModel(RuleBasedStateMachine):
         try:
             with self.h.calm():
                 self.h.run(check_progress(self.h))
+                self.h.run(self.f.check(far=True))
         except AssertionError:
             note("# the program, as Python:\n" + self.h.program())
             raise
