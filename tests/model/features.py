@@ -37,10 +37,10 @@ from .harness import CALL_TIMEOUT_S, Harness, Violation
 from .workflows import INSIDE, LEDGER, LIMIT, LIMITED_TYPE, TAKE_TYPE
 
 # name -> (spec, input, interval ms). Only an `allow-all` schedule starts every time; the
-# other skips a time while its previous run (3 s) still runs.
+# other skips a time while its previous run (12 s) still runs.
 SCHEDULES: dict[str, tuple[dict[str, Any], dict[str, Any], int]] = {
-    "sa": ({"every": "1s", "overlap": "allow-all"}, {"ms": 300}, 1_000),
-    "sb": ({"every": "2s"}, {"ms": 3_000}, 2_000),
+    "sa": ({"every": "5s", "overlap": "allow-all"}, {"ms": 300}, 5_000),
+    "sb": ({"every": "10s"}, {"ms": 12_000}, 10_000),
 }
 LIMITED_IDS = ("l1", "l2", "l3")
 KEYS = ("k1", "k2")
@@ -96,6 +96,10 @@ class Features:
         self.windows: dict[str, Window] = {}
         self.never: set[int] = set()  # values of repeats: must land nowhere
         self.seen: dict[tuple[str, str, str], tuple[int, str]] = {}  # event ID -> (first ms, run)
+        # Events sent and never answered (a crash came first): each may be in one window.
+        self.maybe: dict[int, tuple[str, str]] = {}  # value -> (kind, key)
+        self.uncertain: dict[tuple[str, str, str], int] = {}  # event ID -> until (ms)
+        self.pending: tuple[str, str, str | None, int] | None = None
         INSIDE.reset()
         INSIDE.now = lambda: h.t.now_ms()
 
@@ -147,6 +151,7 @@ class Features:
 
     async def define_limit(self, concurrent: int, per_second: int | None) -> None:
         h = self.h
+        INSIDE.defining(concurrent)
         kind, result = await h.call(
             f"await t.engine.limit({LIMIT!r}, concurrent={concurrent}, per_second={per_second})",
             lambda: h.t.engine.limit(LIMIT, concurrent=concurrent, per_second=per_second),
@@ -172,9 +177,27 @@ class Features:
 
     # -- debounce and batches -----------------------------------------------------------
 
-    async def send(self, kind: str, key: str, eid: str | None) -> None:
+    async def send_then_crash(self, kind: str, key: str, eid: str | None, turns: int) -> None:
+        """An event sent, and the process killed `turns` loop turns later: an answer that
+        came holds; one that did not promises nothing (the event may be in its window)."""
+        value = self.h.unique()
+        self.pending = (kind, key, eid, value)
+        await self.h.then_crash(lambda: self.send(kind, key, eid, value), turns)
+        if self.pending is not None:
+            self.unacked(*self.pending)
+
+    def unacked(self, kind: str, key: str, eid: str | None, value: int) -> None:
+        self.pending = None
+        self.maybe[value] = (kind, key)
+        if eid is not None:
+            first = self.seen.get((kind, key, eid))
+            if first is None or self.h.t.now_ms() >= first[0] + DEDUP_MS:
+                # It may have taken the event ID: a repeat may be a new event or not.
+                self.uncertain[(kind, key, eid)] = self.h.t.now_ms() + DEDUP_MS
+
+    async def send(self, kind: str, key: str, eid: str | None, value: int | None = None) -> None:
         h = self.h
-        value = h.unique()
+        value = h.unique() if value is None else value
         options = {**EVENT_OPTIONS[kind], "event_id": eid}
         call = getattr(h.t.engine, kind)
         answer, result = await h.call(
@@ -183,7 +206,13 @@ class Features:
         )
         if answer != "ok":
             raise Violation("refusals", f"{kind} event refused: {type(result).__name__}: {result}")
+        self.pending = None
         rid, now = result.id, h.t.now_ms()
+        if eid is not None and now < self.uncertain.get((kind, key, eid), 0):
+            # A repeat of an event ID an unanswered event may have taken: either answer.
+            self.uncertain[(kind, key, eid)] = now + DEDUP_MS
+            self.maybe[value] = (kind, key)
+            return
         first = self.seen.get((kind, key, eid)) if eid is not None else None
         if first is not None and now < first[0] + DEDUP_MS:
             if rid != first[1]:
@@ -246,7 +275,7 @@ class Features:
                 held = h.peek(wid)
                 if held is not None and held[0] != 1:
                     raise Violation("schedule-once", f"{wid!r} has run {held[0]}: a time ran twice")
-                late = far and status != "ok" and time_of(wid) <= now - 5_000  # (runs take 3 s at most)
+                late = far and status != "ok" and time_of(wid) <= now - 15_000  # (runs take 12 s at most)
                 if status in ("terminated", "cancelled") or late:
                     raise Violation("schedule-once", f"schedule run {wid!r} is {status}")
                 if wid not in self.triggers and not s.covers(time_of(wid)):
@@ -283,16 +312,15 @@ class Features:
         for wid, status in rows:
             if "@" not in wid or wid.partition("@")[0] not in KEYS:
                 continue
-            window = self.windows.get(wid)
-            if window is None:
-                raise Violation("events", f"run {wid!r} ({status}) started; no receipt named it")
             got = await h.journal(wid)
             assert got is not None
             run, _status, journal = got
             if run != 1:
                 raise Violation("events", f"the window of {wid!r} started run {run}")
             started = journal[0]
-            assert isinstance(started, R.Started)
+            assert isinstance(started, R.Started) and started.parent is not None
+            kind = "batch" if started.parent.wid.startswith("fusee.batch/") else "debounce"
+            window = self.windows.get(wid) or Window(kind, wid.partition("@")[0])
             value = fusee._codec.decode(started.input)
             if far and status != "ok":
                 raise Violation("events", f"window run {wid!r} is {status} after a minute")
@@ -302,11 +330,15 @@ class Features:
                     where = f"in {landed[v]!r} too" if v in landed else "a repeat of an event ID"
                     raise Violation("events", f"event {v} is in {wid!r}'s input and {where}")
                 landed[v] = wid
-            if window.kind == "batch" and (values != window.values or len(values) > MAX_EVENTS):
+            # Events never answered may be in it too (the only ones, in a window no receipt named).
+            acked = [v for v in values if self.maybe.get(v) != (window.kind, window.key)]
+            if not window.values and acked:
+                raise Violation("events", f"run {wid!r} took {acked}; no receipt named it")
+            if window.kind == "batch" and (acked != window.values or len(values) > MAX_EVENTS):
                 raise Violation(
                     "events", f"batch {wid!r} took {values}; its receipts promised {window.values} in order"
                 )
-            if window.kind == "debounce" and value != window.values[-1]:
+            if window.kind == "debounce" and acked and value != window.values[-1]:
                 raise Violation(
                     "events", f"debounced {wid!r} took {value}; its window's latest was {window.values[-1]}"
                 )

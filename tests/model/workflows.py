@@ -266,8 +266,15 @@ class Inside:
     def reset(self) -> None:
         self.__init__()  # type: ignore[misc]
 
+    def defining(self, concurrent: int) -> None:
+        """A definition is on its way: the engine applies it inside the call, granting at
+        once, before the call returns; meanwhile either definition's bound holds, and no
+        rate is checked across it."""
+        self.allowed = max(self.allowed or 0, concurrent)
+        self.gen = -abs(self.gen) - 1
+
     def define(self, concurrent: int | None, per_second: float | None, epoch: int) -> None:
-        self.bound, self.per_second, self.gen = concurrent, per_second, self.gen + 1
+        self.bound, self.per_second, self.gen = concurrent, per_second, abs(self.gen) + 1
         held = self.inside[epoch]
         self.allowed = None if concurrent is None else max(concurrent, held)
 
@@ -278,7 +285,7 @@ class Inside:
         if self.allowed is not None and n > self.allowed:
             self.broken.append(f"step {key}: {n} attempts inside at once, bound {self.allowed}")
         last = self.last.get(epoch)
-        if self.per_second and last is not None and last[0] == self.gen:
+        if self.per_second and last is not None and last[0] == self.gen > 0:
             gap = now - last[1]
             if gap < 1000 / self.per_second - 1:
                 self.broken.append(
@@ -288,7 +295,7 @@ class Inside:
 
     def leave(self, epoch: int) -> None:
         self.inside[epoch] -= 1
-        if self.bound is not None and self.inside[epoch] <= self.bound:
+        if self.bound is not None and self.gen > 0 and self.inside[epoch] <= self.bound:
             self.allowed = self.bound
 
 
