@@ -11,6 +11,10 @@ A failure prints its seed, the shrunk sequence of rules and the same sequence as
 Python calls it made (the "program"). Keep each distinct failure as a small standalone
 test in tests/model/test_found.py.
 
+`test_model_flow` runs the same machine with the flow-control moves added (schedules,
+a limit, debounce and batches: features.py), whose promises are checked after every step
+too.
+
 The default run is deterministic (a fixed seed per storage); `--run-slow` runs many more
 sequences from a random seed, printed; `FUSEE_MODEL_SEED=N` repeats one.
 """
