@@ -542,3 +542,44 @@ def _iso(ms: int) -> str:
     from fusee.engine.schedules.times import iso
 
     return iso(ms)
+
+
+NUDGE = fusee.update("nudge", arg=int, result=int)
+SELF: list[Any] = []
+
+
+@fusee.workflow("found.self_update")
+async def self_update(ctx: fusee.Ctx, n: int) -> int:
+    async def handler(k: int) -> int:
+        await ctx.sleep("h", 5)
+        return k + 1
+
+    ctx.on_update(NUDGE, handler)
+
+    async def go() -> int:
+        answer: int = await SELF[0].run(ctx.workflow_id).update(NUDGE, n)
+        return answer
+
+    got: int = await ctx.step("go", go)
+    return got
+
+
+async def test_a_run_driven_from_its_own_step_task_runs_as_workflow_code():
+    """Found by the model test's flow-control moves (faulty storage, seed 12 with schedules
+    every 1 s and 2 s: `run 2 of 'fusee.schedule/sb' failed: ctx.sleep called inside a
+    step's function`). Whatever a step's task schedules (a shard's pump, a flush, the done
+    callback of a step its flush let through) inherits the task's context, where the
+    engine marks that run's step function as running; a run driven from there had its own
+    code refused as a step function calling ctx, and failed. The schedule's step starts
+    runs on its engine, so its run met it. Here the step updates its own run: the
+    update's handler is the run's code and may sleep."""
+    t = await TestEngine.open(workflows=[self_update], shards=1)
+    SELF[:] = [t.engine]
+    try:
+        await t.engine.start(self_update, "r", 1)
+        for _ in range(5):
+            await t.advance(100)
+        assert await asyncio.wait_for(t.engine.run("r").result(), ANSWER_S) == 2
+    finally:
+        SELF.clear()
+        await t.close()
