@@ -13,6 +13,7 @@ can place them on the same clock as the client and the step (time.time() on one 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sys
@@ -196,7 +197,12 @@ def _profiled_uvicorn(profile: str, host: str, port: int, loop: str) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `handlers`, as with -m
     signal.signal(signal.SIGTERM, lambda *_: None)
     profiler = cProfile.Profile()
-    profiler.enable()
+    if os.environ.get("FUSEE_BENCH_PROFILE_WINDOWS"):
+        # Only between SIGUSR1 and SIGUSR2 (bench/wake_cpu.py's windows).
+        signal.signal(signal.SIGUSR1, lambda *_: profiler.enable())
+        signal.signal(signal.SIGUSR2, lambda *_: profiler.disable())
+    else:
+        profiler.enable()
     try:
         uvicorn.run("_invoke_procs:app", host=host, port=port, loop=loop)
     finally:

@@ -190,7 +190,9 @@ async def wait_idle(engine: Watched, grace: float, timeout: float | None) -> boo
                     return False
                 wait = min(wait, give_up - now)
             try:
-                await asyncio.wait_for(engine.activity.wait(), max(wait, 0.001))
+                # A timeout on this task, not wait_for's: no task made per change.
+                async with asyncio.timeout(max(wait, 0.001)):
+                    await engine.activity.wait()
             except TimeoutError:
                 pass
     finally:
