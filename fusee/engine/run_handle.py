@@ -357,7 +357,8 @@ class Run(Generic[Out]):
             if isinstance(state, RunState) and shard.runs.get(self.id) is not state:
                 continue  # replaced while this call awaited (continued as new, parked again)
             ended = await shard.result_waiter(self.id)
-            if ended.status in FINISHED and shard.runs.get(self.id) in (None, ended):
+            current = shard.runs.get(self.id)
+            if ended.status in FINISHED and (current is None or current is ended):
                 # Answered once the end was durable (Callers.answer_results), and no new
                 # run of the ID since: the outcome is in hand. Looking again would find
                 # the run gone from memory and read its frame back from the run store (a
