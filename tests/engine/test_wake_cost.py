@@ -19,14 +19,17 @@ async def nap(ctx: fusee.Ctx, ms: int) -> str:
     return await ctx.step("woke", lambda: "up")
 
 
-def count_frames_read(t: TestEngine) -> list[int]:
-    """How many run-store frames the (only) shard reads from now on."""
+def count_frames_read(t: TestEngine, gate: asyncio.Event | None = None) -> list[int]:
+    """How many run-store frames the (only) shard reads from now on (each read held
+    until `gate` is set, if given)."""
     store: Any = t.engine.shards[0].store
     read = [0]
     get_runs = store.get_runs
 
     async def counted(offsets: Any) -> list[bytes]:
         read[0] += len(offsets)
+        if gate is not None:
+            await gate.wait()
         return list(await get_runs(offsets))
 
     store.get_runs = counted
@@ -64,11 +67,17 @@ async def test_a_wake_up_joins_a_result_calls_load_of_the_same_run(kit):
     due = await parked_nap(t, "b")
     bucket = due // BUCKET_MS * BUCKET_MS
     await t.advance(bucket - LOAD_AHEAD_MS - 1 - t.now_ms())
-    read = count_frames_read(t)
-    # The call's load is asked for in the same turn as the wake-up's (the clock moved past
-    # the load-ahead time without a turn in between): one frame read, not two.
+    gate = asyncio.Event()
+    read = count_frames_read(t, gate)
     waiting = asyncio.ensure_future(t.engine.run("b").result())
-    await t.advance(2)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert read[0] == 1  # the call's read, held
+    # The bucket's load ahead comes due while the call's read is out: it joins it.
+    t.clock.set(t.now_ms() + 2)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    gate.set()
     await t.settle()
     assert "b" in t.engine.shards[0].runs
     await t.advance(due + 10 - t.now_ms())
