@@ -71,12 +71,10 @@ class RunLoader:
 
     def __init__(self, shard: LoaderHost) -> None:
         self.shard = shard
-        # A call's load by workflow ID (and by index key while no other load has the
-        # key), a wake-up's by index key (all it knows). Each joins the other's load of
-        # the same run: a result() routed to the worker its timer invoked would otherwise
-        # read and decode the frame a second time. A wake-up that joined a call's load
-        # and got no run (the frame was another ID's under the same hash, or the run
-        # moved meanwhile) loads what its key holds then.
+        # A call's load by workflow ID, a wake-up's by index key (all it knows). A call
+        # joins a wake-up's load of its run (a result() routed to the worker its timer
+        # invoked would read the frame a second time); a wake-up never waits on a call's
+        # read, which may describe a run that is gone by the time it is back.
         self.loading: dict[int | str, asyncio.Future[RunState | None]] = {}
         self.reads = RunReads(lambda: shard.store)  # a loop turn's loads read together
 
@@ -115,16 +113,14 @@ class RunLoader:
         loop = asyncio.get_running_loop()
         results: list[RunState | None] = [None] * len(wanted)
         mine: list[tuple[int, IndexEntry, str, int | str, asyncio.Future[RunState | None]]] = []
-        others: list[tuple[int, IndexEntry, str, asyncio.Future[RunState | None]]] = []
+        others: list[tuple[int, str, asyncio.Future[RunState | None]]] = []
         for i, (entry, wid) in enumerate(wanted):
             name = wid or entry.key
             waiting = self.loading.get(name) or (self.loading.get(entry.key) if wid else None)
             if waiting is not None:
-                others.append((i, entry, wid, waiting))
+                others.append((i, wid, waiting))
             else:
                 fut = self.loading[name] = loop.create_future()
-                if wid and entry.key not in self.loading:
-                    self.loading[entry.key] = fut  # a wake-up of the same key joins it
                 mine.append((i, entry, wid, name, fut))
         try:
             if mine:
@@ -156,24 +152,13 @@ class RunLoader:
                     fut.exception()  # retrieved: the caller that raised reports it
             raise
         finally:
-            for _, entry, wid, name, fut in mine:
+            for _, _, _, name, _ in mine:
                 del self.loading[name]
-                if wid and self.loading.get(entry.key) is fut:
-                    del self.loading[entry.key]
             self.shard.poke()
-        for i, entry, wid, waiting in others:
+        for i, wid, waiting in others:
             run = await waiting
-            if wid:
-                # Another ID's run under the same hash: this one has no parked run.
-                results[i] = run if run is None or run.wid == wid else None
-            elif run is None:
-                # A wake-up that joined a call's load which found no run of its ID: what
-                # the key holds now, if still parked, is loaded for the wake-up itself.
-                now = self.shard.index_entries.get_key(entry.key)
-                if now is not None and now.status == Status.PARKED:
-                    results[i] = (await self._load_entries([(now, "")]))[0]
-            else:
-                results[i] = run
+            # Another ID's run under the same hash: this one has no parked run.
+            results[i] = run if run is None or not wid or run.wid == wid else None
         return results
 
     def _loaded(self, entry: IndexEntry, wid: str, frame: R.Frame) -> RunState | None:

@@ -1,6 +1,6 @@
 """What a woken run costs, counted rather than timed (issue 19: no per-run work repeated):
-a `result()` waiting on a parked run reads the run's frame once, whether the run's
-timer or the call loads it, and not again once the run has ended; a loaded run's next
+a `result()` waiting on a parked run reads the run's frame once, and not again once the
+run has ended; a frame asked for twice in one loop turn is read once; a loaded run's next
 due time is its heap's top, the shard's sweep kept apart."""
 
 from __future__ import annotations
@@ -19,17 +19,14 @@ async def nap(ctx: fusee.Ctx, ms: int) -> str:
     return await ctx.step("woke", lambda: "up")
 
 
-def count_frames_read(t: TestEngine, gate: asyncio.Event | None = None) -> list[int]:
-    """How many run-store frames the (only) shard reads from now on (each read held
-    until `gate` is set, if given)."""
+def count_frames_read(t: TestEngine) -> list[int]:
+    """How many run-store frames the (only) shard reads from now on."""
     store: Any = t.engine.shards[0].store
     read = [0]
     get_runs = store.get_runs
 
     async def counted(offsets: Any) -> list[bytes]:
         read[0] += len(offsets)
-        if gate is not None:
-            await gate.wait()
         return list(await get_runs(offsets))
 
     store.get_runs = counted
@@ -62,27 +59,16 @@ async def test_a_result_waiting_on_a_parked_run_reads_its_frame_once(kit):
     assert read[0] == 1
 
 
-async def test_a_wake_up_joins_a_result_calls_load_of_the_same_run(kit):
+async def test_a_frame_asked_for_twice_in_one_turn_is_read_once(kit):
     t = await kit(nap, shards=1, park_after="100ms")
-    due = await parked_nap(t, "b")
-    bucket = due // BUCKET_MS * BUCKET_MS
-    await t.advance(bucket - LOAD_AHEAD_MS - 1 - t.now_ms())
-    gate = asyncio.Event()
-    read = count_frames_read(t, gate)
-    waiting = asyncio.ensure_future(t.engine.run("b").result())
-    for _ in range(5):
-        await asyncio.sleep(0)
-    assert read[0] == 1  # the call's read, held
-    # The bucket's load ahead comes due while the call's read is out: it joins it.
-    t.clock.set(t.now_ms() + 2)
-    for _ in range(5):
-        await asyncio.sleep(0)
-    gate.set()
-    await t.settle()
-    assert "b" in t.engine.shards[0].runs
-    await t.advance(due + 10 - t.now_ms())
-    assert await asyncio.wait_for(waiting, 5) == "up"
+    await parked_nap(t, "b")
+    shard = t.engine.shards[0]
+    ref = shard.index_entries.get("b").ref  # type: ignore[union-attr]
+    read = count_frames_read(t)
+    # As a woken run's load and a result() call's, asked for in the same loop turn.
+    first, second = await asyncio.gather(shard.loader.reads.read([ref]), shard.loader.reads.read([ref, ref]))
     assert read[0] == 1
+    assert second == [first[0], first[0]] and first[0]
 
 
 async def test_a_loaded_runs_next_due_time_is_its_timer_and_nothing_once_it_ended(kit):
