@@ -147,7 +147,10 @@ async def never_started(client: fusee.Client, window: list[Ack]) -> str:
     key's coordinator as it describes itself, with the last records of its journal."""
     coordinator = client.run(f"fusee.{window[0].kind}/gather/{window[0].key}")
     described = await coordinator.describe()
-    records = "\n".join(repr(record)[:300] for record in described.journal[-40:])
+    journal = described.journal
+    opened = next((i for i, r in enumerate(journal) if window[0].run in repr(r)), len(journal))
+    shown = journal[max(0, opened - 30) : opened + 30] + journal[-10:]
+    records = "\n".join(repr(record)[:300] for record in shown)
     state = await retry(lambda: coordinator.query("describe"))
     return (
         f"the run {window[0].run} never started; its window: {window}\n"
