@@ -6,11 +6,7 @@ paused runs once their step is fixed (docs/run-operations.md, *The fusee runs co
 from __future__ import annotations
 
 import asyncio
-import getpass
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -19,49 +15,9 @@ import pytest
 
 import fusee
 from fusee import journal as R
-from fusee._cli import main
-from tests.support.procs import ROOT, Server, Worker, listed
+from tests.support.procs import Server, Worker, listed
+from tests.support.runs_cli import BY, Cli, ok, runs
 from tests.support.waiting import eventually
-
-BY = f"cli:{getpass.getuser()}"
-
-
-def runs(*args: str | Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "fusee", "runs", *map(str, args)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-class Cli:
-    """`fusee runs ...` run in this process, on a thread of its own (the command runs its
-    own event loop): the same code as the process, without a Python start per call."""
-
-    def __init__(self, capsys: pytest.CaptureFixture[str]) -> None:
-        self.capsys = capsys
-
-    async def __call__(self, *args: str | Path) -> subprocess.CompletedProcess[str]:
-        self.capsys.readouterr()
-        argv = ["runs", *map(str, args)]
-        code = await asyncio.to_thread(self._main, argv)
-        out, err = self.capsys.readouterr()
-        return subprocess.CompletedProcess(argv, code, out, err)
-
-    @staticmethod
-    def _main(argv: list[str]) -> int:
-        try:
-            return main(argv)
-        except SystemExit as exit:  # argparse's refusal of an option
-            return int(exit.code or 0)
-
-
-def ok(done: subprocess.CompletedProcess[str]) -> str:
-    assert done.returncode == 0, done.stderr
-    return done.stdout
 
 
 def _reach(client: fusee.Client, type: str, status: str, count: int) -> Callable[[], Awaitable[bool]]:
