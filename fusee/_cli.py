@@ -116,7 +116,7 @@ def _parser() -> argparse.ArgumentParser:
     schedules.add_argument("--json", action="store_true", help="print the answer as JSON")
     schedules.set_defaults(run=_run_schedules)
 
-    _cli_runs.add_parser(commands)
+    _cli_runs.register(commands)
 
     # Its options belong to the fusee-server distribution, which parses them itself.
     server = commands.add_parser(

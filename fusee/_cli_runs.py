@@ -41,7 +41,7 @@ TARGET_HELP = f"a data directory (holds fusee.meta), or {ADDRESS_HELP}"
 LIST_COLUMNS = ("id", "run", "type", "status", "shard")
 
 
-def add_parser(commands: Any) -> None:
+def register(commands: Any) -> None:
     """`fusee runs ACTION TARGET ...` under the `fusee` command's subcommands."""
     runs = commands.add_parser(
         "runs",
