@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     # `--invoke-secret-file`, nor a misspelt option as some other one.
     parser = argparse.ArgumentParser(
         prog="fusee",
-        description="Tools for Fusee data directories (local mode).",
+        description="Tools for Fusee data directories and servers.",
         allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"fusee {fusee.__version__}")

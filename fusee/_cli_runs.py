@@ -161,7 +161,7 @@ async def _opened(target: str, timeout: float) -> AsyncIterator[Any]:
         finally:
             await engine.close()
         return
-    if "/" in target and not target.startswith("unix:"):
+    if ("/" in target or ":" not in target) and not target.startswith("unix:"):
         raise Stop(f"{target} is neither a data directory (none there) nor a server address (host:port)")
     from fusee.client import Client
 

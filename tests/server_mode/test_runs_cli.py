@@ -131,6 +131,7 @@ async def test_failures_name_the_problem(
         (["ls", "127.0.0.1:9"], 2, "cannot connect to the server at 127.0.0.1:9"),
         (["ls", "no-such-host-here:x"], 2, "address 'no-such-host-here:x'"),
         (["ls", str(tmp_path / "missing")], 2, "is neither a data directory"),
+        (["ls", "data"], 2, "data is neither a data directory (none there) nor a server address"),
         (["ls", address, "--status", "sleepy"], 2, "sleepy"),
         (["ls", address, "--limit", "0"], 2, "--limit: 0: give a number from 1"),
         (["signal", address, "f-1", "go", "{nope"], 2, "signal value '{nope' is not JSON"),
