@@ -161,7 +161,8 @@ async def _opened(target: str, timeout: float) -> AsyncIterator[Any]:
         finally:
             await engine.close()
         return
-    if ("/" in target or ":" not in target) and not target.startswith("unix:"):
+    where = target.partition("?")[0]  # the options may name files
+    if ("/" in where or ":" not in where) and not where.startswith("unix:"):
         raise Stop(f"{target} is neither a data directory (none there) nor a server address (host:port)")
     from fusee.client import Client
 

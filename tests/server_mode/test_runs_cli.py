@@ -17,6 +17,7 @@ import fusee
 from fusee import journal as R
 from tests.support.procs import Server, Worker, listed
 from tests.support.runs_cli import BY, Cli, ok, runs
+from tests.support.server_cli import token_file
 from tests.support.waiting import eventually
 
 
@@ -192,3 +193,28 @@ async def test_bulk_resume_of_a_thousand_paused_runs(
         await eventually(_reach(client, "flaky", "ok", count), timeout=120, every=0.5)
         assert (await client.run("other-1").status()).status == "running"
         print(f"bulk resume of {count} paused runs: {took:.2f} s (the command, start to exit)")
+
+
+async def test_tokens_go_in_the_address_and_a_refused_bulk_resume_exits_1(
+    tmp_path: Path, start_server: Callable[..., Server], start_worker: Callable[..., Worker]
+) -> None:
+    """A read token lists the paused runs but may not resume them: each refusal is named
+    on stderr and counted, and the command exits 1; a client token resumes them."""
+    worker, client_token = token_file(tmp_path, "worker-token"), token_file(tmp_path, "client-token")
+    read = token_file(tmp_path, "read-token")
+    options = ("--token-file", worker, "--client-token-file", client_token, "--read-token-file", read)
+    server = start_server(*options)
+    start_worker(server.address(token_file=worker), steps_file=tmp_path / "steps")
+    as_client, as_reader = server.address(token_file=client_token), server.address(token_file=read)
+    async with await fusee.Client.connect(as_client) as client:
+        for wid in ("p-1", "p-2"):
+            await client.start("flaky", wid, True)
+        await eventually(_reach(client, "flaky", "paused", 2), timeout=15)
+        refused = await asyncio.to_thread(runs, "bulk", "resume", as_reader, "--json")
+        assert refused.returncode == 1, refused.stderr
+        answer = json.loads(refused.stdout)
+        assert (answer["selected"], answer["resumed"]) == (2, 0)
+        assert [r["id"] for r in sorted(answer["refused"], key=lambda r: r["id"])] == ["p-1", "p-2"]
+        assert all("'resume'" in r["error"] for r in answer["refused"]), answer
+        assert "p-1: " in refused.stderr and "resumed 0/2 (2 refused)" in refused.stderr
+        assert json.loads(ok(runs("bulk", "resume", as_client, "--json")))["resumed"] == 2
