@@ -13,6 +13,7 @@ can place them on the same clock as the client and the step (time.time() on one 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sys
@@ -195,8 +196,16 @@ def _profiled_uvicorn(profile: str, host: str, port: int, loop: str) -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `handlers`, as with -m
     signal.signal(signal.SIGTERM, lambda *_: None)
-    profiler = cProfile.Profile()
-    profiler.enable()
+    windows = bool(os.environ.get("FUSEE_BENCH_PROFILE_WINDOWS"))
+    # The windows' profile counts CPU time (the thread's), not wall time: on a shared
+    # machine a send's wall time is mostly the wait for a core.
+    profiler = cProfile.Profile(time.thread_time) if windows else cProfile.Profile()
+    if windows:
+        # Only between SIGUSR1 and SIGUSR2 (bench/wake_cpu.py's windows).
+        signal.signal(signal.SIGUSR1, lambda *_: profiler.enable())
+        signal.signal(signal.SIGUSR2, lambda *_: profiler.disable())
+    else:
+        profiler.enable()
     try:
         uvicorn.run("_invoke_procs:app", host=host, port=port, loop=loop)
     finally:

@@ -19,7 +19,8 @@ warm-up round first (the handler's first invocations import what they use). A th
 ends inside the window takes its CPU with it: the count of such threads is printed.
 
 `--profile DIR`: the server and the handler under cProfile (stats in DIR when they stop,
-see invoke_cost.py); the CPU figures are then cProfile's.
+see invoke_cost.py); the CPU figures are then cProfile's. With FUSEE_BENCH_PROFILE_WINDOWS=N
+in the environment the handler's profile covers only the windows of N sleepers (1 or MANY).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -107,10 +109,15 @@ async def invoked_window(cluster: Cluster, meter: Meter, count: int, prefix: str
     await cluster.quiet(due_allowed=SHARDS)
     mark = cluster.mark()
     meter.start()
+    profiling = os.environ.get("FUSEE_BENCH_PROFILE_WINDOWS") == str(count)
+    if profiling:
+        os.kill(meter.pids["handler"], signal.SIGUSR1)
     opened = time.time()
     await runs
     await cluster.quiet()
     window = meter.stop()
+    if profiling:
+        os.kill(meter.pids["handler"], signal.SIGUSR2)
     assert cluster.handler is not None
     with cluster.handler.lock:
         lines = cluster.handler.lines[mark:]

@@ -14,26 +14,20 @@ import json
 import math
 import sys
 import textwrap
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import fusee
-
-EXIT_OK = 0
-EXIT_DAMAGED = 1  # inspect: the directory would refuse to open (acknowledged records damaged or lost)
-EXIT_USAGE = 2  # bad arguments, not a data directory, fusee-server missing, I/O error
+from fusee import _cli_runs
+from fusee._cli_common import ADDRESS_HELP, EXIT_DAMAGED, EXIT_OK
+from fusee._cli_common import Stop as _Stop
+from fusee._cli_common import seconds as _seconds
+from fusee._cli_common import table as _table
+from fusee._cli_common import with_client as _with_client
 
 DISK_CHECK_SECONDS = 2.0
-
-
-class _Stop(Exception):
-    """A one-line message for stderr, then the exit code."""
-
-    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -59,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     # `--invoke-secret-file`, nor a misspelt option as some other one.
     parser = argparse.ArgumentParser(
         prog="fusee",
-        description="Tools for Fusee data directories (local mode).",
+        description="Tools for Fusee data directories and servers.",
         allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"fusee {fusee.__version__}")
@@ -105,9 +99,7 @@ def _parser() -> argparse.ArgumentParser:
         "time to answer, shards invoked, steps run, concurrency in force; overall the shards due, "
         "invoking, in backoff and overdue.",
     )
-    invocations.add_argument(
-        "address", help="the server's address, with its options (host:port?token-file=...)"
-    )
+    invocations.add_argument("address", help=ADDRESS_HELP)
     invocations.add_argument("--json", action="store_true", help="print the server's answer as JSON")
     invocations.set_defaults(run=_run_invocations)
 
@@ -119,12 +111,12 @@ def _parser() -> argparse.ArgumentParser:
         "trigger or delete one by name. Runs a deleted schedule started keep running.",
     )
     schedules.add_argument("action", choices=SCHEDULE_ACTIONS, help="what to do")
-    schedules.add_argument(
-        "address", help="the server's address, with its options (host:port?token-file=...)"
-    )
+    schedules.add_argument("address", help=ADDRESS_HELP)
     schedules.add_argument("name", nargs="?", help="the schedule (all but ls)")
     schedules.add_argument("--json", action="store_true", help="print the answer as JSON")
     schedules.set_defaults(run=_run_schedules)
+
+    _cli_runs.register(commands)
 
     # Its options belong to the fusee-server distribution, which parses them itself.
     server = commands.add_parser(
@@ -137,26 +129,6 @@ def _parser() -> argparse.ArgumentParser:
     server.add_argument("args", nargs=argparse.REMAINDER)
     server.set_defaults(run=_run_server)
     return parser
-
-
-def _with_client(address: str, act: Callable[[Any], Awaitable[Any]]) -> Any:
-    """`act(client)` on a client of the server at `address`; a FuseeError is the
-    command's one-line failure."""
-    import asyncio
-
-    async def go() -> Any:
-        from fusee.client import Client
-
-        client = await Client.connect(address)
-        try:
-            return await act(client)
-        finally:
-            await client.close()
-
-    try:
-        return asyncio.run(go())
-    except fusee.FuseeError as error:
-        raise _Stop(str(error)) from None
 
 
 def _run_invocations(args: argparse.Namespace) -> int:
@@ -220,14 +192,6 @@ def _schedule_lines(described: list[dict[str, Any]]) -> list[str]:
     return _table(header, rows)
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    return [
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in [header, *rows]
-    ]
-
-
 ENDPOINT_COLUMNS = (
     ("invocations", "sent"),
     ("succeeded", "ok"),
@@ -284,16 +248,6 @@ def _run_server(args: argparse.Namespace) -> int:
     server.add_arguments(parser)
     code: int = server.run(parser.parse_args(args.args))
     return code
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not (math.isfinite(value) and 0 < value <= 3600):
-        raise argparse.ArgumentTypeError(f"{text}: give a duration above 0 and at most 3600 seconds")
-    return value
 
 
 def _native() -> ModuleType:

@@ -7,6 +7,7 @@ leading NUL marks a raw `bytes` value; no pickle anywhere.
 from __future__ import annotations
 
 import re
+import types
 from collections.abc import Mapping
 from typing import Any
 
@@ -165,6 +166,12 @@ def return_type(fn: Any) -> Any:
     """A step function's return annotation (cached per code object), so its recorded
     result decodes to the same type live and after a replay."""
     code = getattr(fn, "__code__", None)
+    if (
+        code is None
+        and isinstance(fn, types.BuiltinFunctionType)
+        and isinstance(getattr(fn, "__self__", None), types.ModuleType)
+    ):
+        code = fn  # a module's builtin (`time.time`): lives as long as the process
     try:
         return _return_types[code]
     except KeyError:

@@ -353,20 +353,26 @@ def op_of(rec: Any) -> tuple[str, str]:
 
 
 def pauses(records: list[Any]) -> bool:
-    """Whether a journal ends paused: a step's paused attempt with no record of that step
-    after it (a resume, a result, a cancel's failure) and no end. How a listing tells a
-    parked paused run from a parked running one without loading it."""
-    paused: set[int] = set()
+    """Whether a journal ends paused. How a listing tells a parked paused run from a parked
+    running one without loading it."""
+    return bool(paused_attempts(records))
+
+
+def paused_attempts(records: list[Any]) -> dict[int, Attempt]:
+    """The paused attempts a journal ends waiting on, by step position: each a step's
+    paused attempt with no record of that step after it (a resume, a result, a cancel's
+    failure) and no end. Read from the records, for a run that has no code to replay."""
+    paused: dict[int, Attempt] = {}
     for rec in records:
         if isinstance(rec, Attempt) and rec.paused:
-            paused.add(rec.seq)
+            paused[rec.seq] = rec
         elif isinstance(rec, (Resume, StepDone, StepFailed, Completed)):
-            paused.discard(rec.seq)
+            paused.pop(rec.seq, None)
         elif isinstance(rec, CancelRequested):
             paused.clear()  # the cancel ends every waiting operation, the paused step too
         elif isinstance(rec, (Finished, ContinuedAsNew)):
-            return False
-    return bool(paused)
+            return {}
+    return paused
 
 
 class Entry(msgspec.Struct, array_like=True):

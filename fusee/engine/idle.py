@@ -171,7 +171,10 @@ async def wait_idle(engine: Watched, grace: float, timeout: float | None) -> boo
         while True:
             engine.activity.clear()
             now = loop.time()
-            if all(is_idle(shard) for shard in engine.shards):
+            # Idle but for a checkpoint under way, once per change: idle outright when no
+            # shard is checkpointing (is_idle without `housekeeping` is exactly that).
+            settled = all(is_idle(shard, housekeeping=True) for shard in engine.shards)
+            if settled and not any(shard.checkpointing for shard in engine.shards):
                 idle_since = now if idle_since is None else idle_since
                 wait = idle_since + grace - now
                 if wait <= 0:
@@ -180,7 +183,7 @@ async def wait_idle(engine: Watched, grace: float, timeout: float | None) -> boo
                 if due is not None:
                     wait = min(wait, due)
             else:
-                if not all(is_idle(shard, housekeeping=True) for shard in engine.shards):
+                if not settled:
                     # Progress, not a checkpoint of parked runs: the grace restarts.
                     # (A checkpoint taken because every run parked would otherwise add
                     # a whole grace to every invocation.)
@@ -191,7 +194,9 @@ async def wait_idle(engine: Watched, grace: float, timeout: float | None) -> boo
                     return False
                 wait = min(wait, give_up - now)
             try:
-                await asyncio.wait_for(engine.activity.wait(), max(wait, 0.001))
+                # A timeout on this task, not wait_for's: no task made per change.
+                async with asyncio.timeout(max(wait, 0.001)):
+                    await engine.activity.wait()
             except TimeoutError:
                 pass
     finally:

@@ -38,8 +38,19 @@ BUCKET_BITS = 42  # due // BUCKET_MS up to the year 9999
 BUCKET_MASK = (1 << BUCKET_BITS) - 1
 
 
+_KEYS: dict[str, int] = {}
+_KEYS_MAX = 4096
+
+
 def key_of(wid: str) -> int:
-    return int.from_bytes(blake2b(wid.encode(), digest_size=8).digest(), "big") >> 4
+    # A woken run's ID is hashed several times (its index entry read, popped, put back at
+    # its end): a BLAKE2 each, so the last few thousand are kept.
+    key = _KEYS.get(wid)
+    if key is None:
+        if len(_KEYS) >= _KEYS_MAX:
+            _KEYS.clear()
+        key = _KEYS[wid] = int.from_bytes(blake2b(wid.encode(), digest_size=8).digest(), "big") >> 4
+    return key
 
 
 class RunIndex:

@@ -22,6 +22,10 @@ from fusee.storage.contract import ShardStore
 
 log = logging.getLogger("fusee")
 
+# Index statuses a paused run can have: parked, or waiting for code (`fusee runs` on a
+# data directory opens an engine without any).
+_PAUSABLE = (Status.PARKED, Status.WAITING_FOR_CODE)
+
 
 class StoredRun(msgspec.Struct):
     """A run read back from the run store, not loaded."""
@@ -255,7 +259,7 @@ class RunLoader:
         ):
             frame = R.decode_frame(data)
             entry.wid = frame.wid
-            if entry.status == Status.PARKED and R.pauses(frame.records):
-                entry.status = Status.PAUSED  # a copy: the index keeps it parked
+            if entry.status in _PAUSABLE and R.pauses(frame.records):
+                entry.status = Status.PAUSED  # a copy: the index keeps its own status
             out.append((frame.wid, entry))
         return out

@@ -231,6 +231,13 @@ class RunState:
         if self.driving or self.replaying:
             return
         self.driving = True
+        # The code runs as the workflow's, whoever calls: a step's function may get here
+        # (its start or signal drives a run on this engine), and a callback scheduled from
+        # inside a step's task inherits that task's context (a pump, a flush, the done
+        # callback of a step it let through), so without this a run's code, driven from
+        # such a callback, was refused as a step function using ctx (found by the model).
+        token = current_step.set(None)
+        inline, inline_step[0] = inline_step[0], None
         try:
             while True:
                 self._run_fibers()
@@ -264,6 +271,8 @@ class RunState:
                 self.record(rec)
                 self.apply(rec)
         finally:
+            inline_step[0] = inline
+            current_step.reset(token)
             self.driving = False
             # Parking counts from the last time the run did something, not from its
             # start: a run that has been busy for an hour and just suspended is not idle.

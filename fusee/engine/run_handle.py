@@ -362,7 +362,14 @@ class Run(Generic[Out]):
                 raise state.stuck_error
             if isinstance(state, RunState) and shard.runs.get(self.id) is not state:
                 continue  # replaced while this call awaited (continued as new, parked again)
-            await shard.result_waiter(self.id)
+            ended = await shard.result_waiter(self.id)
+            current = shard.runs.get(self.id)
+            if ended.status in FINISHED and (current is None or current is ended):
+                # Answered once the end was durable (Callers.answer_results), and no new
+                # run of the ID since: the outcome is in hand. Looking again would find
+                # the run gone from memory and read its frame back from the run store (a
+                # round trip to the server per result, in server mode).
+                return self._outcome(ended)
 
     def _outcome(self, state: RunState | StoredRun) -> Out:
         rec = state.outcome

@@ -48,9 +48,13 @@ def paused_step(state: RunState) -> StepOp | None:
 
 
 def shown_status(state: RunState | StoredRun) -> Status:
-    """A run's status as answers show it: a loaded run with a paused step is `paused`."""
-    if isinstance(state, RunState) and paused_step(state) is not None:
-        return Status.PAUSED
+    """A run's status as answers show it: a loaded run with a paused step is `paused`,
+    and so is one waiting for its code whose journal ends paused."""
+    if isinstance(state, RunState):
+        if paused_step(state) is not None:
+            return Status.PAUSED
+        if state.status == Status.WAITING_FOR_CODE and R.pauses(state.journal):
+            return Status.PAUSED
     return R.STATUS_OF[state.status]
 
 
@@ -125,7 +129,17 @@ async def resume(shard: Shard, wid: str) -> None:
     """Run the paused step again with a fresh set of attempts; returns once the Resume
     record is durable."""
     state = await _current(shard, wid)
-    if isinstance(state, RunState) and state.status in (Status.STUCK, Status.WAITING_FOR_CODE):
+    if isinstance(state, RunState) and state.status == Status.WAITING_FOR_CODE:
+        # The Resume record is all a resume writes: the engine that has the code replays
+        # it and runs the step again (the CLI on a directory its application closed).
+        paused = R.paused_attempts(state.journal)
+        if paused:
+            attempt = paused[max(paused)]  # the latest, as a loaded run's `paused` is
+            # Recorded, not driven: there is no code here to run the step with.
+            state.record(R.Resume(attempt.seq, attempt.name, attempt.attempt, requester()))
+            await shard.durable_at(state.last_lsn)
+            return
+    if isinstance(state, RunState) and state.status == Status.STUCK:
         await _refuse(
             shard,
             RejectedError(f"resume: workflow '{wid}' cannot run here now ({state.status}); fix that first"),

@@ -5,7 +5,9 @@ listing's describes, an invocation opening while calls wait at the server. Each 
 that needs a parked or finished run reads its frame; read one by one, a burst of 25
 costs 25 requests to the run store (over the network in server mode, each a round trip
 through the server's disk thread). Reads asked for during one loop turn leave together
-at the end of it as one `get_runs`, and each asker gets its own frames back.
+at the end of it as one `get_runs`, and each asker gets its own frames back. A frame
+asked for twice in one turn (a woken run's load and a result() call's, as an invocation
+opens) is read once.
 """
 
 from __future__ import annotations
@@ -40,16 +42,17 @@ class RunReads:
         batch = [(refs, fut) for refs, fut in batch if not fut.done()]  # askers cancelled meanwhile
         if not batch:
             return
+        unique = list(dict.fromkeys(ref for refs, _ in batch for ref in refs))
         try:
-            reading = self.store().get_runs([ref for refs, _ in batch for ref in refs])
+            reading = self.store().get_runs(unique)
         except Exception as error:  # noqa: BLE001 - a closed store: every asker gets its error
             _fail(batch, error)
             return
         task: asyncio.Future[list[bytes]] = asyncio.ensure_future(reading)
         self.in_flight.add(task)
-        task.add_done_callback(lambda done: self._split(batch, done))
+        task.add_done_callback(lambda done: self._split(batch, unique, done))
 
-    def _split(self, batch: Batch, done: asyncio.Future[list[bytes]]) -> None:
+    def _split(self, batch: Batch, unique: list[int], done: asyncio.Future[list[bytes]]) -> None:
         self.in_flight.discard(done)
         if done.cancelled():  # the loop is shutting down
             for _, fut in batch:
@@ -59,12 +62,10 @@ class RunReads:
         if error is not None:
             _fail(batch, error)
             return
-        frames = done.result()
-        at = 0
+        by_ref = dict(zip(unique, done.result(), strict=True))
         for refs, fut in batch:
             if not fut.done():
-                fut.set_result(frames[at : at + len(refs)])
-            at += len(refs)
+                fut.set_result([by_ref[ref] for ref in refs])
 
 
 def _fail(batch: Batch, error: BaseException) -> None:

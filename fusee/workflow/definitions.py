@@ -4,6 +4,7 @@ engine so a client can import them for their names and types alone."""
 from __future__ import annotations
 
 import inspect
+import types
 import typing
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar, overload
@@ -65,13 +66,12 @@ class Workflow(Generic[Out]):
     ) -> None:
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(f"workflow '{name or fn.__name__}' must be an `async def` function")
-        params = list(inspect.signature(fn).parameters.values())
+        params, hints = _shape(fn)
         if not params or len(params) > 2:
             raise TypeError(
                 f"workflow '{name or fn.__name__}' must take (ctx) or (ctx, input), "
                 f"not {len(params)} parameters"
             )
-        hints = _hints(fn)
         self.fn = fn
         self.name = names.name(name or fn.__name__, "workflow type name")
         if type(version) is not int or not 0 < version < 1 << 31:
@@ -94,6 +94,35 @@ class Workflow(Generic[Out]):
         """Calls the code directly (as a plain coroutine), e.g. from a test."""
         result: Out = await self.fn(ctx, *args)
         return result
+
+
+_SHAPES: dict[tuple[Any, ...], tuple[list[inspect.Parameter], dict[str, Any]]] = {}
+_SHAPES_MAX = 256
+
+
+def _shape(fn: Callable[..., Any]) -> tuple[list[inspect.Parameter], dict[str, Any]]:
+    """`fn`'s parameters and resolved annotations. Built-in workflows (schedules, the
+    coordinators) are closures made again for every engine, and an invoked handler opens
+    an engine per invocation: reading their annotations (a compile per string annotation)
+    was most of an engine's open. Kept per code object when nothing else can change the
+    answer: a plain function whose annotations are all strings (resolved in the code's
+    module), no defaults read (only the parameters' names and count are used)."""
+    annotations = getattr(fn, "__annotations__", None)
+    key = None
+    plain = not hasattr(fn, "__wrapped__") and not hasattr(fn, "__signature__")
+    if type(fn) is types.FunctionType and plain and isinstance(annotations, dict):
+        items = tuple(annotations.items())
+        if all(type(value) is str for _, value in items):
+            key = (fn.__code__, id(fn.__globals__), items)
+            found = _SHAPES.get(key)
+            if found is not None:
+                return found
+    shape = list(inspect.signature(fn).parameters.values()), _hints(fn)
+    if key is not None:
+        if len(_SHAPES) >= _SHAPES_MAX:
+            _SHAPES.clear()
+        _SHAPES[key] = shape
+    return shape
 
 
 def _hints(fn: Callable[..., Any]) -> dict[str, Any]:

@@ -577,3 +577,27 @@ async def test_the_requester_of_a_signal_and_a_cancel_is_recorded(kit):
         "job:nightly",
         "job:nightly",
     ]
+
+
+def test_which_paused_attempts_a_journal_ends_on():
+    """How a run without its code is seen as paused and resumed from its records alone
+    (`fusee runs` on a data directory): a paused attempt counts until a record of its step
+    follows, a cancel, or the run's end."""
+    down = fusee.Failure("down")
+    start = R.Started("t", 1, b"1", 0, 0)
+    paused = R.Attempt(1, "charge", 2, down, 0, paused=True)
+    later = R.Attempt(3, "ship", 1, down, 0, paused=True)
+    retried = R.Attempt(1, "charge", 1, down, 5)
+    assert R.paused_attempts([start, retried]) == {}
+    assert R.paused_attempts([start, retried, paused]) == {1: paused}
+    assert R.paused_attempts([start, paused, later]) == {1: paused, 3: later}
+    for after in (
+        R.Resume(1, "charge", 2),
+        R.StepDone(1, "charge", b'"ok"'),
+        R.StepFailed(1, "charge", down),
+    ):
+        assert R.paused_attempts([start, paused, after]) == {}
+        assert R.paused_attempts([start, paused, later, after]) == {3: later}
+    assert R.paused_attempts([start, paused, R.CancelRequested("stop")]) == {}
+    assert R.paused_attempts([start, paused, R.Finished("terminated")]) == {}
+    assert R.pauses([start, paused]) and not R.pauses([start])

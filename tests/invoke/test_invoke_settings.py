@@ -129,7 +129,12 @@ def test_an_abbreviated_option_is_not_taken_for_the_full_one(tmp_path: Path) -> 
 
 @pytest.mark.parametrize(
     "argv",
-    [["inspect", ".", "--js"], ["disk-check", ".", "--js"], ["invocations", "127.0.0.1:9", "--js"]],
+    [
+        ["inspect", ".", "--js"],
+        ["disk-check", ".", "--js"],
+        ["invocations", "127.0.0.1:9", "--js"],
+        ["runs", "ls", "127.0.0.1:9", "--js"],
+    ],
 )
 def test_the_fusee_commands_take_no_abbreviation(argv: list[str]) -> None:
     done = subprocess.run([sys.executable, "-m", "fusee", *argv], cwd=ROOT, capture_output=True, text=True)

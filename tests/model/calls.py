@@ -478,6 +478,10 @@ class Calls(Harness):
         now = self.t.now_ms()
         if parked:
             due, wid = parked[pick % len(parked)]
+            if wid.split(".")[0] not in IDS:
+                # A run of the flow-control moves (a schedule, a coordinator, a limited or
+                # scheduled run) wakes; the call goes to a plan's run meanwhile.
+                wid = IDS[pick % len(IDS)]
         else:
             wid = IDS[pick % len(IDS)]
             due = self.t.engine.shard_of(wid).next_due_ms()

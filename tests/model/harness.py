@@ -153,6 +153,7 @@ class Harness:
         self.faulty: FaultyStorage | None = None
         self.restarts = 0  # after a fault stopped a shard
         self.waiters: list[Waiter] = []
+        self.limit_defined = False  # the flow-control moves defined the limit (features.py)
         LEDGER.reset()
 
     # -- the loop and the engine ---------------------------------------------------------
@@ -335,6 +336,7 @@ class Harness:
                         and op.state is StepState.RUNNING
                         and not op.done
                         and not _gated(op)
+                        and not _waiting_permit(op)
                         and not run.final
                     ):
                         out.append(f"{run.wid}/{op.name}")
@@ -367,6 +369,17 @@ class Harness:
         shard = self.t.engine.by_index[shard_index]
         return any(
             isinstance(op, StepOp) and op.state is StepState.RUNNING and not op.done and _gated(op)
+            for run in shard.runs.values()
+            if not run.final
+            for op in run.ops.values()
+        )
+
+    def permits_waiting(self, shard_index: int) -> bool:
+        """A step of the shard waits for a limit's permit: the shard is not idle (its run is
+        in flight; docs/limits.md, *Not built yet*: such a wait still holds the shard)."""
+        shard = self.t.engine.by_index[shard_index]
+        return any(
+            isinstance(op, StepOp) and op.state is StepState.RUNNING and not op.done and _waiting_permit(op)
             for run in shard.runs.values()
             if not run.final
             for op in run.ops.values()
@@ -418,6 +431,12 @@ class Harness:
 
 def _gated(op: StepOp) -> bool:
     return op.fn.__qualname__.startswith("_gated")
+
+
+def _waiting_permit(op: StepOp) -> bool:
+    """A step waiting for its limit's permit: its function has not begun (the permit comes
+    when the limit is defined, a permit is returned, or the rate's time comes)."""
+    return op.limit is not None and op.permit is None and op.task is None
 
 
 def _kw(options: dict[str, Any]) -> str:

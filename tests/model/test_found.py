@@ -500,3 +500,86 @@ async def test_a_result_asked_as_the_timer_wakes_its_parked_run_answers(mode, tu
     t.clock.set(t.now_ms() + 500)
     await t.settle()
     assert await asyncio.wait_for(waiting, ANSWER_S) == 0
+
+
+async def test_a_schedule_outlives_a_start_on_a_shard_that_stopped():
+    """Found by the model test's flow-control moves (faulty storage; `schedule-fires`: an
+    `every="1s"` schedule started nothing after a storage fault). A schedule's `fire` step
+    starts the time's run on that run's shard; when that shard has stopped (its flush
+    failed: the process must restart) the start raises IoError, and a FuseeError out of a
+    step is final, so the schedule's run failed and the schedule was gone for good. The
+    step retries it now (a schedule outlives any one failing start), and the restarted
+    process starts the time's run."""
+    storage = FaultyStorage(MemoryStorage(2, instant=False))
+    t = await TestEngine.open(workflows=CODE["right"], storage=storage, shards=2)
+    try:
+        name = next(
+            n for n in (f"s{i}" for i in range(100)) if t.engine.shard_index(f"fusee.schedule/{n}") == 0
+        )
+        await t.engine.schedule(name, {"every": "1s"}, "model.take", {"ms": 10})
+        now = t.now_ms()
+        at = next(
+            ms
+            for ms in range(now // 1000 * 1000 + 1000, now + 100_000, 1000)
+            if t.engine.shard_index(f"{name}@{_iso(ms)}") == 1
+        )
+        await t.advance(at - now - 1)
+        storage.shard_faults[1] = Faults(fail_flush=1.0)  # the time's shard stops at its next flush
+        await t.advance(1)
+        status = await t.engine.run(f"fusee.schedule/{name}").status()
+        assert status.status == "running"
+        storage.shard_faults[1] = Faults()
+        await t.crash(settle=True)  # the process restarts, as after any storage fault
+        await t.advance(60_000)  # (the step's retry comes within a minute)
+        assert (await t.engine.run(f"{name}@{_iso(at)}").status()).status == "ok"
+        assert (await t.engine.run(f"fusee.schedule/{name}").status()).status == "running"
+    finally:
+        storage.shard_faults.clear()
+        await t.close()
+
+
+def _iso(ms: int) -> str:
+    from fusee.engine.schedules.times import iso
+
+    return iso(ms)
+
+
+NUDGE = fusee.update("nudge", arg=int, result=int)
+SELF: list[Any] = []
+
+
+@fusee.workflow("found.self_update")
+async def self_update(ctx: fusee.Ctx, n: int) -> int:
+    async def handler(k: int) -> int:
+        await ctx.sleep("h", 5)
+        return k + 1
+
+    ctx.on_update(NUDGE, handler)
+
+    async def go() -> int:
+        answer: int = await SELF[0].run(ctx.workflow_id).update(NUDGE, n)
+        return answer
+
+    got: int = await ctx.step("go", go)
+    return got
+
+
+async def test_a_run_driven_from_its_own_step_task_runs_as_workflow_code():
+    """Found by the model test's flow-control moves (faulty storage, seed 12 with schedules
+    every 1 s and 2 s: `run 2 of 'fusee.schedule/sb' failed: ctx.sleep called inside a
+    step's function`). Whatever a step's task schedules (a shard's pump, a flush, the done
+    callback of a step its flush let through) inherits the task's context, where the
+    engine marks that run's step function as running; a run driven from there had its own
+    code refused as a step function calling ctx, and failed. The schedule's step starts
+    runs on its engine, so its run met it. Here the step updates its own run: the
+    update's handler is the run's code and may sleep."""
+    t = await TestEngine.open(workflows=[self_update], shards=1)
+    SELF[:] = [t.engine]
+    try:
+        await t.engine.start(self_update, "r", 1)
+        for _ in range(5):
+            await t.advance(100)
+        assert await asyncio.wait_for(t.engine.run("r").result(), ANSWER_S) == 2
+    finally:
+        SELF.clear()
+        await t.close()

@@ -11,6 +11,10 @@ A failure prints its seed, the shrunk sequence of rules and the same sequence as
 Python calls it made (the "program"). Keep each distinct failure as a small standalone
 test in tests/model/test_found.py.
 
+`test_model_flow` runs the same machine with the flow-control moves added (schedules,
+a limit, debounce and batches: features.py), whose promises are checked after every step
+too.
+
 The default run is deterministic (a fixed seed per storage); `--run-slow` runs many more
 sequences from a random seed, printed; `FUSEE_MODEL_SEED=N` repeats one.
 """
@@ -32,6 +36,7 @@ from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test, i
 
 from .calls import Calls
 from .checks import check, check_progress
+from .features import EVENT_IDS, KEYS, LIMITED_IDS, SCHEDULES, Features
 from .harness import FAULT_TOTALS, IDS, POLICIES, UPDATES, WIDS, model_settings
 from .known import AVOID
 
@@ -43,6 +48,8 @@ MODES = ("instant", "flush_on_turn", "local", "faulty")
 DEFAULT_EXAMPLES = {"instant": 150, "flush_on_turn": 150, "local": 60, "faulty": 100}
 SLOW_EXAMPLES = {"instant": 3000, "flush_on_turn": 3000, "local": 1000, "faulty": 3000}
 DEFAULT_SEEDS = {"instant": 1, "flush_on_turn": 2, "local": 3, "faulty": 4}
+FLOW_EXAMPLES = {"instant": 60, "flush_on_turn": 60, "local": 15, "faulty": 30}
+SLOW_FLOW_EXAMPLES = {"instant": 1000, "flush_on_turn": 1000, "local": 300, "faulty": 1000}
 STEPS = int(os.environ.get("FUSEE_MODEL_STEPS", 30))  # rules per sequence
 FAR_MS = (
     60_000  # past every timer a plan sets (sleeps, waits and retries of seconds, 20 s and 30 s deadlines)
@@ -70,11 +77,14 @@ def avoid(plan: list[str]) -> list[str]:
 
 class EngineModel(RuleBasedStateMachine):
     mode = "instant"
+    flow = False  # FlowModel: with the flow-control moves
+    f: Features | None
 
     def __init__(self) -> None:
         super().__init__()
         self.h = Calls(self.mode)
         self.h.note = note
+        self.f = Features(self.h) if self.flow else None
 
     @initialize()
     def open(self) -> None:
@@ -88,6 +98,8 @@ class EngineModel(RuleBasedStateMachine):
         if hasattr(self.h, "t"):
             try:
                 self.h.run(check(self.h))
+                if self.f is not None:
+                    self.h.run(self.f.check())
             except AssertionError:
                 note("# the program, as Python:\n" + self.h.program())
                 raise
@@ -187,6 +199,8 @@ class EngineModel(RuleBasedStateMachine):
         try:
             with self.h.calm():
                 self.h.run(check_progress(self.h))
+                if self.f is not None:
+                    self.h.run(self.f.check(far=True))
         except AssertionError:
             note("# the program, as Python:\n" + self.h.program())
             raise
@@ -226,6 +240,61 @@ class EngineModel(RuleBasedStateMachine):
         self.h.run(self.h.restart(code, clean))
 
 
+class FlowModel(EngineModel):
+    """The model with the flow-control moves (issue 20) added to every other: schedules,
+    the limit, debounce and batches (features.py), their promises checked after every step
+    too. A machine of its own, so each keeps its default run short."""
+
+    flow = True
+
+    # -- flow control: schedules, the limit, debounce and batches (features.py) --------------
+
+    @rule(name=st.sampled_from(sorted(SCHEDULES)))
+    def schedule(self, name: str) -> None:
+        self.h.run(self.f.schedule(name))
+
+    @rule(
+        name=st.sampled_from(sorted(SCHEDULES)),
+        op=st.sampled_from(["pause", "resume", "resume", "trigger", "delete"]),
+    )
+    def schedule_control(self, name: str, op: str) -> None:
+        self.h.run(self.f.control(name, op))
+
+    @rule(concurrent=st.integers(1, 3), per_second=st.sampled_from([None, None, 5]))
+    def define_limit(self, concurrent: int, per_second: int | None) -> None:
+        self.h.run(self.f.define_limit(concurrent, per_second))
+
+    @rule(
+        wid=st.sampled_from(LIMITED_IDS),
+        job=st.fixed_dictionaries(
+            {
+                "n": st.integers(1, 3),
+                "priority": st.integers(0, 2),
+                "key": st.sampled_from([None, "t1", "t2"]),
+                "weight": st.integers(1, 2),
+                "fail": st.booleans(),
+            }
+        ),
+    )
+    def start_limited(self, wid: str, job: dict[str, Any]) -> None:
+        self.h.run(self.f.start_limited(wid, job))
+
+    @rule(
+        kind=st.sampled_from(["debounce", "batch"]), key=st.sampled_from(KEYS), eid=st.sampled_from(EVENT_IDS)
+    )
+    def send_event(self, kind: str, key: str, eid: str | None) -> None:
+        self.h.run(self.f.send(kind, key, eid))
+
+    @rule(
+        kind=st.sampled_from(["debounce", "batch"]),
+        key=st.sampled_from(KEYS),
+        eid=st.sampled_from(EVENT_IDS),
+        turns=st.integers(1, 6),
+    )
+    def send_event_then_crash(self, kind: str, key: str, eid: str | None, turns: int) -> None:
+        self.h.run(self.f.send_then_crash(kind, key, eid, turns))
+
+
 class FaultyModel(EngineModel):
     mode = "faulty"
 
@@ -234,13 +303,21 @@ class FaultyModel(EngineModel):
         self.h.run(self.h.open(fault_seed))
 
 
-def machine_for(mode: str) -> type[EngineModel]:
-    return type(f"EngineModel_{mode}", (FaultyModel if mode == "faulty" else EngineModel,), {"mode": mode})
+class FaultyFlowModel(FlowModel, FaultyModel):
+    pass
 
 
-def run_model(mode: str, examples: int, seed: int) -> None:
+def machine_for(mode: str, flow: bool = False) -> type[EngineModel]:
+    if flow:
+        base: type[EngineModel] = FaultyFlowModel if mode == "faulty" else FlowModel
+    else:
+        base = FaultyModel if mode == "faulty" else EngineModel
+    return type(f"{base.__name__}_{mode}", (base,), {"mode": mode})
+
+
+def run_model(mode: str, examples: int, seed: int, flow: bool = False) -> None:
     test = get_state_machine_test(
-        machine_for(mode),
+        machine_for(mode, flow),
         settings=model_settings(examples, STEPS, explain=bool(os.environ.get("FUSEE_MODEL_EXPLAIN"))),
     )
     started = time.monotonic()
@@ -253,11 +330,13 @@ def run_model(mode: str, examples: int, seed: int) -> None:
                 warnings.filterwarnings("ignore", "coroutine '_gated", RuntimeWarning)
             use_seed(seed)(test)()
     except BaseException as error:
-        error.add_note(f"model test on {mode} storage: seed {seed} (repeat: FUSEE_MODEL_SEED={seed})")
+        what = "model test with the flow-control moves" if flow else "model test"
+        error.add_note(f"{what} on {mode} storage: seed {seed} (repeat: FUSEE_MODEL_SEED={seed})")
         raise
     finally:
         gc.unfreeze()
-        print(f"model[{mode}]: {examples} sequences from seed {seed} in {time.monotonic() - started:.1f} s")
+        label = f"{mode}, flow" if flow else mode
+        print(f"model[{label}]: {examples} sequences from seed {seed} in {time.monotonic() - started:.1f} s")
         if mode == "faulty":
             counts = ", ".join(
                 f"{kind} {n}" for kind, n in sorted(FAULT_TOTALS.items()) if kind != "sequences"
@@ -282,3 +361,19 @@ def test_model(mode: str) -> None:
 @pytest.mark.parametrize("mode", MODES)
 def test_model_long(mode: str) -> None:
     run_model(mode, SLOW_EXAMPLES[mode], _seed(mode, slow=True))
+
+
+@pytest.mark.timeout(240)  # (a shared machine: about 10 to 40 s each)
+@pytest.mark.parametrize("mode", MODES)
+def test_model_flow(mode: str) -> None:
+    """The flow-control moves among the others (features.py); fewer sequences by default
+    than the plain model's, as each step checks more."""
+    examples = int(os.environ.get("FUSEE_MODEL_EXAMPLES", FLOW_EXAMPLES[mode]))
+    run_model(mode, examples, _seed(mode, slow=False), flow=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("mode", MODES)
+def test_model_flow_long(mode: str) -> None:
+    run_model(mode, SLOW_FLOW_EXAMPLES[mode], _seed(mode, slow=True), flow=True)

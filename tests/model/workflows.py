@@ -237,8 +237,122 @@ TIMED = fusee.workflow(TIMED_TYPE, timeout=TIMED_MS)(_plan)
 PLAN_CHANGED = fusee.workflow(PLAN_TYPE)(_plan_changed)
 TIMED_CHANGED = fusee.workflow(TIMED_TYPE, timeout=TIMED_MS)(_plan_changed)
 
+# -- the workflows of the flow-control moves (tests/model/features.py) -------------------
+
+TAKE_TYPE = "model.take"  # what schedules, debounce and batches start: returns its input
+LIMITED_TYPE = "model.limited"  # steps under the limit LIMIT
+LIMIT = "lim"
+
+
+@dataclass
+class Inside:
+    """A limit's attempts as counted inside the step functions, in this process: per engine
+    (epoch), since a crashed engine's permits die with it. `allowed` is the bound the
+    engine must keep: the limit's `concurrent`, or after a lowering the attempts then
+    inside until they drop to it. `now` reads the engine's (virtual) clock."""
+
+    inside: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    bound: int | None = None
+    allowed: int | None = None
+    per_second: float | None = None
+    gen: int = 0  # definitions made: a rate is held between entries under one definition
+    last: dict[int, tuple[int, int, str]] = field(
+        default_factory=dict
+    )  # epoch -> the last entry's (gen, ms, key)
+    entries: int = 0
+    broken: list[str] = field(default_factory=list)
+    now: Any = None
+
+    def reset(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+    def defining(self, concurrent: int) -> None:
+        """A definition is on its way: the engine applies it inside the call, granting at
+        once, before the call returns; meanwhile either definition's bound holds, and no
+        rate is checked across it."""
+        self.allowed = max(self.allowed or 0, concurrent)
+        self.gen = -abs(self.gen) - 1
+
+    def define(self, concurrent: int | None, per_second: float | None, epoch: int) -> None:
+        self.bound, self.per_second, self.gen = concurrent, per_second, abs(self.gen) + 1
+        held = self.inside[epoch]
+        self.allowed = None if concurrent is None else max(concurrent, held)
+
+    def enter(self, key: str, epoch: int) -> None:
+        self.inside[epoch] += 1
+        self.entries += 1
+        n, now = self.inside[epoch], self.now()
+        if self.allowed is not None and n > self.allowed:
+            self.broken.append(f"step {key}: {n} attempts inside at once, bound {self.allowed}")
+        last = self.last.get(epoch)
+        if self.per_second and last is not None and last[0] == self.gen > 0:
+            gap = now - last[1]
+            if gap < 1000 / self.per_second - 1:
+                self.broken.append(
+                    f"step {key} began {gap} ms after {last[2]} (at {now}), per_second={self.per_second}"
+                )
+        self.last[epoch] = (self.gen, now, key)
+
+    def leave(self, epoch: int) -> None:
+        self.inside[epoch] -= 1
+        if self.bound is not None and self.gen > 0 and self.inside[epoch] <= self.bound:
+            self.allowed = self.bound
+
+
+INSIDE = Inside()
+
+
+def _held(fail_first: bool) -> Any:
+    """A limited step's function: counted in as the engine calls it (a plain function, so
+    at its grant: a coroutine's body would begin a loop turn later, when a virtual clock
+    set forward may have fired several grants' timers), out when its awaitable ends."""
+    epoch = LEDGER.epoch
+
+    def fn(s: fusee.StepContext) -> Any:
+        value = LEDGER.call(s.key, s.attempt, epoch)
+        INSIDE.enter(s.key, epoch)
+
+        async def attempt() -> int:
+            try:
+                for _ in range(3):  # a few loop turns inside, so grants overlap
+                    await asyncio.sleep(0)
+                if fail_first and s.attempt == 1:
+                    raise RuntimeError("the first attempt fails (a retry takes a permit again)")
+            finally:
+                INSIDE.leave(epoch)
+            return value
+
+        return attempt()
+
+    return fn
+
+
+async def _take(ctx: fusee.Ctx, value: Any) -> Any:
+    ms = value.get("ms", 300) if isinstance(value, dict) else 300
+    await ctx.sleep("s0", ms)
+    return value
+
+
+async def _limited(ctx: fusee.Ctx, job: dict[str, Any]) -> int:
+    total = 0
+    for i in range(job["n"]):
+        total += await ctx.step(
+            f"s{i}",
+            _held(bool(job.get("fail")) and i == 0),
+            retry=RETRY,
+            limit=LIMIT,
+            priority=job["priority"],
+            fairness_key=job["key"],
+            fairness_weight=job["weight"],
+        )
+    return total
+
+
+TAKE = fusee.workflow(TAKE_TYPE)(_take)
+LIMITED = fusee.workflow(LIMITED_TYPE)(_limited)
+
 CODE = {
-    "right": [PLAN, TIMED],
-    "changed": [PLAN_CHANGED, TIMED_CHANGED],
-    "absent": [PLAN],  # model.timed has no code
+    "right": [PLAN, TIMED, TAKE, LIMITED],
+    "changed": [PLAN_CHANGED, TIMED_CHANGED, TAKE, LIMITED],
+    "absent": [PLAN, TAKE, LIMITED],  # model.timed has no code
 }

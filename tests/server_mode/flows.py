@@ -214,6 +214,30 @@ async def awaiting(ctx: fusee.Ctx, _: int) -> object:
     return await ctx.await_completion("reply", send)
 
 
+@fusee.workflow("tenant")
+async def tenant(ctx: fusee.Ctx, x: dict) -> int:
+    """`x["n"]` steps at once, each under limit `x["limit"]` with fairness key `x["key"]`
+    (weight `x.get("weight", 1)`); each appends "KEY PID" to `x["file"]` as its attempt
+    begins and, given `x["hold"]`, keeps its permit until that file exists."""
+
+    async def call() -> int:
+        with open(x["file"], "a") as file:
+            file.write(f"{x['key']} {os.getpid()}\n")
+        while x.get("hold") and not os.path.exists(x["hold"]):
+            await asyncio.sleep(0.02)
+        return 1
+
+    done = await ctx.all(
+        [
+            ctx.step(
+                f"s{i}", call, limit=x["limit"], fairness_key=x["key"], fairness_weight=x.get("weight", 1)
+            )
+            for i in range(x["n"])
+        ]
+    )
+    return sum(done)
+
+
 WORKFLOWS = [
     steps,
     parent,
@@ -230,4 +254,5 @@ WORKFLOWS = [
     limited,
     flaky,
     awaiting,
+    tenant,
 ]

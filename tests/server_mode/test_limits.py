@@ -243,3 +243,63 @@ async def test_a_step_keeps_its_place_in_the_queue_when_its_worker_dies(start_se
         assert await client.limit_usage("one") == {"in_use": 0, "waiting": 0}
     finally:
         await client.close()
+
+
+async def test_a_tenant_with_1000_waiting_steps_gets_one_permit_per_turn_across_workers(
+    start_server, start_worker, tmp_path
+):
+    """Tenants A (1,000 steps waiting), B (3) and W (4, weight 2), each on its own worker
+    process, queue in that order behind a held permit of `concurrent=1`: the server grants
+    A one permit per turn, the same as B, and W two, as tests/engine/test_limits.py's
+    queue in one process does."""
+    server = start_server(shards=6)
+    workers = [start_worker(server.address(max_shards=2)) for _ in range(3)]
+    assert all(len(w.initial) == 2 for w in workers)
+    file, hold = tmp_path / "order", tmp_path / "hold"
+    file.touch()
+    client = await fusee.Client.connect(server.address())
+
+    def lines() -> list[list[str]]:
+        return [line.split() for line in file.read_text().splitlines()]
+
+    async def waiting(count: int) -> None:
+        deadline = time.monotonic() + 30
+        while (await client.limit_usage("shared"))["waiting"] < count:
+            assert time.monotonic() < deadline, await client.limit_usage("shared")
+            await asyncio.sleep(0.05)
+        assert await client.limit_usage("shared") == {"in_use": 1, "waiting": count}
+
+    def on(worker: int, name: str) -> str:
+        """An ID of `name` on a shard `workers[worker]` holds."""
+        return next(
+            wid
+            for wid in (f"{name}-{i}" for i in range(100))
+            if client.shard_of(wid) in workers[worker].initial
+        )
+
+    try:
+        await client.limit("shared", concurrent=1)
+        args = {"limit": "shared", "file": str(file)}
+        runs = [
+            await client.start("tenant", on(1, "blocker"), {**args, "key": "z", "n": 1, "hold": str(hold)})
+        ]
+        deadline = time.monotonic() + 30
+        while not lines():
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        runs.append(await client.start("tenant", on(0, "big"), {**args, "key": "A", "n": 1000}))
+        await waiting(1000)
+        runs.append(await client.start("tenant", on(1, "small"), {**args, "key": "B", "n": 3}))
+        await waiting(1003)
+        runs.append(await client.start("tenant", on(2, "heavy"), {**args, "key": "W", "n": 4, "weight": 2}))
+        await waiting(1007)
+        hold.touch()
+        assert [await run.result() for run in runs] == [1, 1000, 3, 4]
+        order = lines()[1:]  # after the blocker
+        assert [key for key, _ in order[:12]] == ["A", "B", "W", "W", "A", "B", "W", "W", "A", "B", "A", "A"]
+        assert len(order) == 1007
+        pids = {key: {int(pid) for k, pid in order if k == key} for key in "ABW"}
+        assert pids == {"A": {workers[0].pid}, "B": {workers[1].pid}, "W": {workers[2].pid}}
+        assert await client.limit_usage("shared") == {"in_use": 0, "waiting": 0}
+    finally:
+        await client.close()

@@ -8,6 +8,7 @@
 - `workers`: the lines a worker process prints for `procs.Worker` to read;
 - `server_cli`: the server's command line and HTTP API (a start that must fail, a token
   file, `--invoke` endpoints, a GET);
+- `runs_cli`: `fusee runs` as a process or in this process, and who it says asked;
 - `handlers`: what the handler's tests run against (a counting listener, the Lambda
   Runtime API), a valid invocation body, `in_thread`;
 - `cluster`: the one cluster of processes (a `fusee server` on a fixed port, restarted

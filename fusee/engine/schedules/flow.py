@@ -18,7 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from fusee._errors import CodecError, NotFoundError, RejectedError, UnknownWorkflowError
+from fusee._errors import CodecError, FuseeError, NotFoundError, RejectedError, UnknownWorkflowError
 from fusee.engine.schedules.times import between, count_between, iso, next_after, run_id
 from fusee.journal import FINAL
 from fusee.workflow.definitions import Retry, Workflow
@@ -195,6 +195,20 @@ class Starter:
         return not await self.running(wid)
 
 
+class Passing(Exception):
+    """A call of a schedule's step failed for a cause that may pass: the shard holding the
+    time's run stopped (its process restarts), a connection to the server dropped. A
+    FuseeError out of a step is final; this one is retried (PATIENT), so a schedule
+    outlives the failure instead of failing with it."""
+
+
+async def patient(call: Awaitable[Any]) -> Any:
+    try:
+        return await call
+    except FuseeError as error:  # (the refusals no retry changes are outcomes, in `fire`)
+        raise Passing(f"{type(error).__name__}: {error}") from error
+
+
 def _apply(s: dict[str, Any], outcomes: list[list[Any]]) -> None:
     for what, at, detail in outcomes:
         if what in ("started", "attached"):
@@ -223,7 +237,8 @@ def make_workflow(starter: Starter) -> Workflow[Any]:
         snapshot = {k: s[k] for k in ("name", "workflow", "input", "last", "buffered")}
 
         async def go() -> list[list[Any]]:
-            return await starter.fire(snapshot, times, overlap)
+            outcomes: list[list[Any]] = await patient(starter.fire(snapshot, times, overlap))
+            return outcomes
 
         outcomes: list[list[Any]] = await ctx.step(name, go, retry=PATIENT)
         _apply(s, outcomes)
@@ -325,7 +340,7 @@ async def _recheck(ctx: Ctx, s: dict[str, Any], starter: Starter, fire: Any) -> 
     last = s["last"]
 
     async def look() -> bool:
-        return last is None or await starter.ended(last)
+        return last is None or await patient(starter.ended(last))
 
     if await ctx.step("ended", look, retry=PATIENT):
         s["recheck_ms"] = RECHECK_FIRST_MS
