@@ -70,6 +70,8 @@ async def test_retry_a_failed_run_after_the_fix(ui):
     await expect(charge.locator(".attempt")).to_have_count(2)  # each attempt and its error
     await expect(charge).to_contain_text("payments are down")
     await expect(page.locator("#failure")).to_contain_text("payments are down")
+    if SCREENSHOT:  # the failed run: its attempts and errors
+        await page.screenshot(path=SCREENSHOT, full_page=True)
 
     Path(str(ui.steps) + ".fixed").write_text("")  # the fix is deployed
     await page.click("form[data-action=retry] button")
@@ -77,8 +79,8 @@ async def test_retry_a_failed_run_after_the_fix(ui):
     await expect(page.locator("#status")).to_have_text("ok")
     await expect(page.locator("#result")).to_have_text('"charged"')
     await expect(page.locator("#audit")).to_contain_text("by http")
-    if SCREENSHOT:
-        await page.screenshot(path=SCREENSHOT, full_page=True)
+    if SCREENSHOT:  # and once retried
+        await page.screenshot(path=SCREENSHOT.replace(".png", "-retried.png"), full_page=True)
     assert not ui.errors
 
 

@@ -66,6 +66,7 @@ class Row:
     summary: str
     by: str = ""
     error: bool = False
+    at: str = ""  # when, for the records that say (a start, a failed attempt)
 
 
 @dataclasses.dataclass
@@ -107,7 +108,7 @@ def timeline(journal: list[dict[str, Any]]) -> Timeline:
     for record in journal:
         kind = str(record.get("kind", "?"))
         by = str(record.get("by") or "")
-        row = Row(kind, "", by)
+        row = Row(kind, "", by, at=when(record.get("now") or record.get("failedAt")))
         if kind == "Started":
             out.input = show(record.get("input"))
             out.started_at = when(record.get("now"))
