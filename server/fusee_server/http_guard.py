@@ -64,6 +64,11 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def _public(path: str) -> bool:
+    """One of the web UI's static files (never a path that climbs out of them)."""
+    return path.startswith(PUBLIC) and ".." not in path and "//" not in path
+
+
 class Guard:
     """The site's middleware. `local_port` is set by the start when the site serves only
     loopback addresses and the server has no token: the Host check applies then."""
@@ -100,7 +105,7 @@ class Guard:
                 "(a page that points its own name at this machine is refused)",
             )
         scope: Scope | None = None
-        if self.tokens.worker is not None and not request.path.startswith(PUBLIC):
+        if self.tokens.worker is not None and not _public(request.path):
             scope = self._bearer_scope(self._authorization(request))
             if scope is None:
                 if self.sign_in is not None and self._wants_page(request):

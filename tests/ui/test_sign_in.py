@@ -24,6 +24,11 @@ async def test_the_ui_asks_for_the_token_once(browser):
                     "GET", "/v1/info", headers={"Accept": "text/html"}, token=False
                 )
                 assert (status, error["code"]) == (401, "Rejected")  # JSON for an API call
+                status, script = await api.request("GET", "/static/ui.js", token=False)
+                assert status == 200 and "fusee-token" in script  # the UI's files need no token
+                for climbing in ("/static/../v1/info", "/static/%2e%2e/v1/info", "/static//../v1/info"):
+                    status, _ = await api.request("GET", climbing, token=False)
+                    assert status in (401, 404), climbing
             page = await context.new_page()
             page.set_default_timeout(15_000)
             response = await page.goto(served.url + "/runs/t-1")
