@@ -212,6 +212,7 @@ class RunLoader:
             return run
         if started.deadline:
             self.shard.timers.add(started.deadline, run, -1)
+        run.traced(self.shard.index)
         run.go_live()
         return run
 

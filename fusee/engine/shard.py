@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
     from fusee.engine.limits import Limits
+    from fusee.engine.telemetry import Telemetry
 
 log = logging.getLogger("fusee")
 _RUNNING = Status.RUNNING  # read for every loaded run at every sweep
@@ -70,6 +71,8 @@ class ShardHost(Protocol):
     def record_stacks(self) -> bool: ...
     @property
     def default_retry(self) -> Retry: ...
+    @property
+    def telemetry(self) -> Telemetry | None: ...
     @property
     def step_mocks(self) -> dict[tuple[str, str], Callable[[int], Any]]: ...
     @property

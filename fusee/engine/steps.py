@@ -135,6 +135,8 @@ class Steps:
                         self.shard.outbox.take_number(),
                         op.close,
                         op.timeout_ms,
+                        # Children keep the trace: below this run's span here, if traced.
+                        run.trace.traceparent() if run.trace is not None else run.started.traceparent,
                     )
                 )
                 op.recorded = True
@@ -178,7 +180,13 @@ class Steps:
         op.asking = op.permit is None and permits.remote
 
     def execute(self, run: RunState, op: StepOp) -> None:
-        """Run one attempt of a step's function."""
+        """Run one attempt of a step's function (under its span, when traced)."""
+        if run.trace is not None:
+            run.trace.attempt(self._execute, run, op)
+        else:
+            self._execute(run, op)
+
+    def _execute(self, run: RunState, op: StepOp) -> None:
         if op.done or run.final or self.shard.closed:
             _release(op)
             return
@@ -240,6 +248,8 @@ class Steps:
             op.task = op.awaitable = None
         if task.cancelled():
             _release(op)  # the attempt ended: cancelled with its run, or by a close
+            if run.trace is not None:
+                run.trace.step_ended(op, None, cancelled=True)
             return
         if op.done or run.final:
             _release(op)
@@ -252,6 +262,8 @@ class Steps:
 
     def _step_outcome(self, run: RunState, op: StepOp, value: Any, exc: BaseException | None) -> None:
         _release(op)  # the attempt ended, whatever becomes of its outcome
+        if run.trace is not None:
+            run.trace.step_ended(op, exc)
         if op.done or run.final or self.shard.closed:
             # Cancelled or terminated meanwhile, or the shard let go of the run (a thread
             # that outlived a close): the result is discarded, never recorded late.

@@ -50,6 +50,7 @@ class TestEngine:
             MemoryStorage(shards, instant=not flush_on_turn) if dir is None else None
         )
         self.mocks: dict[tuple[str, str], Callable[[int], Any]] = {}
+        self.telemetry: Any = None
         self.engine: Engine
 
     @classmethod
@@ -62,8 +63,10 @@ class TestEngine:
         flush_on_turn: bool = False,
         dir: str | Path | None = None,
         storage: Storage | None = None,
+        telemetry: Any = None,
     ) -> TestEngine:
         t = cls(workflows, shards, park_after, flush_on_turn, dir, storage)
+        t.telemetry = telemetry  # fusee.open_telemetry(provider): kept across crash()
         await t._open()
         return t
 
@@ -79,6 +82,7 @@ class TestEngine:
             profile="dev",
             clock=self.clock,
             storage=self.storage,
+            telemetry=self.telemetry,
         )
         self.engine.step_mocks = self.mocks
 
