@@ -31,6 +31,7 @@ from fusee.engine.run import RunState
 from fusee.engine.run_handle import Run, RunSummary, list_runs
 from fusee.engine.schedules import ScheduleHandle, Schedules
 from fusee.engine.shard import Shard
+from fusee.engine.shard_metrics import zeros
 from fusee.engine.step_threads import StepThreads
 from fusee.engine.tokens import take_completion
 from fusee.journal import Ack, Msg
@@ -301,6 +302,16 @@ class Engine:
                 f"opened with shard_ids={sorted(self.by_index)}); use an engine that holds it"
             )
         return shard
+
+    # -- metrics ---------------------------------------------------------------------------
+
+    def shard_metrics(self) -> list[dict[str, int]]:
+        """Each shard's counters, the shard number its position in the list: since this
+        engine took it, or zeros for a shard it does not hold (docs/telemetry.md)."""
+        counters = [zeros() for _ in range(self.shard_count)]
+        for shard in self.shards:
+            counters[shard.index] = shard.metrics()
+        return counters
 
     # -- idle, for invoked workers ---------------------------------------------------------
 

@@ -8,6 +8,7 @@ import contextvars
 import inspect
 import logging
 from collections.abc import Callable
+from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fusee import _codec as codec
@@ -108,7 +109,9 @@ class Steps:
                 if durability.durable >= lsn:
                     self.attempt(run, op)
                 else:
-                    durability.gates.append((lsn, lambda: self.attempt(run, op)))
+                    durability.gated_waits += 1
+                    began = perf_counter()
+                    durability.gates.append((lsn, lambda: self._gated(run, op, began)))
         elif isinstance(op, TimerOp):
             if not op.recorded:
                 op.due = op.due or self.shard.now_ms() + (op.duration_ms or 0)
@@ -149,6 +152,10 @@ class Steps:
                     run.record(R.SignalSent(op.seq, op.target, op.name, op.payload, number))
                 op.recorded = True
 
+    def _gated(self, run: RunState, op: StepOp, began: float) -> None:
+        self.shard.durability.gate_wait_us += int((perf_counter() - began) * 1_000_000)
+        self.attempt(run, op)
+
     def attempt(self, run: RunState, op: StepOp) -> None:
         """Past the gate: run the attempt, after taking its limit's permit if it has one
         (every attempt takes its own: a retry waits in the queue again)."""
@@ -180,13 +187,13 @@ class Steps:
         op.asking = op.permit is None and permits.remote
 
     def execute(self, run: RunState, op: StepOp) -> None:
-        """Run one attempt of a step's function (under its span, when traced)."""
-        if run.trace is not None:
-            run.trace.attempt(self._execute, run, op)
-        else:
-            self._execute(run, op)
-
-    def _execute(self, run: RunState, op: StepOp) -> None:
+        """Run one attempt of a step's function."""
+        trace = run.trace
+        if trace is not None and trace.outside:
+            # Traced: the attempt's span calls this again, from inside it (with telemetry
+            # off, the test above is all the step path pays).
+            trace.attempt(self.execute, run, op)
+            return
         if op.done or run.final or self.shard.closed:
             _release(op)
             return

@@ -100,11 +100,12 @@ class Telemetry:
 class RunTrace:
     """One run's `fusee.workflow` span in this process, and its attempts' spans in flight."""
 
-    __slots__ = ("context", "span", "steps", "tracer")
+    __slots__ = ("context", "outside", "span", "steps", "tracer")
 
     def __init__(self, tracer: Tracer, span: Span) -> None:
         self.tracer = tracer
         self.span = span
+        self.outside = True  # False while `attempt` runs one under its span
         self.context = trace.set_span_in_context(span)
         self.steps: dict[int, Span] = {}  # position -> the span of its attempt running
 
@@ -116,7 +117,11 @@ class RunTrace:
         the loop, a task or a thread, each of which copies the current context) sees it
         as the active span, so the calls it makes are traced below it."""
         if op.done or run.final:
-            execute(run, op)  # nothing runs: no span
+            self.outside = False
+            try:
+                execute(run, op)  # nothing runs: no span
+            finally:
+                self.outside = True
             return
         span = self.tracer.start_span(
             "fusee.step",
@@ -135,9 +140,11 @@ class RunTrace:
             previous.end()
         self.steps[op.seq] = span
         token = otel_context.attach(trace.set_span_in_context(span, self.context))
+        self.outside = False
         try:
             execute(run, op)
         finally:
+            self.outside = True
             otel_context.detach(token)
 
     def step_ended(self, op: StepOp, exc: BaseException | None, *, cancelled: bool = False) -> None:

@@ -100,6 +100,7 @@ class Due:
         self.last_endpoint: EndpointState | None = None
         self.reported = False  # its last invoked holder sent IDLE for its lease
         self.trace: str | None = None  # a traceparent of a start waiting for it, if one had one
+        self.steps = 0  # steps its invoked holders reported running (`/metrics`, per shard)
 
 
 class Invocation:
@@ -340,6 +341,7 @@ class Invoker:
         due = self.due[index]
         due.reported = True
         due.types.update(report.types_without_code)
+        due.steps += report.steps
         invocation = self.invocations.get(conn.invocation or "")
         if invocation is not None:
             invocation.steps += report.steps
