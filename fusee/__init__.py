@@ -49,6 +49,7 @@ from fusee.workflow.definitions import (
 if TYPE_CHECKING:  # loaded on first use (module __getattr__ below): not on a cold path
     from fusee.client import Client
     from fusee.engine.replay import Replayer
+    from fusee.engine.telemetry import open_telemetry
     from fusee.invoke import invocation_handler
 
 __version__ = "0.1.0"
@@ -98,6 +99,7 @@ __all__ = [
     "WorkflowError",
     "as_requester",
     "invocation_handler",
+    "open_telemetry",
     "query",
     "signal",
     "update",
@@ -126,6 +128,10 @@ def __getattr__(name: str) -> object:
         from fusee.invoke import invocation_handler
 
         return invocation_handler
+    if name == "open_telemetry":  # imports opentelemetry: only for those who turn it on
+        from fusee.engine.telemetry import open_telemetry
+
+        return open_telemetry
     if name == "Replayer":  # a debugging tool: no worker's boot needs it
         from fusee.engine.replay import Replayer
 

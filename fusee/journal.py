@@ -78,6 +78,9 @@ class Started(Rec, tag=1):
     # A delayed start (`start(..., delay=, at=)`): the run exists from its start, and its
     # code begins with a durable sleep until this Unix ms (0: at once).
     not_before: int = 0
+    # The W3C traceparent of the span that started the run (docs/telemetry.md): each
+    # process that runs the run traces it in that trace. None: the start had none.
+    traceparent: str | None = None
 
 
 class Finished(Rec, tag=2):
@@ -221,6 +224,7 @@ class ChildRequested(Rec, tag=40):  # issued; its message starts the child
     msg: int
     close: str = "terminate"
     timeout: int = 0
+    trace: str | None = None  # the traceparent the child's start records (docs/telemetry.md)
 
 
 class ChildStarted(Rec, tag=41):
@@ -413,6 +417,7 @@ class Msg(msgspec.Struct, array_like=True, omit_defaults=True):
     op: int = -1  # the sender's operation waiting for the answer (start, signal, cancel)
     epoch: int = 0  # the sender's lease when it sent this: the answer names it back
     low: int = 0  # the sender's lowest unanswered message then: it never resends one below
+    trace: str | None = None  # start: the traceparent the child's start records
 
 
 class Ack(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -12,6 +12,7 @@
 | `FUSEE_INVOKE_TRACE` | `1`: one line per invocation event on standard error |
 | `FUSEE_INVOKE_BODY_TIMEOUT_S` | seconds a request's whole body may take to arrive (default 10; 408 after) |
 | `FUSEE_INVOKE_BODY_WAITS_MAX` | requests that may wait for their body at once (default 16; the oldest gets 503) |
+| `FUSEE_TELEMETRY` | `otel`: traces through the global OpenTelemetry tracer provider (`pip install 'fusee[otel]'`) |
 
 A missing or bad setting fails the import with a message naming it (SettingError), so a
 misconfigured deployment fails its first start instead of answering requests wrongly:
@@ -48,9 +49,32 @@ def from_environment(environ: dict[str, str] | None = None) -> InvocationHandler
     workflows = import_workflows(env.get("FUSEE_WORKFLOWS", ""))
     timeout_s = _number(env, "FUSEE_INVOKE_BODY_TIMEOUT_S", float, BODY_TIMEOUT_S)
     waits_max = _number(env, "FUSEE_INVOKE_BODY_WAITS_MAX", int, BODY_WAITS_MAX)
+    options = _telemetry(env.get("FUSEE_TELEMETRY", ""))
     return InvocationHandler(
-        address, workflows=workflows, secret=secret, body_timeout_s=timeout_s, body_waits_max=waits_max
+        address,
+        workflows=workflows,
+        secret=secret,
+        body_timeout_s=timeout_s,
+        body_waits_max=waits_max,
+        **options,
     )
+
+
+def _telemetry(setting: str) -> dict[str, Any]:
+    """`telemetry=` for the engines, through the tracer provider the process installed (an
+    `opentelemetry-instrument` wrapper, or the app's own code): nothing when unset."""
+    setting = setting.strip().lower()
+    if setting in ("", "off"):
+        return {}
+    if setting != "otel":
+        raise SettingError(f"FUSEE_TELEMETRY={setting}: expected otel or off")
+    try:
+        from fusee.engine.telemetry import open_telemetry
+    except ImportError as error:
+        raise SettingError(
+            f"FUSEE_TELEMETRY=otel needs the OpenTelemetry API: pip install 'fusee[otel]' ({error})"
+        ) from None
+    return {"telemetry": open_telemetry()}
 
 
 def _number(env: dict[str, str], name: str, kind: type[float] | type[int], default: float) -> Any:

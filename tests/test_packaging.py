@@ -36,13 +36,13 @@ def _pins() -> dict[str, Version]:
 
 
 def _direct() -> list[Requirement]:
-    """What the lock must cover: fusee's dependencies and `lambda` extra, the `dev` group,
+    """What the lock must cover: fusee's dependencies and extras (`lambda`, `otel`), the `dev` group,
     and fusee-server's dependencies and extras; the two packages themselves come from the
     checkout."""
     fusee, server = _toml("pyproject.toml"), _toml("server/pyproject.toml")
     texts = [
         *fusee["project"]["dependencies"],
-        *fusee["project"]["optional-dependencies"]["lambda"],
+        *(text for extra in fusee["project"]["optional-dependencies"].values() for text in extra),
         *fusee["dependency-groups"]["dev"],
         *server["project"]["dependencies"],
         *(text for extra in server["project"]["optional-dependencies"].values() for text in extra),

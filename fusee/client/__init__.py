@@ -161,16 +161,24 @@ class Client:
 
     def __init__(self, link: Link) -> None:
         self.link = link
+        self.telemetry: Any = None  # fusee.open_telemetry(): starts record the active span
         self.address = link.address
         self.schedules = Schedules(self)  # the same handles as an engine's (docs/schedules.md)
         self.coordinators = Coordinators(self)  # debounce and batch (docs/coordinators.md)
 
     @classmethod
     async def connect(
-        cls, address: str, *, token_file: str | None = None, tls: dict[str, str] | None = None
+        cls,
+        address: str,
+        *,
+        token_file: str | None = None,
+        tls: dict[str, str] | None = None,
+        telemetry: Any = None,
     ) -> Client:
         """`address` as the server's workers write it (`host:port?token-file=...`);
-        `token_file` and `tls` ({"ca", "cert", "key", "name"}) add options to it."""
+        `token_file` and `tls` ({"ca", "cert", "key", "name"}) add options to it. With
+        `telemetry=fusee.open_telemetry()`, a start records the active span's traceparent
+        (docs/telemetry.md)."""
         parsed = parse(address)
         extra: dict[str, Any] = dict(tls or {})
         unknown = set(extra) - {"ca", "cert", "key", "name"}
@@ -180,7 +188,11 @@ class Client:
             extra["token_file"] = token_file
         if extra:
             parsed = msgspec.structs.replace(parsed, **extra)
-        return await cls.at(parsed)
+        if telemetry is not None and not hasattr(telemetry, "traceparent"):
+            raise errors.RejectedError(f"telemetry={telemetry!r}: expected fusee.open_telemetry() (or None)")
+        client = await cls.at(parsed)
+        client.telemetry = telemetry
+        return client
 
     @classmethod
     async def at(cls, address: Address) -> Client:
@@ -253,6 +265,7 @@ class Client:
         version: int | None = None,
         delay: Duration | None = None,
         at: datetime | int | float | None = None,
+        traceparent: str | None = None,
     ) -> ClientRun[Out]:
         if delay is not None and at is not None:
             raise errors.RejectedError("start: give delay= or at=, not both")
@@ -262,9 +275,13 @@ class Client:
                 return queued
         # Sent only when given (a start without them is the call it always was); the
         # worker's clock counts the delay: the run's timer is on it.
-        later = (
+        later: dict[str, Any] = (
             {"delay": _ms(delay)} if delay is not None else {"at": at_ms(at, "at")} if at is not None else {}
         )
+        if traceparent is None and self.telemetry is not None:
+            traceparent = self.telemetry.traceparent()
+        if traceparent is not None:  # the worker checks it, and records it in the start
+            later["traceparent"] = traceparent
         await self.call(
             "start",
             self.shard_of(id),

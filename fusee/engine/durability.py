@@ -13,6 +13,7 @@ import contextvars
 import logging
 from collections import deque
 from collections.abc import Callable
+from time import perf_counter
 from typing import Any, Protocol
 
 from fusee._errors import FuseeError, LeaseLostError
@@ -74,12 +75,19 @@ class Durability:
         # those gates would take its last checkpoint without them and let go of a step
         # that ran (the next open would run it again).
         self.held: deque[Callable[[], None]] = deque()
+        # Counters (fusee/engine/shard_metrics.py): records staged are `appended - first`.
+        self.first = 0  # the position this holder began at
+        self.bytes = 0
+        self.flushes = self.flushed_records = self.flush_us = 0
+        self.flush_began = 0.0  # perf_counter when the flush in flight was asked for
+        self.gated_waits = self.gate_wait_us = 0
 
     def reset(self, position: int) -> None:
         """Recovery: the log is durable up to `position`, nothing staged."""
-        self.appended = self.durable = position
+        self.appended = self.durable = self.first = position
 
     def stage(self, entry: bytes) -> int:
+        self.bytes += len(entry)
         self.appending = True
         self.appended = lsn = self.shard.store.append(entry)
         self.appending = False
@@ -105,6 +113,7 @@ class Durability:
             self.flushing = False
             return
         self.flushed = self.appended
+        self.flush_began = perf_counter()
         self.shard.store.flush()
 
     def on_durable(self, durable: int | BaseException) -> None:
@@ -125,12 +134,18 @@ class Durability:
                 self.flushing = False
                 return
             if durable > self.durable:
+                if self.flush_began:
+                    self.flushes += 1
+                    self.flushed_records += durable - self.durable
+                    self.flush_us += int((perf_counter() - self.flush_began) * 1_000_000)
+                    self.flush_began = 0.0
                 self.durable = durable
             if shard.engine.idle_waiters:
                 shard.engine.activity.set()
             self.release()
             if self.durable < self.appended and not shard.closed and not self.sealed:
                 self.flushed = self.appended
+                self.flush_began = perf_counter()
                 shard.store.flush()
             else:
                 self.flushing = False

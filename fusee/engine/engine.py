@@ -31,6 +31,7 @@ from fusee.engine.run import RunState
 from fusee.engine.run_handle import Run, RunSummary, list_runs
 from fusee.engine.schedules import ScheduleHandle, Schedules
 from fusee.engine.shard import Shard
+from fusee.engine.shard_metrics import zeros
 from fusee.engine.step_threads import StepThreads
 from fusee.engine.tokens import take_completion
 from fusee.journal import Ack, Msg
@@ -49,6 +50,8 @@ from fusee.workflow.durations import Duration, at_ms, to_ms
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
+
+    from fusee.engine.telemetry import Telemetry
 
 
 Out = TypeVar("Out")
@@ -70,8 +73,10 @@ class Engine:
         profile: str | None,
         record_stacks: bool,
         default_retry: Retry,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.storage = storage
+        self.telemetry = telemetry  # None: traces off, and opentelemetry never imported
         self.clock = clock
         self.workflows: dict[str, Workflow[Any]] = {}
         self.park_after_ms = park_after_ms
@@ -127,6 +132,7 @@ class Engine:
         storage: Storage | None = None,
         shard_ids: Sequence[int] | None = None,
         address: str | None = None,
+        telemetry: Telemetry | None = None,
     ) -> Engine:
         """Open an engine. `durability="memory"` keeps nothing; a directory (local mode)
         needs the `fusee-server` distribution's disk path; `durability="server"` (or
@@ -134,7 +140,8 @@ class Engine:
         at `address` as a worker: it holds the shards it is granted now, takes others as
         they are let go of, and answers the calls clients send to its shards. If its
         connection goes (a server restart), it connects again by itself until closed, and
-        takes its shards back (docs/server.md, *Reconnecting*)."""
+        takes its shards back (docs/server.md, *Reconnecting*). `telemetry=
+        fusee.open_telemetry()` traces runs through OpenTelemetry (docs/telemetry.md)."""
         if shards is not None and shards < 1:
             raise RejectedError(f"shards={shards}: need at least 1")
         on_exhausted = check_on_exhausted(on_exhausted, "Engine.open(on_exhausted=)")
@@ -150,6 +157,7 @@ class Engine:
             profile,
             record_stacks,
             retry,
+            _telemetry(telemetry),
         )
         engine.on_exhausted = on_exhausted  # a step's Retry(on_exhausted=) overrides it
         try:
@@ -302,6 +310,16 @@ class Engine:
             )
         return shard
 
+    # -- metrics ---------------------------------------------------------------------------
+
+    def shard_metrics(self) -> list[dict[str, int]]:
+        """Each shard's counters, the shard number its position in the list: since this
+        engine took it, or zeros for a shard it does not hold (docs/telemetry.md)."""
+        counters = [zeros() for _ in range(self.shard_count)]
+        for shard in self.shards:
+            counters[shard.index] = shard.metrics()
+        return counters
+
     # -- idle, for invoked workers ---------------------------------------------------------
 
     def idle(self) -> bool:
@@ -411,10 +429,13 @@ class Engine:
         version: int | None = None,
         delay: Duration | None = None,
         at: datetime | int | float | None = None,
+        traceparent: str | None = None,
     ) -> Run[Out]:
         """Start a run; returns once its start is durable. A wrong input type, an unknown
         workflow or a taken ID is refused before anything is recorded. With `delay=` or
-        `at=` the run exists under its ID at once and its code begins then."""
+        `at=` the run exists under its ID at once and its code begins then. The start
+        records `traceparent` (a W3C header value), else, with telemetry on, the active
+        span's (docs/telemetry.md)."""
         not_before = delayed_until(self.clock.now_ms(), delay, at)
         self._check_open()
         names.name(id, "workflow ID")
@@ -423,7 +444,9 @@ class Engine:
             # Runs at once: the start waits its turn in the type's queue (docs/coordinators.md).
             queued: Run[Out] = await self.coordinators.enqueue(definition, id, input)
             return queued
-        run, _ = await self._start(wf, id, input, id_policy, timeout, version, not_before=not_before)
+        run, _ = await self._start(
+            wf, id, input, id_policy, timeout, version, not_before=not_before, traceparent=traceparent
+        )
         return run
 
     async def _start(
@@ -437,8 +460,13 @@ class Engine:
         update: tuple[str, str, bytes] | None = None,
         signal: tuple[str, bytes] | None = None,
         not_before: int = 0,
+        traceparent: str | None = None,
     ) -> tuple[Run[Any], RunState | Any]:
         self._check_open()
+        if traceparent is None and self.telemetry is not None:
+            traceparent = self.telemetry.traceparent()
+        elif traceparent is not None:
+            traceparent = check_traceparent(traceparent)
         names.name(id, "workflow ID")
         definition = self.workflow_of(wf)
         data, _ = codec.convert(input, definition.input_type, "the workflow's input")
@@ -463,6 +491,7 @@ class Engine:
                 version=version,
                 signal=signal,
                 not_before=not_before,
+                traceparent=traceparent,
             )
         except AlreadyExistsError as error:
             await shard.durable_at(shard.durability.appended)  # the refusal rests on durable state only
@@ -570,6 +599,35 @@ def _check_policy(policy: dict[str, str] | None) -> None:
     for key, value in (policy or {}).items():
         if key not in allowed or value not in allowed[key]:
             raise RejectedError(f"id_policy {key}={value!r}: allowed are {allowed}")
+
+
+def _telemetry(telemetry: Any) -> Telemetry | None:
+    if telemetry is None:
+        return None
+    if not hasattr(telemetry, "run_trace"):
+        raise RejectedError(f"telemetry={telemetry!r}: expected fusee.open_telemetry() (or None)")
+    return telemetry  # type: ignore[no-any-return]
+
+
+def check_traceparent(value: Any) -> str:
+    """A W3C traceparent header value (`00-<32 hex>-<16 hex>-<2 hex>`), refused otherwise
+    before anything is recorded."""
+    parts = value.split("-") if isinstance(value, str) else []
+    if (
+        [len(part) for part in parts] != [2, 32, 16, 2]
+        or not all(_hex(part) for part in parts)
+        or parts[0] == "ff"  # a version W3C reserves as invalid
+        or parts[1] == "0" * 32
+        or parts[2] == "0" * 16
+    ):
+        raise RejectedError(
+            f"traceparent={value!r}: expected a W3C traceparent, 00-<trace id>-<span id>-<flags>"
+        )
+    return str(value)
+
+
+def _hex(text: str) -> bool:
+    return all(c in "0123456789abcdef" for c in text)
 
 
 def delayed_until(now_ms: int, delay: Duration | None, at: datetime | int | float | None) -> int:

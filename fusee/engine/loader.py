@@ -16,6 +16,7 @@ from fusee._errors import FuseeError
 from fusee.engine.index import RunIndex
 from fusee.engine.run import RunHost, RunState
 from fusee.engine.run_reads import RunReads
+from fusee.engine.shard_metrics import ShardMetrics
 from fusee.engine.timers import Timers
 from fusee.journal import IndexEntry, Status
 from fusee.storage.contract import ShardStore
@@ -62,6 +63,8 @@ class LoaderHost(RunHost, Protocol):
     def types_without_code(self) -> set[str]: ...
     @property
     def appended(self) -> int: ...
+    @property
+    def counts(self) -> ShardMetrics: ...
     def check(self) -> None: ...
     def stopped_error(self) -> FuseeError: ...
     def fail(self, exc: BaseException, why: str = ...) -> None: ...
@@ -210,12 +213,14 @@ class RunLoader:
                 self.shard.timers.add(started.deadline, run, -1)
             return run
         run.replay(records)
+        self.shard.counts.steps_replayed += sum(1 for rec in records if type(rec) is R.StepDone)
         if run.final:
             return run
         if run.status == Status.STUCK:
             return run
         if started.deadline:
             self.shard.timers.add(started.deadline, run, -1)
+        run.traced(self.shard.index)
         run.go_live()
         return run
 

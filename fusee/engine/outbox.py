@@ -62,6 +62,7 @@ class Outbox:
                 parent=R.Parent(self.shard, wid, run, rec.seq, rec.close),
                 timeout=rec.timeout,
                 op=rec.seq,
+                trace=rec.trace,
             )
             return self._add(msg, wid, run)
         if kind is R.SignalSent:

@@ -75,6 +75,7 @@ class ServedEngine(Protocol):
         version: Any = ...,
         delay: Any = ...,
         at: Any = ...,
+        traceparent: Any = ...,
     ) -> object: ...
     async def signal_with_start(
         self,
@@ -290,6 +291,7 @@ async def _start(engine: ServedEngine, a: dict[str, Any]) -> Any:
         version=a.get("version"),
         delay=a.get("delay"),
         at=a.get("at"),
+        traceparent=a.get("traceparent"),
     )
     return {"id": a["id"]}
 

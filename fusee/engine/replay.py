@@ -109,7 +109,9 @@ def journal_to_json(records: Sequence[R.Rec]) -> list[dict[str, Any]]:
 
 # Fields added after journals were exported, left out at their default so that an export
 # (and the goldens) of a journal that does not use them reads as it always did.
-_SHOWN_WHEN_SET: frozenset[Any] = frozenset({"not_before", "paused", (R.Finished, "by")})
+_SHOWN_WHEN_SET: frozenset[Any] = frozenset(
+    {"not_before", "paused", (R.Finished, "by"), "traceparent", "trace"}
+)
 
 
 _KINDS: dict[str, type[R.Rec]] = {cls.__name__: cls for cls in R.Record.__args__}

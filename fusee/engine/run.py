@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Coroutine
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fusee import _codec as codec
 from fusee import _errors as errors
@@ -42,6 +42,9 @@ from fusee.workflow.ops import (
     WatchOp,
 )
 
+if TYPE_CHECKING:
+    from fusee.engine.telemetry import RunTrace, Telemetry
+
 log = logging.getLogger("fusee")
 # Enum members read on every step: a module global is a dict lookup, where `Status.STUCK`
 # costs a metaclass descriptor call (about 150 ns on Python 3.11).
@@ -57,6 +60,8 @@ class RunSettings(Protocol):
     def record_stacks(self) -> bool: ...
     @property
     def default_retry(self) -> Retry: ...
+    @property
+    def telemetry(self) -> Telemetry | None: ...
 
 
 class _TimerAdd(Protocol):
@@ -143,6 +148,9 @@ class RunState:
         self.ctx: Any = None
         # (journal length, run-store offset) of its last frame: reused while unchanged
         self.frame: tuple[int, int] | None = None
+        # Its `fusee.workflow` span while its code is live here, with telemetry on
+        # (fusee/engine/telemetry.py); None otherwise, which is all the step path tests.
+        self.trace: RunTrace | None = None
 
     # -- state ------------------------------------------------------------------------
 
@@ -331,6 +339,10 @@ class RunState:
         """Close every coroutine of the run (it ended, or its shard let go of it), so none
         is left for the garbage collector to close later, or never started."""
         fibers, self.fibers = self.fibers, []
+        trace = self.trace
+        if trace is not None:  # the run leaves this process's hands: its span ends
+            self.trace = None
+            trace.end(self)
         for fiber in fibers:
             try:
                 fiber.coro.close()
@@ -529,6 +541,12 @@ class RunState:
         self.close_fibers()
         if not self.replaying:
             self.shard.run_finished(self)
+
+    def traced(self, shard: int) -> None:
+        """Its code goes live in this process: with telemetry on, under a new span."""
+        telemetry = self.shard.engine.telemetry
+        if telemetry is not None and self.trace is None:
+            self.trace = telemetry.run_trace(self, shard)
 
     def outcome_failure(self) -> Failure | None:
         return self.outcome.failure if isinstance(self.outcome, R.Finished) else None

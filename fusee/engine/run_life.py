@@ -32,6 +32,7 @@ class StartingShard(RunHost, Protocol):
     callers: Callers
     types_without_code: set[str]
     closed: bool
+    index: int
 
     @property
     def engine(self) -> _Settings: ...
@@ -64,6 +65,7 @@ class RunLife:
         version: int | None = None,
         signal: tuple[str, bytes] | None = None,
         not_before: int = 0,
+        traceparent: str | None = None,
     ) -> tuple[RunState | IndexEntry, bool]:
         """Record a new run (or apply the ID policy). Returns the run and whether it is new."""
         existing = self.find(wid)
@@ -107,6 +109,7 @@ class RunLife:
             *(update or (None, None, None)),
         )
         started.not_before = not_before
+        started.traceparent = traceparent
         return self._begin(wid, run_no, started, signal), True
 
     def _begin(
@@ -136,6 +139,7 @@ class RunLife:
             return run
         for rec in run.journal:
             run.apply(rec)
+        run.traced(self.index)
         self.schedule(run)
         return run
 
@@ -156,6 +160,7 @@ class RunLife:
                 run.started.deadline,
                 run.started.parent,
             )
+            started.traceparent = run.started.traceparent  # the next run keeps the trace
             self._begin(run.wid, run.run_no + 1, started)
             return
 

@@ -34,6 +34,7 @@ from fusee.engine.outbox import RESEND_MS, Outbox
 from fusee.engine.run import RunState, stop_step
 from fusee.engine.run_life import RunLife
 from fusee.engine.shard_messages import Delivery
+from fusee.engine.shard_metrics import ShardMetrics
 from fusee.engine.steps import Steps
 from fusee.engine.timers import TICK, Timers
 from fusee.journal import Ack, IndexEntry, Msg, Status
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
     from fusee.engine.limits import Limits
+    from fusee.engine.telemetry import Telemetry
 
 log = logging.getLogger("fusee")
 _RUNNING = Status.RUNNING  # read for every loaded run at every sweep
@@ -70,6 +72,8 @@ class ShardHost(Protocol):
     def record_stacks(self) -> bool: ...
     @property
     def default_retry(self) -> Retry: ...
+    @property
+    def telemetry(self) -> Telemetry | None: ...
     @property
     def step_mocks(self) -> dict[tuple[str, str], Callable[[int], Any]]: ...
     @property
@@ -133,10 +137,10 @@ class Shard(RunLife):
         self.result_waiter = self.callers.result_waiter
         self.update_waiter = self.callers.update_waiter
         self.update_finished = self.callers.update_finished
-        self.run_stuck = self.callers.run_stuck
         self.ready: set[RunState] = set()
         self.pump_scheduled = False
         self.steps_run = 0
+        self.counts = ShardMetrics()  # the rest of its counters: `metrics()`
         self.open_ms = 0.0  # how long attaching took: opening, then recovery
         self.calls = 0
         self.checkpoint_position = 0
@@ -179,8 +183,10 @@ class Shard(RunLife):
         """Stage a run's record. Visible at once; durable with the next flush."""
         # The hot path of every step: `Durability.stage` and the fast case of `made`, inline.
         durability = self.durability
+        entry = R.encode_entry(R.Entry(run.wid, run.run_no, rec))
+        durability.bytes += len(entry)
         durability.appending = True
-        durability.appended = lsn = self.store.append(R.encode_entry(R.Entry(run.wid, run.run_no, rec)))
+        durability.appended = lsn = self.store.append(entry)
         durability.appending = False
         sent = self.outbox.note(run.wid, run.run_no, rec, run.started.parent)
         if sent is not None:
@@ -405,6 +411,7 @@ class Shard(RunLife):
         due = run.next_due()
         self.index_entries.put_key(key, IndexEntry(run.wid, run.run_no, run.type, Status.PARKED, ref, due))
         del self.runs[run.wid]
+        self.counts.parks += 1
         run.close_fibers()
         self.timers.forget(run)
         if due:
@@ -427,6 +434,29 @@ class Shard(RunLife):
                 "shard %d: %d finished runs past their retention left the index", self.index, len(expired)
             )
 
+    def run_stuck(self, run: RunState) -> None:
+        self.counts.determinism_errors += 1
+        self.callers.run_stuck(run)
+
+    def metrics(self) -> dict[str, int]:
+        """Its counters since this holder took it (fusee/engine/shard_metrics.py)."""
+        durability, counts = self.durability, self.counts
+        return {
+            "records": durability.appended - durability.first,
+            "bytes": durability.bytes,
+            "flushes": durability.flushes,
+            "flushed_records": durability.flushed_records,
+            "flush_us": durability.flush_us,
+            "gated_waits": durability.gated_waits,
+            "gate_wait_us": durability.gate_wait_us,
+            "steps_executed": self.steps_run,
+            "steps_replayed": counts.steps_replayed,
+            "checkpoints": counts.checkpoints,
+            "parks": counts.parks,
+            "determinism_errors": counts.determinism_errors,
+            "busy_rejections": counts.busy_rejections,
+        }
+
     def idle(self, *, housekeeping: bool = False) -> bool:
         return idle.is_idle(self, housekeeping=housekeeping)
 
@@ -442,7 +472,10 @@ class Shard(RunLife):
     # -- checkpoints and close --------------------------------------------------------------
 
     async def checkpoint(self, *, wait: bool = False) -> None:
+        position = self.checkpoint_position
         await checkpoints.take(self, wait=wait)
+        if self.checkpoint_position != position:
+            self.counts.checkpoints += 1
         if (
             not self.ticking
             and not self.runs

@@ -53,6 +53,7 @@ class DeliveryHost(Protocol):
         *,
         timeout_ms: int | None = ...,
         parent: R.Parent | None = ...,
+        traceparent: str | None = ...,
     ) -> tuple[RunState | IndexEntry, bool]: ...
 
 
@@ -122,6 +123,7 @@ class Delivery:
                     msg.value or b"null",
                     parent=msg.parent,
                     timeout_ms=msg.timeout or None,
+                    traceparent=msg.trace,
                 )
             except AlreadyExistsError as error:
                 return failure_from(error)

@@ -8,6 +8,7 @@ import contextvars
 import inspect
 import logging
 from collections.abc import Callable
+from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fusee import _codec as codec
@@ -111,7 +112,9 @@ class Steps:
                 if durability.durable >= lsn:
                     self.attempt(run, op)
                 else:
-                    durability.gates.append((lsn, lambda: self.attempt(run, op)))
+                    durability.gated_waits += 1
+                    began = perf_counter()
+                    durability.gates.append((lsn, lambda: self._gated(run, op, began)))
         elif isinstance(op, TimerOp):
             if not op.recorded:
                 op.due = op.due or self.shard.now_ms() + (op.duration_ms or 0)
@@ -138,6 +141,8 @@ class Steps:
                         self.shard.outbox.take_number(),
                         op.close,
                         op.timeout_ms,
+                        # Children keep the trace: below this run's span here, if traced.
+                        run.trace.traceparent() if run.trace is not None else run.started.traceparent,
                     )
                 )
                 op.recorded = True
@@ -149,6 +154,10 @@ class Steps:
                 else:
                     run.record(R.SignalSent(op.seq, op.target, op.name, op.payload, number))
                 op.recorded = True
+
+    def _gated(self, run: RunState, op: StepOp, began: float) -> None:
+        self.shard.durability.gate_wait_us += int((perf_counter() - began) * 1_000_000)
+        self.attempt(run, op)
 
     def attempt(self, run: RunState, op: StepOp) -> None:
         """Past the gate: run the attempt, after taking its limit's permit if it has one
@@ -182,6 +191,12 @@ class Steps:
 
     def execute(self, run: RunState, op: StepOp) -> None:
         """Run one attempt of a step's function."""
+        trace = run.trace
+        if trace is not None and trace.outside:
+            # Traced: the attempt's span calls this again, from inside it (with telemetry
+            # off, the test above is all the step path pays).
+            trace.attempt(self.execute, run, op)
+            return
         if op.done or run.final or self.shard.closed:
             _release(op)
             return
@@ -243,6 +258,8 @@ class Steps:
             op.task = op.awaitable = None
         if task.cancelled():
             _release(op)  # the attempt ended: cancelled with its run, or by a close
+            if run.trace is not None:
+                run.trace.step_ended(op, None, cancelled=True)
             return
         if op.done or run.final:
             _release(op)
@@ -255,6 +272,8 @@ class Steps:
 
     def _step_outcome(self, run: RunState, op: StepOp, value: Any, exc: BaseException | None) -> None:
         _release(op)  # the attempt ended, whatever becomes of its outcome
+        if run.trace is not None:
+            run.trace.step_ended(op, exc)
         if op.done or run.final or self.shard.closed:
             # Cancelled or terminated meanwhile, or the shard let go of the run (a thread
             # that outlived a close): the result is discarded, never recorded late.

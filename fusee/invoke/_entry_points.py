@@ -61,7 +61,7 @@ Send = Callable[[Message], Awaitable[None]]
 # What Engine.open takes besides what an invocation decides itself (the storage, the
 # shards, park_after): the rest would contradict it.
 REFUSALS_EVERY_S = 10.0
-ENGINE_OPTIONS = ("retention", "profile", "record_stacks", "retry", "clock")
+ENGINE_OPTIONS = ("retention", "profile", "record_stacks", "retry", "clock", "telemetry")
 _JSON = [("content-type", "application/json")]
 _CLOSE = ("connection", "close")
 # The key of a direct Lambda invocation's event (fusee_server/lambda_client.py sends it).

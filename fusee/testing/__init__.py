@@ -51,6 +51,7 @@ class TestEngine:
             MemoryStorage(shards, instant=not flush_on_turn) if dir is None else None
         )
         self.mocks: dict[tuple[str, str], Callable[[int], Any]] = {}
+        self.telemetry: Any = None
         self.engine: Engine
 
     @classmethod
@@ -64,9 +65,11 @@ class TestEngine:
         dir: str | Path | None = None,
         storage: Storage | None = None,
         on_exhausted: str = "fail",
+        telemetry: Any = None,
     ) -> TestEngine:
         t = cls(workflows, shards, park_after, flush_on_turn, dir, storage)
         t.on_exhausted = on_exhausted
+        t.telemetry = telemetry  # fusee.open_telemetry(provider): kept across crash()
         await t._open()
         return t
 
@@ -83,6 +86,7 @@ class TestEngine:
             clock=self.clock,
             storage=self.storage,
             on_exhausted=self.on_exhausted,
+            telemetry=self.telemetry,
         )
         self.engine.step_mocks = self.mocks
 

@@ -113,6 +113,12 @@ class Ctx:
         start's `version=`): recorded, so code can keep the old path for old runs."""
         return self._run.started.version
 
+    def traceparent(self) -> str | None:
+        """The W3C traceparent the run's start recorded (None: it had none), so that a
+        step can parent the spans of the calls it makes (docs/telemetry.md)."""
+        traceparent: str | None = self._run.started.traceparent
+        return traceparent
+
     # -- steps ------------------------------------------------------------------------
 
     def step(

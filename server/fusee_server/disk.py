@@ -17,9 +17,11 @@ import asyncio
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from fusee._errors import IoError
+from fusee.engine.shard_metrics import zeros
 from fusee.protocol import messages as m
 from fusee_server import _native
 from fusee_server.store import LocalStorage
@@ -54,6 +56,9 @@ class Disk:
         self.shards = shards
         self.failed = failed  # the log stopped after a failed write: the server stops
         self.readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="fusee-read")
+        # Per shard, what the server sees of it (`/metrics`, fusee_<counter>{shard="N"}):
+        # the records its holders append, their flushes, its checkpoints.
+        self.counts = [zeros() for _ in shards]
 
     @classmethod
     async def open(cls, root: str, shards: int | None, failed: Callable[[], None]) -> Disk:
@@ -88,20 +93,40 @@ class Disk:
             conn.fail(f"shard {lease.index}: {error}")
             return
         epoch = lease.epoch
+        counts = self.counts[lease.index]
+        counts["records"] += len(message.records)
+        counts["bytes"] += sum(map(len, message.records))
+        asked = perf_counter()
         # Never written here, however fast the disk was: a write on the loop holds every
         # connection, call and ping (and the liveness watch) for as long as its flush
         # takes, and one flush that stalls stalls them all. The writer thread writes, and
         # its eventfd brings the answer (tests/server_mode/test_disk_stall.py).
         try:
-            self.storage.request(lease.index, last, lambda result: self._durable(conn, lease, epoch, result))
+            self.storage.request(
+                lease.index,
+                last,
+                lambda result: self._durable(conn, lease, epoch, result, (asked, len(message.records))),
+            )
         except IoError as error:
             self._durable(conn, lease, epoch, error)
 
-    def _durable(self, conn: ServerConnection, lease: Lease, epoch: int, result: int | BaseException) -> None:
+    def _durable(
+        self,
+        conn: ServerConnection,
+        lease: Lease,
+        epoch: int,
+        result: int | BaseException,
+        flush: tuple[float, int] | None = None,
+    ) -> None:
         if isinstance(result, BaseException):
             logger.critical("the log stopped after a failed write: %s; stopping", result)
             self.failed()
             return
+        if flush is not None:
+            counts = self.counts[lease.index]
+            counts["flushes"] += 1
+            counts["flushed_records"] += flush[1]
+            counts["flush_us"] += int((perf_counter() - flush[0]) * 1_000_000)
         # Only to the lease it was written under: a new holder's positions are its own.
         if lease.holder is conn and lease.epoch == epoch:
             conn.send(m.Durable([(lease.index, epoch, result)]))
@@ -170,6 +195,7 @@ class Disk:
             return m.Reply(request.rid, items=items)
         if op == "checkpoint":
             await self._checkpoint(index, request.after, request.data)
+            self.counts[index]["checkpoints"] += 1
             return m.Reply(request.rid)
         raise ValueError(f"no request {op!r} (expected one of {', '.join(m.OPS)})")
 

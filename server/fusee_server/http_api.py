@@ -26,9 +26,15 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    UnknownMetricFamily,
+)
 from prometheus_client.registry import Collector
 
+from fusee.engine.shard_metrics import DOCS
 from fusee_server.access import Tokens
 from fusee_server.http_guard import Guard, is_loopback
 from fusee_server.http_runs import RelayCalls, RunsApi
@@ -103,8 +109,30 @@ class StateCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield from self._server()
+        yield from self._shards()
         if self.server.invoker is not None:
             yield from self._invoker(self.server.invoker)
+
+    def _shards(self) -> Iterator[Metric]:
+        """`fusee_<counter>{shard="N"}` for the counters the server sees of each shard
+        (docs/telemetry.md, *Metrics per shard*): what its holders appended and flushed,
+        its checkpoints, and the steps its invoked holders reported. Untyped, so that each
+        is exposed under its own name (a counter would gain `_total`)."""
+        counts = self.server.disk.counts
+        invoker = self.server.invoker
+        names = ["records", "bytes", "flushes", "flushed_records", "flush_us", "checkpoints"]
+        for name in names:
+            family = UnknownMetricFamily(f"fusee_{name}", DOCS[name], labels=["shard"])
+            for index, row in enumerate(counts):
+                family.add_metric([str(index)], row[name])
+            yield family
+        if invoker is not None:
+            family = UnknownMetricFamily(
+                "fusee_steps_executed", "Step attempts invoked workers reported running.", labels=["shard"]
+            )
+            for index, due in enumerate(invoker.due):
+                family.add_metric([str(index)], due.steps)
+            yield family
 
     def _server(self) -> Iterator[Metric]:
         server = self.server

@@ -99,6 +99,8 @@ class Due:
         self.invocation: Invocation | None = None
         self.last_endpoint: EndpointState | None = None
         self.reported = False  # its last invoked holder sent IDLE for its lease
+        self.trace: str | None = None  # a traceparent of a start waiting for it, if one had one
+        self.steps = 0  # steps its invoked holders reported running (`/metrics`, per shard)
 
 
 class Invocation:
@@ -115,6 +117,7 @@ class Invocation:
         self.steps = 0
         self.open_ms = 0.0
         self.closed = asyncio.Event()  # its worker's connection is gone
+        self.trace: str | None = None  # the `traceparent` header its POST carries
 
     def budget_left_ms(self, now: float) -> int:
         return max(0, int(self.endpoint.config.budget_ms - (now - self.sent) * 1000))
@@ -292,7 +295,14 @@ class Invoker:
 
     # -- what makes a shard due -----------------------------------------------------------
 
-    def make_due(self, index: int, reason: Reason, at: float | None = None, type: str | None = None) -> None:
+    def make_due(
+        self,
+        index: int,
+        reason: Reason,
+        at: float | None = None,
+        type: str | None = None,
+        trace: str | None = None,
+    ) -> None:
         due = self.due[index]
         when = self.loop.time() if at is None else at
         if due.at is None or when < due.at:
@@ -300,6 +310,8 @@ class Invoker:
         due.reasons.add(reason)
         if type is not None:
             due.types.add(type)
+        if trace is not None and due.trace is None:
+            due.trace = trace  # the first traced start that made it due: its POST carries it
         self.kick()
 
     def held(self, index: int) -> None:
@@ -308,6 +320,7 @@ class Invoker:
         due = self.due[index]
         due.at = None
         due.reasons.clear()
+        due.trace = None
 
     def freed(self, index: int, holder: ServerConnection) -> None:
         """`index` lost its holder and no standby took it."""
@@ -328,6 +341,7 @@ class Invoker:
         due = self.due[index]
         due.reported = True
         due.types.update(report.types_without_code)
+        due.steps += report.steps
         invocation = self.invocations.get(conn.invocation or "")
         if invocation is not None:
             invocation.steps += report.steps
@@ -451,6 +465,8 @@ class Invoker:
             due.reasons.clear()
             due.reported = False
             due.last_endpoint = endpoint
+            invocation.trace = invocation.trace or due.trace
+            due.trace = None
         self.invocations[invocation.id] = invocation
         endpoint.in_flight.add(invocation)
         endpoint.counts["sent"] += 1
@@ -482,6 +498,8 @@ class Invoker:
         headers = {"content-type": "application/json"}
         if config.secret:
             headers[HEADER] = sign(config.secret, body)
+        if invocation.trace is not None:
+            headers["traceparent"] = invocation.trace  # W3C: the start that made it due
         outcome = "failed"
         retry_after: float | None = None
         status = 0

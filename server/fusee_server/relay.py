@@ -46,7 +46,12 @@ class Waker(Protocol):
     """What the relay asks of the invoker: a holder for a shard something waits for."""
 
     def make_due(
-        self, index: int, reason: Reason, at: float | None = None, type: str | None = None
+        self,
+        index: int,
+        reason: Reason,
+        at: float | None = None,
+        type: str | None = None,
+        trace: str | None = None,
     ) -> None: ...
 
     def why_no_worker(self, index: int) -> str: ...
@@ -207,7 +212,8 @@ class Relay:
             # It waits here (up to CALL_WAIT_S) and makes its shard due.
             deadline = asyncio.get_running_loop().time() + CALL_WAIT_S
             self.calls_waiting[call.shard].append((client, call, deadline))
-            self.invoker.make_due(call.shard, Reason.CALL, type=_type_of(call))
+            kind, trace = _start_of(call)
+            self.invoker.make_due(call.shard, Reason.CALL, type=kind, trace=trace)
             return
         self._route(client, call, holder)
 
@@ -229,7 +235,8 @@ class Relay:
             deadline = asyncio.get_running_loop().time() + CALL_WAIT_S
             self.calls_waiting[call.shard].append((client, call, deadline))
             if due:
-                self.invoker.make_due(call.shard, Reason.CALL, type=_type_of(call))
+                kind, trace = _start_of(call)
+                self.invoker.make_due(call.shard, Reason.CALL, type=kind, trace=trace)
 
     def _route(self, client: Caller, call: m.Call, holder: ServerConnection) -> None:
         rid = next(self.rids)
@@ -355,16 +362,22 @@ class Relay:
         return f": {self.invoker.why_no_worker(index)}" if self.invoker is not None else ""
 
 
-def _type_of(call: m.Call) -> str | None:
-    """The workflow type a start names: the endpoint for its type runs it."""
+def _start_of(call: m.Call) -> tuple[str | None, str | None]:
+    """The workflow type a start names (the endpoint for its type runs it) and the
+    traceparent it carries (the invocation's POST carries it on: docs/telemetry.md)."""
     if call.method not in ("start", "signal_with_start", "update_with_start"):
-        return None
+        return None, None
     try:
         args = m.decode_value(call.args)
     except FrameError:
-        return None
-    kind = args.get("type") if isinstance(args, dict) else None
-    return kind if isinstance(kind, str) else None
+        return None, None
+    if not isinstance(args, dict):
+        return None, None
+    kind, trace = args.get("type"), args.get("traceparent")
+    return (
+        kind if isinstance(kind, str) else None,
+        trace if isinstance(trace, str) and len(trace) <= 512 else None,
+    )
 
 
 def no_holder(shard: int) -> str:

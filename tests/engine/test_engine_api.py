@@ -615,7 +615,7 @@ def test_public_names_are_pinned():
         Completion Concurrency ConnectionError Ctx DeterminismError Durability Engine Failure Fatal FuseeError
         IoError LeaseLostError NoHolderError NotFoundError Query RejectedError Replayer Retry Run RunDescription RunSummary
         ScheduleHandle ScheduleSpec Signal StepContext StepError SystemClock TerminatedError TimeoutError UnknownWorkflowError Update
-        VirtualClock Workflow WorkflowError as_requester invocation_handler query signal update workflow
+        VirtualClock Workflow WorkflowError as_requester invocation_handler open_telemetry query signal update workflow
     """.split()
     assert sorted(fusee.__all__) == pinned
     namespace: dict[str, object] = {}

@@ -46,6 +46,10 @@ def test_the_environment_makes_the_handler(tmp_path: Path) -> None:
         {**GOOD, "FUSEE_WORKFLOWS": " tests.invoke.flows , tests.server_mode.flows"}
     )
     assert flows.greet in several.workflows and len(several.workflows) > 1
+    assert "telemetry" not in handler.engine_options  # off unless asked for
+    traced = handlers.from_environment({**GOOD, "FUSEE_TELEMETRY": " OTel "})
+    assert type(traced.engine_options["telemetry"]).__name__ == "Telemetry"
+    assert "telemetry" not in handlers.from_environment({**GOOD, "FUSEE_TELEMETRY": "off"}).engine_options
 
 
 @pytest.mark.parametrize(
@@ -82,6 +86,7 @@ def test_the_environment_makes_the_handler(tmp_path: Path) -> None:
             {**GOOD, "FUSEE_INVOKE_BODY_WAITS_MAX": "1.5"},
             "FUSEE_INVOKE_BODY_WAITS_MAX=1.5: expected a whole number from 1",
         ),
+        ({**GOOD, "FUSEE_TELEMETRY": "zipkin"}, "FUSEE_TELEMETRY=zipkin: expected otel or off"),
     ],
 )
 def test_a_missing_or_bad_setting_is_named(settings: dict[str, str], message: str) -> None:
