@@ -199,3 +199,12 @@ def check_call(grant: Grant | None, method: str, args: dict[str, Any]) -> dict[s
             f"start of type {kind!r}: a namespace's token cannot start the engine's own fusee.* types"
         )
     return args
+
+
+def refusal(scope: Scope, message: Any) -> str | None:
+    """Why a peer of `scope` (no namespace) may not send `message`; None if it may."""
+    try:
+        admitted(Grant(scope), message)
+    except Refused as refused:
+        return str(refused)
+    return None
