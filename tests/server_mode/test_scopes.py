@@ -271,3 +271,30 @@ async def test_an_engine_hands_out_its_own_url(tmp_path, monkeypatch):
             engine.set_callback_url("proxy.example")
     async with await fusee.Engine.open(workflows=WORKFLOWS) as engine:
         assert engine.callback_url("t.t") is None  # no API known: cb.url is None
+
+
+async def test_sighup_reloads_the_tls_certificate(start_server, tmp_path):
+    from tests.server_mode import certs
+    from tests.server_mode.test_security import assert_serving, refused
+
+    old, new = certs.make(tmp_path / "old"), certs.make(tmp_path / "new")
+    cert, key = tmp_path / "server.pem", tmp_path / "server.key"
+    cert.write_text(Path(old.server.cert).read_text())
+    key.write_text(Path(old.server.key).read_text())
+    key.chmod(0o600)
+    worker_file = token_file(tmp_path, "worker")
+    server = start_server("--token-file", worker_file, "--tls-cert", str(cert), "--tls-key", str(key))
+    before = await fusee.Client.connect(server.address(ca=old.ca, token_file=worker_file))
+    try:
+        cert.write_text(Path(new.server.cert).read_text())
+        key.write_text(Path(new.server.key).read_text())
+        await reloaded(server, len(server.lines), "and the TLS certificate")
+        await assert_serving(server, ca=new.ca, token_file=worker_file)  # the token's binding: the new cert
+        assert "ca=" in await refused(server.address(ca=old.ca, token_file=worker_file))
+        with pytest.raises(fusee.NoHolderError):  # made before: still served
+            await anext(before.list())
+        key.write_text(Path(old.server.key).read_text())  # not the certificate's key
+        await reloaded(server, len(server.lines), r"keeping the settings in use.*--tls")
+        await assert_serving(server, ca=new.ca, token_file=worker_file)
+    finally:
+        await before.close()
