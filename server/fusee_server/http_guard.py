@@ -151,6 +151,11 @@ class Guard:
             return None
         return self._bearer(self.tokens, request.headers.get("Authorization", ""))
 
+    def scope_of(self, request: web.Request) -> Scope | None:
+        """The scope alone (the UI's pages ask what to offer)."""
+        grant = self.grant_of(request)
+        return grant.scope if grant is not None else None
+
     def requester(self, request: web.Request, grant: Grant | None) -> str:
         """Who asked, as audited records keep it (`by`): the person the proxy signed in
         (only with --identity-header), else the token's kind, else `http`."""
