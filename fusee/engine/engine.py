@@ -89,6 +89,7 @@ class Engine:
         self.record_stacks = record_stacks
         self.default_retry = default_retry
         self.step_mocks: dict[tuple[str, str], Callable[[int], Any]] = {}
+        self.callback_base: str | None = None  # set_callback_url, or the site serve() opened
         self.shards: list[Shard] = []  # the shards this engine holds
         self.by_index: dict[int, Shard] = {}
         self.stopped: dict[int, Shard] = {}  # shards that stopped (a failed flush): their error
@@ -401,6 +402,20 @@ class Engine:
     def workflow_of(self, wf: Workflow[Any] | str) -> Workflow[Any]:
         return registry.registered(self.workflows, wf)
 
+    def set_callback_url(self, base: str | None) -> None:
+        """Where this engine's HTTP API is reached from outside (behind a proxy:
+        `https://example.com/fusee`): `await_completion`'s `cb.url` is
+        `{base}/v1/complete/{token}`. None: the site `serve()` opened, or the server's
+        `--public-url` in server mode."""
+        if base is not None and not base.startswith(("http://", "https://")):
+            raise RejectedError(f"set_callback_url({base!r}): expected an http:// or https:// URL")
+        self.callback_base = base.rstrip("/") if base is not None else None
+
+    def callback_url(self, token: str) -> str | None:
+        """`cb.url` for a completion token: None when no HTTP API is known to reach it."""
+        base = self.callback_base or getattr(self.storage, "callback_url", None)
+        return f"{base}/v1/complete/{token}" if base else None
+
     async def serve(self, addr: str = "127.0.0.1:7601", *, token: str | None = None) -> Any:
         """Serve the HTTP API (`/v1`, docs/http-api.md) of this engine on `addr`
         (`HOST:PORT`, port 0 for a free one) until the returned site's `close()`; with
@@ -414,7 +429,10 @@ class Engine:
                 "pip install fusee-server (in this repository: pip install ./server)"
             ) from None
         self._check_open()
-        return await serve_at(self, addr, token)
+        site = await serve_at(self, addr, token)
+        if self.callback_base is None:  # set_callback_url (a proxy's address) wins
+            self.callback_base = site.url
+        return site
 
     # -- starting -------------------------------------------------------------------------
 

@@ -56,6 +56,7 @@ class StepSettings(Protocol):
     @property
     def on_exhausted(self) -> str: ...
     def step_threads(self) -> ThreadPoolExecutor: ...
+    def callback_url(self, token: str) -> str | None: ...
 
 
 class StepHost(Protocol):
@@ -206,7 +207,8 @@ class Steps:
             args: tuple[Any, ...] = (op.attempt,)
             fn = mock
         elif op.completion:
-            args = (Completion(self.token(run, op)),)
+            made = self.token(run, op)
+            args = (Completion(made, self.shard.engine.callback_url(made)),)
         elif takes_context(fn):
             # Built only for functions that declare it: `lambda: ...` costs nothing.
             op.context = StepContext(step_key(run, op), op.attempt, run.wid, op.name)

@@ -66,6 +66,7 @@ class Welcome(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     session: bytes = b""  # a worker's: what its pinger connection names
     budget_ms: int = 0  # an invoked worker's: the budget left of its invocation
     opened: list[Opened] = []  # an invoked worker's: granted shards already settled and read
+    callback_url: str = ""  # the base of callback URLs (`cb.url`): the server's --public-url
 
 
 class Lease(msgspec.Struct, array_like=True, forbid_unknown_fields=True):

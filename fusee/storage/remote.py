@@ -73,6 +73,7 @@ class RemoteStorage:
         self.reconnecting: asyncio.Task[None] | None = None
         self.closing = False
         self.shards = 0
+        self.callback_url: str | None = None  # the server's --public-url: the base of `cb.url`
         self.granted: dict[int, int] = {}  # shard -> epoch of the lease the server granted
         self.preopened: dict[int, m.Opened] = {}  # opens the server answered in WELCOME
         self.stores: dict[int, RemoteShardStore] = {}
@@ -126,6 +127,7 @@ class RemoteStorage:
         self.granted = dict(welcome.granted)
         self.preopened = {opened.shard: opened for opened in welcome.opened}
         self.budget_ms = welcome.budget_ms
+        self.callback_url = welcome.callback_url or None
         if welcome.timeout_ms:
             self.ping_s = welcome.ping_ms / 1000
             # Well inside the server's timeout: a worker that was silent this long may be

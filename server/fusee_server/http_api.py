@@ -255,11 +255,13 @@ class HttpApi:
     (http_guard.py). It is closed after the server stops, so `/healthz` answers 503
     while the stop flushes and closes the log rather than refusing connections."""
 
-    def __init__(self, server: Server, tokens: Tokens, tls: bool = False) -> None:
+    def __init__(
+        self, server: Server, tokens: Tokens, tls: bool = False, identity_header: str | None = None
+    ) -> None:
         self.server = server
         self.tokens = tokens
         self.metrics = Metrics(server)
-        self.guard = Guard(tokens, tls)
+        self.guard = Guard(tokens, tls, identity_header)
         self.calls = RelayCalls(server.relay, server.shards)
         self.runs = RunsApi(self.calls, invoker=lambda: server.invoker is not None)
         app = self.runs.app(self.guard)

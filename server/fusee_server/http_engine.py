@@ -42,10 +42,12 @@ class EngineCalls:
 class Served:
     """The site an engine serves; `close()` stops it (before the engine closes)."""
 
-    def __init__(self, runner: web.AppRunner, port: int) -> None:
+    def __init__(self, runner: web.AppRunner, port: int, host: str = "127.0.0.1") -> None:
         self.runner = runner
         self.port = port
-        self.url = f"http://127.0.0.1:{port}"  # for a loopback site (tests, local tools)
+        # The host served, or loopback for a wildcard (which names no host a caller uses).
+        name = "127.0.0.1" if host in ("0.0.0.0", "::", "") else f"[{host}]" if ":" in host else host
+        self.url = f"http://{name}:{port}"
 
     async def close(self) -> None:
         await self.runner.cleanup()
@@ -72,7 +74,7 @@ async def serve(engine: Any, host: str = "127.0.0.1", port: int = 7601, token: s
     bound = int(sock.getsockname()[1])
     if token is None and is_loopback(host):
         guard.local_port = bound
-    return Served(runner, bound)
+    return Served(runner, bound, host)
 
 
 async def serve_at(engine: Any, addr: str, token: str | None = None) -> Served:

@@ -2,7 +2,11 @@
 *Who may ask*): the bearer token's scope, and what keeps a web page in a browser from
 using the API behind its user's back.
 
-- A token is configured: no bearer (or a wrong one) is 401; a read token's change is 403.
+- A token is configured: no bearer (or a wrong one) is 401; a read token's change is 403,
+  as is a namespace token's `/metrics` (its runs' calls are checked by access.py).
+- `--identity-header NAME` (behind a proxy that signs people in): the header names the
+  person, kept as `by` in what the request records. Without a token configured, a
+  request without the header is 401; with one, the bearer is still required.
 - A loopback site with no token answers only requests for this machine's names
   (`localhost`, `127.0.0.1`, `[::1]`, with the port it serves): a page whose own name
   resolves to 127.0.0.1 (DNS rebinding) sends its own name as the Host, and is refused.
@@ -29,12 +33,13 @@ import msgspec
 from aiohttp import web
 
 from fusee._errors import DOCS, Failure
-from fusee_server.access import Scope, Tokens
+from fusee_server.access import Grant, Scope, Tokens
 from fusee_server.http_types import Error
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 READS = frozenset({"GET", "HEAD"})
+IDENTITY_CHARS_MAX = 256
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
 ACTION_HEADER = "X-Fusee-Action"
 TOKEN_COOKIE = "fusee-token"  # set by the web UI's sign-in page (ui/static/ui.js)
@@ -73,13 +78,14 @@ class Guard:
     """The site's middleware. `local_port` is set by the start when the site serves only
     loopback addresses and the server has no token: the Host check applies then."""
 
-    def __init__(self, tokens: Tokens, tls: bool) -> None:
-        self.tokens = tokens
+    def __init__(self, tokens: Tokens, tls: bool, identity_header: str | None = None) -> None:
+        self.tokens = tokens  # replaced whole by a reload (SIGHUP): a request sees one set
         self.scheme = "https" if tls else "http"
         self.local_port: int | None = None
         # The web UI's sign-in page, answered instead of the JSON 401 to a browser
         # asking for a page (set by `WebUi.add_to`).
         self.sign_in: Callable[[web.Request], web.Response] | None = None
+        self.identity_header = identity_header
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -104,17 +110,31 @@ class Guard:
                 f"localhost, 127.0.0.1 or [::1] on port {self.local_port}, not for Host {host!r} "
                 "(a page that points its own name at this machine is refused)",
             )
-        scope: Scope | None = None
-        if self.tokens.worker is not None and not _public(request.path):
-            scope = self._bearer_scope(self._authorization(request))
-            if scope is None:
+        grant: Grant | None = None
+        tokens = self.tokens
+        if self.identity_header is not None:
+            who = request.headers.get(self.identity_header)
+            if who is None and tokens.worker is None:
+                return error_response(
+                    401,
+                    "Rejected",
+                    f"this API is reached through a proxy that signs people in: the header "
+                    f"{self.identity_header} names who asks, and this request has none",
+                )
+            if who is not None and not (0 < len(who) <= IDENTITY_CHARS_MAX and who.isprintable()):
+                return error_response(
+                    400, "Rejected", f"{self.identity_header}: 1 to {IDENTITY_CHARS_MAX} printable characters"
+                )
+        if tokens.worker is not None and not _public(request.path):
+            grant = self._bearer(tokens, self._authorization(request))
+            if grant is None:
                 if self.sign_in is not None and self._wants_page(request):
                     return self.sign_in(request)
                 return error_response(
                     401,
                     "Rejected",
                     "a bearer token is required (Authorization: Bearer <the server's --token-file, "
-                    "--client-token-file or --read-token-file token>)",
+                    "--client-token-file, --read-token-file token or a --namespaces-file one>)",
                     headers={"WWW-Authenticate": 'Bearer realm="fusee"'},
                 )
         origin = request.headers.get("Origin")
@@ -122,9 +142,15 @@ class Guard:
             return error_response(
                 403, "Rejected", f"Origin {origin!r} is not this site ({self.scheme}://{host})"
             )
+        if grant is not None and grant.scope is Scope.NAMESPACE and not request.path.startswith("/v1/"):
+            return error_response(
+                403,
+                "Rejected",
+                f"{request.path}: a namespace's token reaches the /v1 runs only (a full token)",
+            )
         if request.method in READS:
             return None
-        if scope is Scope.READ:
+        if grant is not None and grant.scope is Scope.READ:
             return error_response(403, "Rejected", "a read token may only read (GET)")
         content_type = request.headers.get("Content-Type", "").partition(";")[0].strip().lower()
         if content_type != "application/json" and request.headers.get(ACTION_HEADER) != "1":
@@ -136,12 +162,26 @@ class Guard:
             )
         return None
 
-    def scope_of(self, request: web.Request) -> Scope | None:
-        """The scope of the request's token (None: the server has no token), once the
-        middleware let it through (a handler asks: /v1/info says it)."""
+    def grant_of(self, request: web.Request) -> Grant | None:
+        """The grant of the request's token (None: the server has no token), once the
+        middleware let it through (a handler asks: every call it makes is checked)."""
         if self.tokens.worker is None:
             return None
-        return self._bearer_scope(self._authorization(request))
+        return self._bearer(self.tokens, self._authorization(request))
+
+    def scope_of(self, request: web.Request) -> Scope | None:
+        """The scope alone (the UI's pages ask what to offer)."""
+        grant = self.grant_of(request)
+        return grant.scope if grant is not None else None
+
+    def requester(self, request: web.Request, grant: Grant | None) -> str:
+        """Who asked, as audited records keep it (`by`): the person the proxy signed in
+        (only with --identity-header), else the token's kind, else `http`."""
+        if self.identity_header is not None:
+            who = request.headers.get(self.identity_header)
+            if who is not None:
+                return who
+        return grant.by if grant is not None else "http"
 
     @staticmethod
     def _authorization(request: web.Request) -> str:
@@ -172,7 +212,8 @@ class Guard:
         default = 443 if self.scheme == "https" else 80
         return port == str(self.local_port) or (port == "" and self.local_port == default)
 
-    def _bearer_scope(self, header: str) -> Scope | None:
+    @staticmethod
+    def _bearer(tokens: Tokens, header: str) -> Grant | None:
         scheme, _, given = header.partition(" ")
         if scheme.lower() != "bearer":
             return None
@@ -181,4 +222,4 @@ class Guard:
         except UnicodeEncodeError:
             return None
         # Constant time: how long a refusal takes says nothing about how much matched.
-        return self.tokens.bearer(offered)
+        return tokens.bearer(offered)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextvars
 import dataclasses
 import itertools
 import re
@@ -40,7 +41,8 @@ from fusee.engine.tokens import parse_token
 from fusee.journal import FINAL
 from fusee.protocol import messages as m
 from fusee.workflow.durations import at_ms, to_ms
-from fusee_server.access import Scope
+from fusee_server import access
+from fusee_server.access import Grant
 from fusee_server.http_guard import Guard, error_response
 from fusee_server.http_openapi import document
 from fusee_server.http_types import (
@@ -100,7 +102,9 @@ ENDINGS = {  # a result call's failure code -> how the run ended
     "Terminated": "terminated",
 }
 RETRIABLE = frozenset({"NoHolder", "Connection"})
-BY = {Scope.WORKER: "token", Scope.CLIENT: "token:client", Scope.READ: "token:read", None: "http"}
+# The token of the request being handled: every call a handler makes is checked against
+# it (access.check_call), the one check the binary protocol's calls pass too.
+_grant: contextvars.ContextVar[Grant | None] = contextvars.ContextVar("grant", default=None)
 
 _failure = msgspec.msgpack.Decoder(fusee.Failure)
 _json = msgspec.json.Encoder()
@@ -191,7 +195,8 @@ class Asked:
     path: Mapping[str, str]
     query: Any
     body: Any
-    scope: Scope | None
+    grant: Grant | None
+    by: str  # who asked, as audited records keep it (Guard.requester)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,7 +223,8 @@ class RunsApi:
     def __init__(self, calls: Calls, invoker: Callable[[], bool] = lambda: False) -> None:
         self.calls = calls
         self.invoker = invoker
-        self.scope_of: Callable[[web.Request], Scope | None] = lambda _: None  # set by `app`
+        self.grant_of: Callable[[web.Request], Grant | None] = lambda _: None  # set by `app`
+        self.requester: Callable[[web.Request, Grant | None], str] = lambda _, grant: "http"
         # A result's long poll per run: every poll of one run shares one `result` call,
         # so polling a run that sleeps for days keeps one call waiting, not one per poll.
         self.results: dict[str, asyncio.Task[m.Answer]] = {}
@@ -226,8 +232,12 @@ class RunsApi:
     def shard_of(self, id: str) -> int:
         return zlib.crc32(id.encode()) % self.calls.shards
 
+    async def _send(self, method: str, shard: int, args: dict[str, Any]) -> m.Answer:
+        """Every call a route makes, checked first against the request's token."""
+        return await self.calls.call(method, shard, _checked(method, args))
+
     async def _call(self, method: str, id: str, args: dict[str, Any]) -> Any:
-        answer = await self.calls.call(method, self.shard_of(id), args)
+        answer = await self._send(method, self.shard_of(id), args)
         if answer.code is not None:
             raise ApiError.of(answer)
         return m.decode_value(answer.value) if answer.value else None
@@ -342,7 +352,7 @@ class RunsApi:
         id = _id(asked)
         if not asked.query.journal:
             return RunView(**_summary(await self._call("status", id, {"id": id})))
-        answer = await self.calls.call("describe", self.shard_of(id), {"id": id})
+        answer = await self._send("describe", self.shard_of(id), {"id": id})
         if answer.code is not None:
             raise ApiError.of(answer)
         described = _described.decode(answer.value)
@@ -373,6 +383,7 @@ class RunsApi:
         return RunResult(id, False, status)
 
     def _result_call(self, id: str) -> asyncio.Task[m.Answer]:
+        _checked("result", {"id": id})  # each poll's own token, though polls share the call
         waiting = self.results.get(id)
         if waiting is None:
             waiting = asyncio.ensure_future(self.calls.call("result", self.shard_of(id), {"id": id}))
@@ -395,7 +406,8 @@ class RunsApi:
         query: ListString = asked.query
         after = _cursor(query.cursor) if query.cursor is not None else None
         args = {"type": query.type, "status": query.status, "prefix": query.prefix, "after": after}
-        answer = await self.calls.call("list", -1, args | {"limit": query.limit + 1})
+        args = _checked("list", args | {"limit": query.limit + 1})  # a namespace's: its prefix
+        answer = await self.calls.call("list", -1, args)
         if answer.code is not None:
             raise ApiError.of(answer)
         rows = sorted(
@@ -403,7 +415,7 @@ class RunsApi:
                 row
                 for row in m.decode_value(answer.value)
                 # Again here: a worker of an older version sends every row.
-                if row["id"].startswith(query.prefix or "") and (after is None or row["id"] > after)
+                if row["id"].startswith(args["prefix"] or "") and (after is None or row["id"] > after)
             ),
             key=lambda row: row["id"],
         )
@@ -412,11 +424,13 @@ class RunsApi:
         return RunList(page, _cursor_of(page[-1].id) if more else None)
 
     async def info(self, asked: Asked) -> Info:
-        access = asked.scope.value if asked.scope is not None else "open"
-        return Info("v1", fusee.__version__, self.calls.shards, access, self.invoker())
+        grant = asked.grant
+        scope = grant.scope.value if grant is not None else "open"
+        namespace = grant.namespace if grant is not None else None
+        return Info("v1", fusee.__version__, self.calls.shards, scope, self.invoker(), namespace)
 
     async def invocations(self, asked: Asked) -> dict[str, Any]:
-        answer = await self.calls.call("invocations", -1, {})
+        answer = await self._send("invocations", -1, {})
         if answer.code is not None:
             raise ApiError.of(answer)
         value: dict[str, Any] = m.decode_value(answer.value)
@@ -431,18 +445,22 @@ class RunsApi:
     def app(self, guard: Guard) -> web.Application:
         """An aiohttp app with the `/v1` routes (the document's too) behind `guard`."""
         app = web.Application(middlewares=[guard.middleware], client_max_size=BODY_BYTES_MAX)
-        self.scope_of = guard.scope_of
+        self.grant_of = guard.grant_of
+        self.requester = guard.requester
         self.add_routes(app, [*ROUTES, openapi_route(ROUTES)])
         return app
 
     def _endpoint(self, route: Route) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def endpoint(request: web.Request) -> web.Response:
+            grant = self.grant_of(request)
+            _grant.set(grant)  # this request's task alone: aiohttp runs each in its own
             try:
                 asked = Asked(
                     request.match_info,
                     _decoded_query(request, route.query),
                     await _decoded_body(request, route.body),
-                    self.scope_of(request),
+                    grant,
+                    self.requester(request, grant),
                 )
                 answer = await route.handler(self, asked)
             except ApiError as error:
@@ -459,8 +477,16 @@ class RunsApi:
 
 def _by(asked: Asked) -> str:
     """Who asked, as the records that audit keep it (`by`, docs/run-operations.md,
-    *Audit*): the token's kind, or `http` on a server without tokens."""
-    return BY[asked.scope]
+    *Audit*): the signed-in person, the token's kind, or `http`."""
+    return asked.by
+
+
+def _checked(method: str, args: dict[str, Any]) -> dict[str, Any]:
+    """`args` as the request's token may send them (access.check_call); 403 if not."""
+    try:
+        return access.check_call(_grant.get(), method, args)
+    except access.Refused as refused:
+        raise ApiError(403, "Rejected", str(refused)) from None
 
 
 def _id(asked: Asked) -> str:

@@ -250,10 +250,15 @@ class Info(Answer):
     access: Annotated[
         str,
         msgspec.Meta(
-            description="What the request's token may do: worker, client, read, or open (the server has none)."
+            description="What the request's token may do: worker, client, read, namespace, or open "
+            "(the server has none)."
         ),
     ]
     invoker: bool
+    namespace: Annotated[
+        str | None,
+        msgspec.Meta(description="A namespace token's namespace: it reaches IDs under '<namespace>/'."),
+    ] = None
 
 
 Invocations = Annotated[

@@ -30,7 +30,7 @@ from fusee.protocol.connection import FramedConnection
 from fusee.protocol.frames import FrameError, Kind
 from fusee.protocol.messages import ROLE_CLIENT, ROLE_PINGER, ROLE_WORKER, VERSION, Answer, Call, Open, decode
 from fusee_server import access
-from fusee_server.access import Scope, Tokens
+from fusee_server.access import Grant, Scope, Tokens
 
 logger = logging.getLogger("fusee.server")
 
@@ -92,7 +92,7 @@ class ServerConnection(FramedConnection):
         super().__init__()
         self.server = server
         self.tokens = tokens
-        self.scope = Scope.WORKER  # until a proof says otherwise: a server without tokens
+        self.grant = Grant(Scope.WORKER)  # until a proof says otherwise: a server without tokens
         self.binding = binding
         self.state = State.HELLO if tokens.worker is not None else State.OPEN
         self.hello_body = b""
@@ -144,13 +144,14 @@ class ServerConnection(FramedConnection):
                 if kind == Kind.CALL and self._refuse_call(body, error):
                     return  # a malformed call costs its caller an error, not its connection
                 raise
-            if self.scope is not Scope.WORKER:
-                refusal = access.refusal(self.scope, message)
-                if refusal is not None:
-                    if isinstance(message, Call):  # a change a read token asked for: answered
-                        self.send(Answer(message.rid, code="Rejected", message=refusal))
+            if self.grant.scope is not Scope.WORKER:
+                try:
+                    message = access.admitted(self.grant, message)
+                except access.Refused as refused:
+                    if isinstance(message, Call):  # a call outside its scope: answered
+                        self.send(Answer(message.rid, code="Rejected", message=str(refused)))
                     else:
-                        self.fail(refusal)
+                        self.fail(str(refused))
                     return
             self.server.received(self, message)
         elif self.state is State.HELLO:
@@ -176,10 +177,11 @@ class ServerConnection(FramedConnection):
             if matched is None:
                 self.refuse(
                     "the token does not match this server's: check the file named by token-file= "
-                    "against the server's --token-file (or --client-token-file, --read-token-file)"
+                    "against the server's --token-file (or --client-token-file, --read-token-file, "
+                    "a token of --namespaces-file)"
                 )
                 return
-            self.scope, token = matched
+            self.grant, token = matched
             self.send_frame(Kind.ACCEPT, handshake.accept(token, self.transcript))
             self.state = State.OPEN
         elif self.state is State.OPEN:
@@ -202,9 +204,12 @@ class ServerConnection(FramedConnection):
             self.refuse(f"role {opening.role!r}: expected {ROLE_WORKER!r} or {ROLE_CLIENT!r}")
             return
         # An invocation ID makes any OPEN an invoked worker's (Server.opened): it counts too.
-        if self.scope is not Scope.WORKER and (opening.role != ROLE_CLIENT or opening.invocation is not None):
+        if self.grant.scope is not Scope.WORKER and (
+            opening.role != ROLE_CLIENT or opening.invocation is not None
+        ):
+            option = "--namespaces-file" if self.grant.namespace else f"--{self.grant.scope.value}-token-file"
             self.refuse(
-                f"this token may not hold shards: it is the server's --{self.scope.value}-token-file, "
+                f"this token may not hold shards: it is the server's {option} token, "
                 "for clients; a worker proves the --token-file token"
             )
             return

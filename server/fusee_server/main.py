@@ -9,21 +9,20 @@ import asyncio
 import ipaddress
 import logging
 import os
+import re
 import signal
 import socket
-import ssl
 import stat
 import sys
 from pathlib import Path
 
-from fusee import _secrets
 from fusee._errors import FuseeError, SettingError
 from fusee.protocol import handshake
 from fusee_server import endpoints
-from fusee_server.access import Tokens
 from fusee_server.http_api import HttpApi
 from fusee_server.invoker import Invoker
-from fusee_server.listener import ServerConnection, server_tls
+from fusee_server.listener import ServerConnection
+from fusee_server.security import Security
 from fusee_server.server import Server
 
 logger = logging.getLogger("fusee.server")
@@ -52,6 +51,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--read-token-file",
         metavar="PATH",
         help="a token for readers: calls that read, /metrics (needs --token-file)",
+    )
+    parser.add_argument(
+        "--namespaces-file",
+        metavar="PATH",
+        help="namespace tokens: each line 'NAMESPACE TOKEN', reaching runs whose ID starts with "
+        "NAMESPACE/ (needs --token-file)",
+    )
+    parser.add_argument(
+        "--identity-header",
+        metavar="NAME",
+        help="behind a proxy that signs people in: this HTTP header names who asks (kept as `by`)",
+    )
+    parser.add_argument(
+        "--public-url",
+        metavar="URL",
+        help="where the HTTP API is reached from outside: the base of the callback URLs (cb.url) "
+        "workers hand out (default: the --http address, unless it is a wildcard)",
     )
     parser.add_argument(
         "--tls-cert", metavar="PEM", help="TLS 1.3: the certificate chain this server presents"
@@ -84,48 +100,6 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def _tokens(args: argparse.Namespace) -> Tokens:
-    """The server's tokens, each read by the one secret loader (fusee/_secrets.py). A
-    client or read token without the worker token, or two options holding one token,
-    stop the start: the first would guard nothing, the second would blur the scopes."""
-    loaded: dict[str, _secrets.Secret] = {}
-    for option, path in (
-        ("--token-file", args.token_file),
-        ("--client-token-file", args.client_token_file),
-        ("--read-token-file", args.read_token_file),
-    ):
-        if path is None:
-            continue
-        try:
-            token = _secrets.load(path, option)
-        except FuseeError as error:
-            raise SettingError(str(error)) from None
-        if option != "--token-file" and "--token-file" not in loaded:
-            raise SettingError(
-                f"{option} needs --token-file: without a worker token any peer may hold shards"
-            )
-        same = [other for other, known in loaded.items() if known == token]
-        if same:
-            raise SettingError(f"{option} holds the same token as {same[0]}: give each its own")
-        loaded[option] = token
-    return Tokens(
-        loaded.get("--token-file"), loaded.get("--client-token-file"), loaded.get("--read-token-file")
-    )
-
-
-def _security(args: argparse.Namespace) -> tuple[Tokens, ssl.SSLContext | None, bytes]:
-    """The tokens, and the TLS context with its binding (none without --tls-cert)."""
-    tokens = _tokens(args)
-    if args.tls_cert is None:
-        return tokens, None, b""
-    _secrets.check_private(args.tls_key, "--tls-key")
-    try:
-        tls, binding = server_tls(args.tls_cert, args.tls_key, args.tls_ca)
-    except (OSError, ValueError) as error:
-        raise SettingError(f"--tls-cert/--tls-key/--tls-ca: {error}") from None
-    return tokens, tls, binding
 
 
 def _warn_exposed(
@@ -163,6 +137,19 @@ def _warn_exposed(
                 "and give scrapers the --read-token-file token, not the worker token)",
                 http[0],
             )
+
+
+def _public_url(given: str | None, http: tuple[str, int] | None, tls: bool) -> str | None:
+    """The base of callback URLs: --public-url, else the --http address when it names
+    one host (a wildcard names none a caller could use; port 0 is not known yet)."""
+    if given is not None:
+        if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", given):
+            raise SettingError(f"--public-url {given!r}: expected http(s)://HOST[:PORT][/PATH]")
+        return given.rstrip("/")
+    if http is None or http[1] == 0 or http[0] in ("0.0.0.0", "::"):
+        return None
+    host = f"[{http[0]}]" if ":" in http[0] else http[0]
+    return f"{'https' if tls else 'http'}://{host}:{http[1]}"
 
 
 def _unix_mode(text: str) -> int:
@@ -265,20 +252,24 @@ async def serve(args: argparse.Namespace) -> int:
     http = _host_port(args.http, "--http") if args.http is not None else None
     unix_mode = _unix_mode(args.unix_mode)
     invoked = endpoints.from_args(args)
-    tokens, tls, binding = _security(args)
-    _warn_exposed(listen, http, tokens.worker is not None, tls is not None)
+    public_url = _public_url(args.public_url, http, args.tls_cert is not None)
+    security = Security(args)
+    tls = security.tls
+    _warn_exposed(listen, http, security.tokens.worker is not None, tls is not None)
     if args.unix is not None:
         _clear_unix(args.unix)
     http_sockets = _bind_tcp(http, f"--http {args.http}") if http is not None else []
     server = await Server.open(str(args.dir), args.shards)
+    server.callback_url = public_url
     loop = asyncio.get_running_loop()
     unix_inode = None
 
+    # Each new connection takes the settings current then (a SIGHUP replaces them).
     def plain() -> ServerConnection:
-        return ServerConnection(server, tokens, b"")
+        return ServerConnection(server, security.tokens, b"")
 
     def secured() -> ServerConnection:
-        return ServerConnection(server, tokens, binding)
+        return ServerConnection(server, security.tokens, security.binding)
 
     try:
         if listen is not None:
@@ -302,7 +293,8 @@ async def serve(args: argparse.Namespace) -> int:
         raise SettingError(f"--listen/--unix: {error.strerror or error}") from None
     api = None
     if http is not None:
-        api = HttpApi(server, tokens, tls is not None)
+        api = HttpApi(server, security.tokens, tls is not None, args.identity_header)
+        security.watchers.append(api.guard)
         try:
             port = await api.start(http_sockets, tls)
         except OSError as error:
@@ -315,6 +307,8 @@ async def serve(args: argparse.Namespace) -> int:
         scheme = "https" if tls is not None else "http"
         print(f"fusee server: metrics on {scheme}://{host}:{port}/metrics", file=sys.stderr, flush=True)
         print(f"fusee server: web UI on {scheme}://{host}:{port}/ (API at /v1)", file=sys.stderr, flush=True)
+        if server.callback_url is None:  # port 0 is known now
+            server.callback_url = _public_url(None, (http[0], port), tls is not None)
     print(f"fusee server: {server.shards} shards in {args.dir}, ready", file=sys.stderr, flush=True)
     server.start()
     if invoked:
@@ -326,6 +320,7 @@ async def serve(args: argparse.Namespace) -> int:
             print(f"fusee server: invoking {endpoint.url}", file=sys.stderr, flush=True)
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, server.stopped.set)
+    loop.add_signal_handler(signal.SIGHUP, security.reload)
     await server.stopped.wait()
     logger.info("stopping: releasing every lease, closing the log")
     try:

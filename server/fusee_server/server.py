@@ -49,6 +49,7 @@ class Server:
         self.listeners: list[asyncio.Server] = []
         self.watch: asyncio.Task[None] | None = None
         self._invoker: Invoker | None = None
+        self.callback_url: str | None = None  # --public-url: workers build `cb.url` on it
 
     @classmethod
     async def open(cls, root: str, shards: int | None) -> Server:
@@ -117,7 +118,16 @@ class Server:
                 if lease.holder is None and leases.has_room(conn):
                     granted.append((lease.index, leases.grant(lease, conn)))
         timeout_ms = int(leases.silence_s * 1000) if conn.liveness else 0
-        conn.send(m.Welcome(self.shards, granted, int(leases.ping_s * 1000), timeout_ms, conn.session))
+        conn.send(
+            m.Welcome(
+                self.shards,
+                granted,
+                int(leases.ping_s * 1000),
+                timeout_ms,
+                conn.session,
+                callback_url=self.callback_url or "",
+            )
+        )
         for index, _ in granted:
             self.granted(index)
         return None
@@ -155,6 +165,7 @@ class Server:
                 conn.session,
                 invocation.budget_left_ms(now),
                 self.disk.preopen(granted),
+                self.callback_url or "",
             )
         )
         for index, _ in granted:

@@ -203,12 +203,16 @@ async def flaky(ctx: fusee.Ctx, pause: bool) -> str:
 @fusee.workflow("awaiting")
 async def awaiting(ctx: fusee.Ctx, _: int) -> object:
     """Waits for a completion from outside (a callback); its send function writes the
-    token to FUSEE_TEST_STEPS + ".<workflow ID>.token", for the test to complete it."""
+    token to FUSEE_TEST_STEPS + ".<workflow ID>.token" and its URL (`cb.url`, when one is
+    known) to ".url", for the test to complete it."""
 
     def send(cb: fusee.Completion) -> None:
         path = os.environ.get("FUSEE_TEST_STEPS")
         if path:
-            with open(f"{path}.{ctx.workflow_id}.token", "w") as file:
+            if cb.url is not None:
+                with open(f"{path}.{ctx.workflow_id}.url", "w") as file:
+                    file.write(cb.url)
+            with open(f"{path}.{ctx.workflow_id}.token", "w") as file:  # last: the test waits for it
                 file.write(cb.token)
 
     return await ctx.await_completion("reply", send)

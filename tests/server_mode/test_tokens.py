@@ -107,14 +107,22 @@ async def test_each_token_reaches_what_its_scope_allows(start_server, tokens):
                 assert response.status == status, path
 
 
-@pytest.mark.parametrize("which", ["client", "read"])
-async def test_a_client_or_read_token_cannot_hold_shards(start_server, tokens, which):
-    server = start_server(*tokens.options())
-    token = getattr(tokens, which)
+@pytest.mark.parametrize("which", ["client", "read", "namespace"])
+async def test_a_client_or_read_token_cannot_hold_shards(start_server, tokens, which, tmp_path):
+    options = list(tokens.options())
+    if which == "namespace":
+        secret = "acme-token-0123456789abcdef0123"
+        (tmp_path / "namespaces").write_text(f"acme {secret}\n")
+        options += ["--namespaces-file", str(tmp_path / "namespaces")]
+        token = str(tmp_path / "acme")
+        (tmp_path / "acme").write_text(secret)
+    else:
+        token = getattr(tokens, which)
+    server = start_server(*options)
     for role in (m.ROLE_WORKER, m.ROLE_PINGER):
         refusal = await open_as(server, token, role)
         assert refusal is not None and "may not hold shards" in refusal, (role, refusal)
-        assert "--token-file" in refusal
+        assert "--token-file" in refusal and ("--namespaces-file" in refusal) == (which == "namespace")
     refusal = await open_as(server, token, m.ROLE_CLIENT, invocation="inv-1")  # an invoked worker's OPEN
     assert refusal is not None and "may not hold shards" in refusal
     assert await open_as(server, token, m.ROLE_CLIENT) is None

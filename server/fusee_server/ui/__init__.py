@@ -59,11 +59,13 @@ class WebUi:
         self.shards = shards
         self.title = title
         self.env = _environment()
+        self.guard: Guard | None = None  # set by add_to: whose token a page is read with
 
     def add_to(self, app: web.Application, guard: Guard) -> None:
         """The pages on `app`; `guard` answers a browser without a token with the
         sign-in page (a server with tokens)."""
         guard.sign_in = self.sign_in_page
+        self.guard = guard
         get = app.router.add_get
         get("/", self.runs_page)
         get("/runs/{id}", self.run_page)
@@ -133,7 +135,7 @@ class WebUi:
             )
             if query.status is not None and query.status not in STATUSES:
                 raise FuseeError(f"status {query.status!r}: one of {', '.join(STATUSES)}")
-            listed = await self.api.list_runs(Asked({}, query, None, None))
+            listed = await self.api.list_runs(self._asked(request, {}, query))
         except (ApiError, FuseeError) as error:
             return self._error(error, "listing runs")
         kept = {k: v for k, v in filters.items() if v and not (type_ and k == "type")}
@@ -153,8 +155,15 @@ class WebUi:
             first_url=first_url,
         )
 
+    def _asked(self, request: web.Request, path: Any, query: Any) -> Asked:
+        """A page's read as the /v1 handlers see a request: with the token's grant, so
+        the checks of http_runs.py (a namespace's prefix) apply to pages too."""
+        grant = self.guard.grant_of(request) if self.guard is not None else None
+        by = self.guard.requester(request, grant) if self.guard is not None else "http"
+        return Asked(path, query, None, grant, by)
+
     async def _describe(self, request: web.Request) -> Any:
-        asked = Asked(request.match_info, DescribeString(journal=True), None, None)
+        asked = self._asked(request, request.match_info, DescribeString(journal=True))
         return await self.api.describe(asked)
 
     async def run_page(self, request: web.Request) -> web.Response:
@@ -178,20 +187,20 @@ class WebUi:
 
     # -- the server ---------------------------------------------------------------------
 
-    async def _invocations(self) -> dict[str, Any]:
+    async def _invocations(self, request: web.Request) -> dict[str, Any]:
         try:
-            return await self.api.invocations(Asked({}, None, None, None))
+            return await self.api.invocations(self._asked(request, {}, None))
         except (ApiError, FuseeError) as error:
             return {"error": str(error), "endpoints": []}
 
     async def invocations_page(self, request: web.Request) -> web.Response:
-        return self._html("invocations.html", nav="invocations", **await self._invocations_values())
+        return self._html("invocations.html", nav="invocations", **await self._invocations_values(request))
 
     async def invocations_live(self, request: web.Request) -> web.Response:
-        return self._html("invocations_live.html", **await self._invocations_values())
+        return self._html("invocations_live.html", **await self._invocations_values(request))
 
-    async def _invocations_values(self) -> dict[str, Any]:
-        state = await self._invocations()
+    async def _invocations_values(self, request: web.Request) -> dict[str, Any]:
+        state = await self._invocations(request)
         endpoints = state.pop("endpoints", [])
         invoked = [row for row in self.shards()["shards"] if row.get("invocation")]
         return {"endpoints": endpoints, "counts": state, "invoked": invoked, "show": show}
