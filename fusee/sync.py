@@ -70,9 +70,18 @@ class Client:
         version: int | None = None,
         delay: Duration | None = None,
         at: datetime | int | float | None = None,
+        traceparent: str | None = None,
     ) -> Run[Out]:
         started = self.inner.start(
-            wf, id, input, id_policy=id_policy, timeout=timeout, version=version, delay=delay, at=at
+            wf,
+            id,
+            input,
+            id_policy=id_policy,
+            timeout=timeout,
+            version=version,
+            delay=delay,
+            at=at,
+            traceparent=traceparent,
         )
         return Run(self, self._wait(started))
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from fusee_server import endpoints, main
+from fusee_server import endpoints, main, security
 
 import fusee
 import handlers
@@ -128,7 +128,7 @@ def test_the_server_reads_its_tokens_and_invocation_secrets_through_the_loader(t
     reader = secret_file(tmp_path, "reader", mode=0o644, value=VALUE[::-1])
     invoke = secret_file(tmp_path, "invoke", mode=0o644)
     with caplog.at_level(logging.WARNING):
-        tokens = main._tokens(server_args("--token-file", worker, "--read-token-file", reader))
+        tokens = security.load_tokens(server_args("--token-file", worker, "--read-token-file", reader))
         [endpoint] = endpoints.from_args(
             server_args("--invoke", "http://127.0.0.1:9/", "--invoke-secret-file", invoke)
         )
@@ -139,8 +139,8 @@ def test_the_server_reads_its_tokens_and_invocation_secrets_through_the_loader(t
     short = secret_file(tmp_path, "short", value="short")
     with pytest.raises(SettingError, match=r"--invoke-secret-file .*: 5 bytes, at least 16"):
         endpoints.from_args(server_args("--invoke", "http://127.0.0.1:9/", "--invoke-secret-file", short))
-    with pytest.raises(main.SettingError, match=r"--client-token-file .*: 5 bytes, at least 16"):
-        main._tokens(server_args("--token-file", worker, "--client-token-file", short))
+    with pytest.raises(SettingError, match=r"--client-token-file .*: 5 bytes, at least 16"):
+        security.load_tokens(server_args("--token-file", worker, "--client-token-file", short))
 
 
 async def test_a_worker_or_client_reads_its_token_file_through_the_loader(tmp_path, caplog):
