@@ -198,6 +198,14 @@ class CancelRequested(Rec, tag=25):
     by: str | None = None
 
 
+class Patched(Rec, tag=26):
+    """The run's code took patch `id`'s new branch (`ctx.patched`, docs/engine.md,
+    *Patching*). A marker, not an operation: it takes no position, so adding a patch to
+    code shifts nothing in the journals of runs that started before it."""
+
+    id: str
+
+
 # -- updates ------------------------------------------------------------------------
 
 
@@ -311,6 +319,7 @@ Record = (
     | SignalReceived
     | Drawn
     | CancelRequested
+    | Patched
     | UpdateAccepted
     | UpdateDone
     | ChildRequested

@@ -25,6 +25,7 @@ from fusee._errors import (
     RejectedError,
     failure_from,
 )
+from fusee.engine import patches
 from fusee.engine.run_records import APPLY, Stuck, child_watch_result, decode, maybe_await, update_done
 from fusee.engine.run_records import stop_step as stop_step  # shard.py's, from here
 from fusee.journal import STATUS_OF, Status
@@ -49,6 +50,7 @@ log = logging.getLogger("fusee")
 # Enum members read on every step: a module global is a dict lookup, where `Status.STUCK`
 # costs a metaclass descriptor call (about 150 ns on Python 3.11).
 _STUCK, _RUNNING, _OK, _STEP_RUNNING = Status.STUCK, Status.RUNNING, Status.OK, StepState.RUNNING
+_ENDS = (R.Finished, R.ContinuedAsNew)
 
 
 class RunSettings(Protocol):
@@ -142,6 +144,12 @@ class RunState:
         self.cancel_reason: str | None = None
         self.paused: int | None = None  # the position of the step paused out of retries
         self.inherited: dict[int, int] = {}  # a reset's children: position -> the run that started them
+        # Patches (fusee/engine/patches.py): each one's branch once chosen (None: none yet),
+        # the markers chosen during a replay, recorded when it goes live, and how far the
+        # replayed journal's code went (one past its last position; ENDED at its end).
+        self.patches: dict[str, bool] | None = None
+        self.markers_due: list[str] | None = None
+        self.replay_horizon = 0
         self.last_lsn = 0
         self.timers: dict[int, int] = {}  # seq -> due, for parking and next due
         self.last_active_ms = 0
@@ -177,12 +185,22 @@ class RunState:
         """Run the code against its journal: issued records are looked up by position
         when the code calls them, events are applied in order."""
         self.replaying = True
+        last = -1
         for rec in records:
             seq = getattr(rec, "seq", None)
             if seq is not None:
                 self.expected.setdefault(seq, R.op_of(rec))
+                if seq > last:
+                    last = seq
                 if isinstance(rec, R.ISSUED):
                     self.issued[seq] = rec
+            elif type(rec) is R.Patched:
+                if self.patches is None:
+                    self.patches = {}
+                self.patches[rec.id] = True
+            elif type(rec) in _ENDS:
+                last = patches.ENDED
+        self.replay_horizon = last + 1
         try:
             for index, rec in enumerate(records):
                 self.journal.append(rec)
@@ -204,6 +222,8 @@ class RunState:
         """After replay: start what the journal left unfinished."""
         if self.final or self.status is _STUCK:
             return
+        if self.markers_due is not None:
+            patches.record_due(self)
         # Every operation the replay left unresolved starts now, in position order (the
         # replay queued them as the code called them; each is started once).
         # A wait a kept signal satisfied during the replay still records its WaitStarted
@@ -355,16 +375,7 @@ class RunState:
         """Give an operation its position, check it against the journal, start it."""
         if self.final:
             raise Stuck()
-        here = inline_step[0] or current_step.get()
-        if here is not None and here[0] is self:
-            # This run's step function runs (task, thread or inline): ctx is not for it. A
-            # step of another run may drive this run's code (it started or signalled it on
-            # this engine, and the code runs on that step's stack): that code is its own.
-            raise RejectedError(
-                f"ctx.{op.kind} called inside a step's function: steps do not nest, and a step "
-                "function may not use ctx. Call it from the workflow's code, or do the work "
-                "directly inside the step"
-            )
+        self._not_in_step(op.kind)
         op.seq = seq = self.next_seq
         self.next_seq += 1
         self.ops[seq] = op
@@ -378,6 +389,24 @@ class RunState:
                 raise Stuck()
         self.pending_start.append(op)
         return op
+
+    def _not_in_step(self, kind: str) -> None:
+        here = inline_step[0] or current_step.get()
+        if here is not None and here[0] is self:
+            # This run's step function runs (task, thread or inline): ctx is not for it. A
+            # step of another run may drive this run's code (it started or signalled it on
+            # this engine, and the code runs on that step's stack): that code is its own.
+            raise RejectedError(
+                f"ctx.{kind} called inside a step's function: steps do not nest, and a step "
+                "function may not use ctx. Call it from the workflow's code, or do the work "
+                "directly inside the step"
+            )
+
+    def patched(self, patch: str) -> bool:
+        if self.final:
+            raise Stuck()
+        self._not_in_step("patched")
+        return patches.patched(self, patch)
 
     def issued_record(self, seq: int) -> R.Rec | None:
         """On replay, what the journal recorded when the code called operation `seq`."""
@@ -461,9 +490,11 @@ class RunState:
         self.status = Status.STUCK
         self.stuck_error = DeterminismError(
             f"run '{self.wid}' (run {self.run_no}) does not match its journal: {message}. "
-            "The run waits, unchanged: deploy code that matches the journal for runs started "
-            "before the change (branch on ctx.version, and give the changed workflow a new "
-            "version= for new runs), or terminate the run",
+            "The run waits, unchanged, for one of: (1) deploy code that matches its journal "
+            "(branch on ctx.version, and give the changed workflow a new version= for new "
+            "runs); (2) guard the change with ctx.patched('<id>'), so runs that went past it "
+            "before take the old branch; (3) reset the run to before the step that differs "
+            "(run.reset(before_step=...)). Or terminate it",
             workflow_id=self.wid,
         )
         log.error("%s", self.stuck_error)

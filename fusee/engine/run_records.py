@@ -208,6 +208,11 @@ def _cancel_op(run: AppliedRun, op: Op) -> None:
     run.resolve(op, None, errors.CancelledError(f"cancelled: {run.cancel_reason}", None, workflow_id=run.wid))
 
 
+def patch_marker(run: AppliedRun, rec: R.Patched) -> None:
+    """Nothing to apply: the replay read every marker before the code ran, and live the
+    code recorded it (fusee/engine/patches.py)."""
+
+
 def update_accepted(run: AppliedRun, rec: R.UpdateAccepted) -> None:
     run.updates_accepted.add(rec.id)
     handler = run.update_handlers.get(rec.name)
@@ -302,6 +307,7 @@ APPLY: dict[type, Callable[[AppliedRun, Any], None]] = {
     R.SignalReceived: signal_received,
     R.Drawn: issued,
     R.CancelRequested: cancel_requested,
+    R.Patched: patch_marker,
     R.UpdateAccepted: update_accepted,
     R.UpdateDone: update_done,
     R.ChildRequested: issued,

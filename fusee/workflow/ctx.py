@@ -274,6 +274,21 @@ class Ctx:
         run.resolve(op, value)
         return value
 
+    # -- patches ------------------------------------------------------------------------
+
+    def patched(self, id: str) -> bool:
+        """True where the run takes the new branch of change `id`: new runs, and running
+        ones reaching this point for the first time since the deploy. False while a run
+        replays a journal that went past this point before the patch existed. The choice
+        is recorded as a marker with no journal position (docs/engine.md, *Patching*)."""
+        return self._run.patched(_patch_id(id))
+
+    def deprecate_patch(self, id: str) -> None:
+        """Stands where `patched(id)` stood once no run predates the patch: the code keeps
+        only the new branch; the marker is still recorded, so a rollback to the code with
+        `patched(id)` sends the runs started meanwhile down the branch they took."""
+        self._run.patched(_patch_id(id))
+
     def journal_size(self) -> int:
         """Operations the run has called so far; deterministic."""
         return self._run.next_seq
@@ -465,3 +480,9 @@ def takes_context(fn: Callable[..., Any], _cache: dict[Any, bool] = {}) -> bool:
         takes = False
     _cache[code] = takes
     return takes
+
+
+def _patch_id(id: Any) -> str:
+    if not isinstance(id, str) or not id:
+        raise RejectedError(f"a patch ID is a non-empty string, not {id!r}")
+    return id

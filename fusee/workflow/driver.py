@@ -41,6 +41,9 @@ class Driver(Protocol):
 
     def record(self, rec: R.Rec) -> None: ...
 
+    def patched(self, patch: str) -> bool:
+        """Whether the run takes a patch's new branch (docs/engine.md, *Patching*)."""
+
     def resolve(self, op: Op, value: Any = None, exc: BaseException | None = None) -> None: ...
 
     def combine(self, combined: Op, ops: list[Op]) -> Op:

@@ -34,12 +34,13 @@ from tests.support.golden import (
     g_approval,
     g_child,
     g_parent,
+    g_patch,
     g_pay,
     g_repair,
     g_retry,
 )
 
-WORKFLOWS = [g_retry, g_approval, g_child, g_parent, g_pay, g_repair]
+WORKFLOWS = [g_retry, g_approval, g_child, g_parent, g_pay, g_repair, g_patch]
 FILES = sorted(GOLDEN.glob("*.json"))
 DETERMINISTIC = [path for path in FILES if path.name != NONDETERMINISTIC]
 
@@ -54,6 +55,7 @@ def test_the_golden_set_is_there():
         "signal_update.json",
         "child.json",
         "repair.json",
+        "patched.json",
         NONDETERMINISTIC,
     }
     for path in FILES:
@@ -83,6 +85,9 @@ def test_the_goldens_cover_the_operations():
     repair = _load(GOLDEN / "repair.json")["journal"]
     assert {"Reset", "Resume"} <= {row["kind"] for row in repair}
     assert [row.get("paused", False) for row in repair if row["kind"] == "Attempt"] == [False, True]
+    patched = _load(GOLDEN / "patched.json")["journal"]
+    assert [row["id"] for row in patched if row["kind"] == "Patched"] == ["express"]
+    assert [row["name"] for row in patched if row["kind"] == "StepDone"] == ["pack", "ship-express"]
     attempts = [r for r in _load(GOLDEN / "retry_sleep.json")["journal"] if r["kind"] == "Attempt"]
     assert [r["attempt"] for r in attempts] == [1, 2]
     assert all("card network down" in r["failure"]["message"] for r in attempts)
@@ -225,7 +230,36 @@ async def _write_repair(t: Any = None) -> None:
         await t.close()
 
 
+async def _write_patched() -> None:
+    """patched.json: a g_patch run started under the code before its patches, asleep
+    through the deploy of g_patch, then woken: the old branch of 'gift', the new one of
+    'express'."""
+    from fusee.testing import TestEngine
+
+    @fusee.workflow("g_patch")
+    async def g_patch_before(ctx: fusee.Ctx, parcel: str) -> str:
+        packed = await ctx.step("pack", lambda: f"packed {parcel}")
+        await ctx.sleep("wait-for-truck", "1h")
+        return f"{packed}/{await ctx.step('ship', lambda: 'standard')}"
+
+    t = await TestEngine.open(workflows=[g_patch_before])
+    await t.start(g_patch_before, "golden-patch", "book")
+    await t.settle()
+    t.workflows = [g_patch]
+    await t.crash()
+    await t.advance("1h")
+    assert await t.result("golden-patch") == "packed book/express"
+    journal = _strip_stacks(await t.journal("golden-patch"))
+    document = {"id": "golden-patch", "workflow": "g_patch", "journal": journal}
+    (GOLDEN / "patched.json").write_text(json.dumps(document, indent=1) + "\n")
+    print(f"wrote {GOLDEN / 'patched.json'} ({len(journal)} records)")
+    await t.close()
+
+
 if __name__ == "__main__" and "--write" in sys.argv:
     asyncio.run(_write())
-elif __name__ == "__main__" and "--write-repair" in sys.argv:  # only the file added last
+    asyncio.run(_write_patched())
+elif __name__ == "__main__" and "--write-repair" in sys.argv:
     asyncio.run(_write_repair())
+elif __name__ == "__main__" and "--write-patched" in sys.argv:  # only the file added last
+    asyncio.run(_write_patched())

@@ -78,3 +78,20 @@ async def g_repair(ctx: fusee.Ctx, order: str) -> str:
     retry = fusee.Retry(attempts=2, initial=100, jitter=False, on_exhausted="pause")
     charge = await ctx.step("charge", repair_charge, retry=retry)
     return f"{prepared}/{approved}/{charge}"
+
+
+@fusee.workflow("g_patch")
+async def g_patch(ctx: fusee.Ctx, parcel: str) -> str:
+    """Two patches of one deploy (docs/engine.md, *Patching*). Its golden run started under
+    the code before them and slept through the deploy: it went past 'gift' before the
+    patch existed (the old branch) and reached 'express' after it (the new branch)."""
+    if ctx.patched("gift"):
+        packed = await ctx.step("pack-gift", lambda: f"gift-wrapped {parcel}")
+    else:
+        packed = await ctx.step("pack", lambda: f"packed {parcel}")
+    await ctx.sleep("wait-for-truck", "1h")
+    if ctx.patched("express"):
+        shipped = await ctx.step("ship-express", lambda: "express")
+    else:
+        shipped = await ctx.step("ship", lambda: "standard")
+    return f"{packed}/{shipped}"

@@ -196,6 +196,8 @@ def timeline(journal: list[dict[str, Any]]) -> Timeline:
         elif kind == "WaitStarted":
             due = when(record.get("due"))
             row.summary = f"waiting for signal {record.get('signal')}" + (f" until {due}" if due else "")
+        elif kind == "Patched":
+            row.summary = f"took patch {record.get('id')}"
         elif kind == "SignalSent":
             row.summary = f"sent signal {record.get('name')} to {record.get('target')}"
         else:
