@@ -209,7 +209,9 @@ class RunState:
                 if self.status is _STUCK:
                     # A stuck run waits unchanged: it keeps every record it had, so a
                     # checkpoint or a park writes its journal whole.
-                    self.journal.extend(records[index + 1 :])
+                    for kept in records[index + 1 :]:
+                        _keep_signal_id(self, kept)
+                        self.journal.append(kept)
                     return
             # The code may have ended past the journal's last record: the end is recorded
             # when the run goes live, as it would have been without the crash.
@@ -277,6 +279,7 @@ class RunState:
                     # applies it in order.
                     while self.completions:
                         rec = self.completions.popleft()
+                        _keep_signal_id(self, rec)
                         self.journal.append(rec)
                         self.last_lsn = self.shard.append(self, rec)
                     return
@@ -581,6 +584,14 @@ class RunState:
 
     def outcome_failure(self) -> Failure | None:
         return self.outcome.failure if isinstance(self.outcome, R.Finished) else None
+
+
+def _keep_signal_id(run: RunState, rec: R.Rec) -> None:
+    """A stuck run records what it is sent without applying it: the ID of a signal among
+    them still goes in the run's set, so the same signal sent again is not recorded twice
+    (found by the model test)."""
+    if type(rec) is R.SignalReceived and rec.id is not None:
+        run.signal_ids.add(rec.id)
 
 
 def _same_op(recorded: tuple[str, str], called: tuple[str, str]) -> bool:

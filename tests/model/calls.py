@@ -17,7 +17,7 @@ from fusee.engine.tokens import parse_token
 from .harness import CALL_TIMEOUT_S, IDS, STOPPED, Harness, Violation, Waiter
 from .journal import live_due, read
 from .known import AVOID
-from .workflows import BUMP, BUMP_STEP, CODE, GO, LEDGER, PLAN_TYPE, PROGRESS, TIMED_TYPE, Plan
+from .workflows import BUMP, BUMP_STEP, CODE, CODE_PREFIXES, GO, LEDGER, PLAN_TYPE, PROGRESS, TIMED_TYPE, Plan
 
 
 class Calls(Harness):
@@ -47,8 +47,7 @@ class Calls(Harness):
         if held[1] == "stuck":
             return True
         journal = await self.journal(wid)
-        prefix = {"right": "s", "changed": "x", "absent": "s"}[self.code]
-        return journal is not None and bool(read(journal[2]).prefixes - {prefix})
+        return journal is not None and bool(read(journal[2]).prefixes - CODE_PREFIXES[self.code])
 
     def deadline_plan(self, plan: list[str], deadline: bool) -> list[str]:
         """Known defects: a run with a deadline loses it after a child or continue-as-new."""
@@ -424,8 +423,10 @@ class Calls(Harness):
                 for r in records
                 if getattr(r, "seq", seq) == seq
             )
-            prefix = {"right": "s", "changed": "x", "absent": "s"}[self.code]
-            sticks = bool(read(records).prefixes - {prefix}) or self.code_for(current[2][0].type) == "absent"  # type: ignore[attr-defined]
+            sticks = (
+                bool(read(records).prefixes - CODE_PREFIXES[self.code])
+                or self.code_for(current[2][0].type) == "absent"
+            )  # type: ignore[attr-defined]
             if sent and not closed and not sticks:
                 raise Violation("refusals", f"a live completion token of '{wid}' was refused: {result}")
 

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 import fusee
 from fusee import journal as R
 from fusee.engine.idle import IDLE_DUE_MS
@@ -37,9 +39,33 @@ from fusee.workflow.ops import StepOp, StepState
 from .harness import STOPPED, Harness, Violation
 from .journal import FINAL, Reading, live_due, read, wakeable
 from .known import AVOID
-from .workflows import LEDGER, LIMITED_TYPE, TIMED_TYPE
+from .workflows import CODE_PREFIXES, LEDGER, LIMITED_TYPE, TIMED_TYPE
 
-CODE_PREFIX = {"right": "s", "changed": "x", "absent": "s"}
+
+def patch_order(journal: list[R.Rec]) -> str | None:
+    """What breaks the promise of patches in a run's journal (docs/engine.md, *Patching*),
+    or None. The run took the old branch of every patch it went past before the deploy and
+    the new one from the first it reached after, so its patched steps read "s..." then
+    "p...", never back; and each new-branch step follows its marker."""
+    started = journal[0]
+    assert isinstance(started, R.Started)
+    items = msgspec.json.decode(started.input).get("items", [])
+    patchable = {f"s{i}" for i, item in enumerate(items) if item == "step"}  # the others keep "s"
+    markers: set[str] = set()
+    new_at: str | None = None
+    for rec in journal:
+        if type(rec) is R.Patched:
+            markers.add(rec.id)
+        elif isinstance(rec, (R.StepDone, R.Attempt, R.StepFailed)):
+            name = rec.name
+            if name[:1] == "p":
+                if name not in markers:
+                    return f"step {name} took the new branch with no marker before it"
+                new_at = new_at or name
+            elif name in patchable and new_at is not None:
+                if int(name[1:]) > int(new_at[1:]):
+                    return f"step {name} took the old branch after {new_at} took the new one"
+    return None
 
 
 def builtin(journal: list[R.Rec]) -> bool:
@@ -69,14 +95,25 @@ async def _check(h: Harness, far: bool) -> None:
         if got is not None:
             runs[wid] = got
     readings = {wid: read(journal) for wid, (_, _, journal) in runs.items()}
-    for wid, (run, _status, journal) in runs.items():
+    for wid, (run, status, journal) in runs.items():
         _check_recorded(h, wid, run, journal)
-        if len(readings[wid].prefixes) > 1 and not builtin(journal):
+        if readings[wid].prefixes == {"s", "p"} and not builtin(journal):
+            broken = patch_order(journal)
+            if broken is not None:
+                raise Violation("recorded", f"run {run} of '{wid}': {broken}")
+        elif len(readings[wid].prefixes) > 1 and not builtin(journal):
             raise Violation(
                 "recorded",
                 f"run {run} of '{wid}' recorded operations of two versions of its code "
                 f"{sorted(n for n in readings[wid].step_names)}: a replay accepted a different operation",
             )
+        if (
+            h.code == "patched"
+            and status == "stuck"
+            and not readings[wid].prefixes - CODE_PREFIXES["patched"]
+        ):
+            # The patched code replays every journal the right code or itself recorded.
+            raise Violation("progress", f"run {run} of '{wid}' is stuck under the patched code: {journal}")
         started = journal[0] if journal else None
         if isinstance(started, R.Started) and started.type == TIMED_TYPE and not started.deadline:
             raise Violation("progress", f"run {run} of '{wid}' ({TIMED_TYPE}, timeout=20 s) has no deadline")
@@ -389,7 +426,7 @@ async def check_progress(h: Harness) -> None:
         code = h.code_for(type_)
         if status == "waiting_for_code" and code == "absent":
             continue
-        if status == "stuck" and reading.prefixes - {CODE_PREFIX[code]}:
+        if status == "stuck" and reading.prefixes - CODE_PREFIXES[code]:
             continue  # it recorded operations the code now has no more
         if status in ("waiting_for_code", "stuck"):
             raise Violation("progress", f"run {run} of '{wid}' is {status} though its code is {code}")

@@ -151,6 +151,23 @@ async def test_a_signal_to_a_stuck_run_is_recorded(mode, tmp_path):
 
 
 @pytest.mark.parametrize("mode", ALL)
+async def test_a_signal_sent_again_under_its_id_to_a_stuck_run_is_recorded_once(mode, tmp_path):
+    """Found by the model test (seed 11, 300 sequences; fixed since): a stuck run records the
+    signals it is sent without applying them, so their IDs never reached the run's set,
+    and a signal sent again under its ID was recorded twice (applied twice once fixed)."""
+    t = await opened(mode, tmp_path)
+    await t.engine.start(PLAN, "c", Plan(["await"]))
+    await t.settle()
+    await t.restart(workflows=CODE["changed"], clean=False)
+    for _ in range(2):
+        await t.engine.run("c").signal(GO, 7, id="sig-1")
+    assert kinds(await journal(t, "c")).count("SignalReceived") == 1
+    await t.restart(workflows=CODE["changed"], clean=False)  # the replay, stuck again, keeps the ID
+    await t.engine.run("c").signal(GO, 7, id="sig-1")
+    assert kinds(await journal(t, "c")).count("SignalReceived") == 1
+
+
+@pytest.mark.parametrize("mode", ALL)
 async def test_repeating_an_answered_update_on_a_stuck_run_answers(mode, tmp_path):
     """Found by the model test (fixed since): an update to a stuck run hangs, even the repeat of an
     update whose result was recorded (update_with_start, then a deploy of changed code)."""

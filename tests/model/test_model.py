@@ -231,7 +231,7 @@ class EngineModel(RuleBasedStateMachine):
     def reopen(self, clean: bool) -> None:
         self.h.run(self.h.restart(self.h.code, clean))
 
-    @rule(code=st.sampled_from(["right", "right", "changed", "absent"]), clean=st.booleans())
+    @rule(code=st.sampled_from(["right", "right", "changed", "absent", "patched"]), clean=st.booleans())
     def deploy(self, code: str, clean: bool) -> None:
         if code == "changed" and "changed-code" in AVOID:
             code = "right"

@@ -24,6 +24,11 @@ A plan is a list of items, run in order:
 | `sigwf:ID` / `cancelwf:ID` | `ctx.signal_workflow` / `ctx.cancel_workflow` (refusals caught) |
 | `cas` | `ctx.continue_as_new` with the rest of the plan, twice at most |
 
+The "patched" code (docs/engine.md, *Patching*) puts each `step` item behind
+`ctx.patched("pI")`: the new branch names the step `pI`, the old one `sI` as the right
+code does. A run that went past item I under the right code replays `sI`; a run reaching
+it under the patched code takes `pI` and records the marker.
+
 Every run registers its query and update handlers before its first await, so a running
 run always has them. The "changed code" variants name their steps differently, which a
 replay of a recorded step must refuse (the run is stuck, never silently different).
@@ -174,10 +179,13 @@ async def interpret(ctx: fusee.Ctx, plan: Plan, prefix: str) -> int:
 async def _item(ctx: fusee.Ctx, plan: Plan, i: int, prefix: str, comps: list[str]) -> int:
     """Run plan item `i`; returns what it adds to the run's total."""
     kind, _, arg = plan.items[i].partition(":")
-    name = f"{prefix}{i}"
+    base = "s" if prefix == "p" else prefix  # the patched code patches steps alone
+    name = f"{base}{i}"
     steps = {"step": {}, "fail": {"retry": RETRY}, "ro": {"read_only": True}, "thread": {"thread": True}}
     if kind in steps:
         fn = _counted(int(arg)) if kind == "fail" else _counted()
+        if kind == "step" and prefix == "p":  # the patched code: the old branch is prefix "s"
+            name = f"p{i}" if ctx.patched(f"p{i}") else f"s{i}"
         return int(await ctx.step(name, fn, **steps[kind]))
     if kind == "gate":
         return int(await ctx.step(name, _gated()))
@@ -194,8 +202,8 @@ async def _item(ctx: fusee.Ctx, plan: Plan, i: int, prefix: str, comps: list[str
     elif kind == "sleep":
         await ctx.sleep(name, int(arg))
     elif kind in ("comp", "compg"):
-        ctx.compensate(f"{prefix}comp{i}", _gated() if kind == "compg" else _counted())
-        comps.append(f"{prefix}comp{i}")
+        ctx.compensate(f"{base}comp{i}", _gated() if kind == "compg" else _counted())
+        comps.append(f"{base}comp{i}")
     elif kind == "await":
         await ctx.await_completion(name, _send_token(ctx.workflow_id))
     elif kind in ("child", "spawn", "sigwf", "cancelwf"):
@@ -232,10 +240,16 @@ async def _plan_changed(ctx: fusee.Ctx, plan: Plan) -> int:
     return await interpret(ctx, plan, "x")
 
 
+async def _plan_patched(ctx: fusee.Ctx, plan: Plan) -> int:
+    return await interpret(ctx, plan, "p")
+
+
 PLAN = fusee.workflow(PLAN_TYPE)(_plan)
 TIMED = fusee.workflow(TIMED_TYPE, timeout=TIMED_MS)(_plan)
 PLAN_CHANGED = fusee.workflow(PLAN_TYPE)(_plan_changed)
 TIMED_CHANGED = fusee.workflow(TIMED_TYPE, timeout=TIMED_MS)(_plan_changed)
+PLAN_PATCHED = fusee.workflow(PLAN_TYPE)(_plan_patched)
+TIMED_PATCHED = fusee.workflow(TIMED_TYPE, timeout=TIMED_MS)(_plan_patched)
 
 # -- the workflows of the flow-control moves (tests/model/features.py) -------------------
 
@@ -354,5 +368,10 @@ LIMITED = fusee.workflow(LIMITED_TYPE)(_limited)
 CODE = {
     "right": [PLAN, TIMED, TAKE, LIMITED],
     "changed": [PLAN_CHANGED, TIMED_CHANGED, TAKE, LIMITED],
+    "patched": [PLAN_PATCHED, TIMED_PATCHED, TAKE, LIMITED],
     "absent": [PLAN, TAKE, LIMITED],  # model.timed has no code
 }
+
+# The step-name prefixes each code records: the patched code's steps are "p" on the new
+# branch and "s" on the old one (workflows.py).
+CODE_PREFIXES = {"right": {"s"}, "changed": {"x"}, "absent": {"s"}, "patched": {"s", "p"}}
