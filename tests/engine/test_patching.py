@@ -227,3 +227,43 @@ def test_the_replayer_reads_markers_and_takes_no_position_for_them():
         fusee.DeterminismError, match="recorded step 'ship' here but the code called step 'insure'"
     ):
         Replayer([order_v2]).replay([*before[:2], R.Patched("insure"), *before[2:]], "r")
+
+
+async def test_a_step_function_may_not_ask_for_a_patch(kit):
+    """ctx is for the workflow's code: a step's function asking `patched` is refused, as
+    any other ctx call from it is, and nothing is recorded."""
+
+    @fusee.workflow("patch-in-step")
+    async def wf(ctx: fusee.Ctx) -> bool:
+        return await ctx.step("inner", lambda: ctx.patched("p"), retry=fusee.Retry(attempts=1))
+
+    t = await kit(wf)
+    await t.start(wf, "in-step")
+    with pytest.raises(fusee.StepError, match=r"ctx.patched called inside a step's function"):
+        await t.result("in-step")
+    assert "Patched" not in await _kinds(t, "in-step")
+
+
+BUMP = fusee.update("bump", arg=int, result=bool)
+
+
+@fusee.workflow("patch-in-update")
+async def patch_in_update(ctx: fusee.Ctx) -> None:
+    async def bump(n: int) -> bool:
+        return ctx.patched("bump-v2")
+
+    ctx.on_update(BUMP, bump)
+    await ctx.wait_for("done")
+
+
+async def test_an_update_handler_takes_a_patch_and_replays_it_after_a_crash(kit):
+    t = await kit(patch_in_update)
+    run = await t.start(patch_in_update, "upd")
+    await t.settle()
+    assert await run.update(BUMP, 1) is True
+    assert await run.update(BUMP, 2) is True  # the first choice holds for the run
+    assert [r["id"] for r in await t.journal("upd") if r["kind"] == "Patched"] == ["bump-v2"]
+    await t.crash()
+    await t.engine.run("upd").signal("done")
+    assert await t.result("upd") is None
+    await t.check()
