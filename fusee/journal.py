@@ -159,6 +159,17 @@ class Resume(Rec, tag=13):
     by: str | None = None
 
 
+class Heartbeat(Rec, tag=14):
+    """The latest progress the attempt of the step at `seq` reported (`s.heartbeat`).
+    Coalesced: at most one per step in each flush. It takes no position of its own (it
+    names its step's), so heartbeating never shifts a journal; a retry after a crash
+    reads the last durable one from `s.progress()`."""
+
+    seq: int
+    name: str
+    progress: bytes
+
+
 # -- time, signals, values ------------------------------------------------------------
 
 
@@ -313,6 +324,7 @@ Record = (
     | Attempt
     | StepFailed
     | Resume
+    | Heartbeat
     | TimerStarted
     | TimerFired
     | WaitStarted
@@ -346,7 +358,7 @@ def op_of(rec: Any) -> tuple[str, str]:
     """The operation (kind, identity) a record stands for: what replay compares with the
     operation the code calls at the same position (`Op.ident`; docs/engine.md, *Runs,
     journals and replay*), and what a determinism error names."""
-    if isinstance(rec, (StepDone, Attempt, StepFailed, Resume)):
+    if isinstance(rec, (StepDone, Attempt, StepFailed, Resume, Heartbeat)):
         return ("step", rec.name)
     if isinstance(rec, TimerStarted):
         return ("sleep", rec.name)

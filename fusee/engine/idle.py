@@ -33,6 +33,9 @@ class IdleReport(msgspec.Struct, frozen=True):
     """When the shard is next due, in ms from now (relative, so clocks need not agree):
     0 while a step runs (due now: its runs were handed back), None when nothing is due."""
     steps_run: int
+    heartbeats: int
+    """Step heartbeats recorded: a step that only heartbeats through a budget still
+    progresses (its next attempt resumes from there), so its shard is not backed off."""
     open_ms: float
     """How long attaching the shard took (opening it, then recovery)."""
     types_without_code: list[str]
@@ -71,6 +74,8 @@ class IdleView(Protocol):
     def outbox(self) -> Outbox: ...
     @property
     def steps_run(self) -> int: ...
+    @property
+    def heartbeats(self) -> int: ...
     @property
     def open_ms(self) -> float: ...
     @property
@@ -138,6 +143,7 @@ def report(shard: IdleView, *, budget_ended: bool = False, handed_back: Sequence
         budget_ended=budget_ended,
         next_due_ms=0 if steps_running else (max(0, due - now) if due else None),
         steps_run=shard.steps_run,
+        heartbeats=shard.heartbeats,
         open_ms=shard.open_ms,
         types_without_code=sorted(shard.types_without_code),
         handed_back=list(handed_back),

@@ -142,6 +142,14 @@ def resume(run: AppliedRun, rec: R.Resume) -> None:
             run.pending_start.append(op)  # started after this turn, behind the durability gate
 
 
+def heartbeat(run: AppliedRun, rec: R.Heartbeat) -> None:
+    """The step's progress is the record's: what `s.progress()` returns to its next
+    attempt after a crash or a handback (fusee/engine/heartbeats.py)."""
+    op = _verify(run, rec)
+    if isinstance(op, StepOp):
+        op.progress = rec.progress
+
+
 def reset(run: AppliedRun, rec: R.Reset) -> None:
     """Where a reset's copy of the previous run ends. The children the copy started and
     that are still running, and the completion tokens it handed out and that are still
@@ -300,6 +308,7 @@ APPLY: dict[type, Callable[[AppliedRun, Any], None]] = {
     R.Attempt: attempt,
     R.StepFailed: step_failed,
     R.Resume: resume,
+    R.Heartbeat: heartbeat,
     R.Reset: reset,
     R.TimerStarted: issued,
     R.TimerFired: timer_fired,

@@ -141,6 +141,7 @@ class Shard(RunLife):
         self.ready: set[RunState] = set()
         self.pump_scheduled = False
         self.steps_run = 0
+        self.heartbeats = 0  # Heartbeat records appended (fusee/engine/heartbeats.py)
         self.counts = ShardMetrics()  # the rest of its counters: `metrics()`
         self.open_ms = 0.0  # how long attaching took: opening, then recovery
         self.calls = 0

@@ -16,8 +16,10 @@ from fusee import _errors as errors
 from fusee import journal as R
 from fusee._errors import CodecError, Failure, FuseeError, LeaseLostError, failure_from
 from fusee.engine.durability import Durability
+from fusee.engine.heartbeats import attempt_beats
 from fusee.engine.outbox import Outbox
 from fusee.engine.run import RunState
+from fusee.engine.run_records import stop_step
 from fusee.engine.timers import Timers
 from fusee.engine.tokens import make_token
 from fusee.workflow.ctx import Completion, StepContext, step_key, takes_context
@@ -64,6 +66,7 @@ class StepHost(Protocol):
     outbox numbering and store, and how to stop it when the process was fenced."""
 
     steps_run: int
+    heartbeats: int
 
     @property
     def index(self) -> int: ...
@@ -211,10 +214,14 @@ class Steps:
             args = (Completion(made, self.shard.engine.callback_url(made)),)
         elif takes_context(fn):
             # Built only for functions that declare it: `lambda: ...` costs nothing.
-            op.context = StepContext(step_key(run, op), op.attempt, run.wid, op.name)
+            beats = attempt_beats(self.shard, run, op)
+            op.context = beats.context = StepContext(step_key(run, op), op.attempt, run.wid, op.name, beats)
             args = (op.context,)
         else:
+            op.context = None
             args = ()
+        if op.heartbeat_ms is not None:
+            (op.beat if op.context is not None else attempt_beats(self.shard, run, op)).arm(self._silent)
         here = (run, op)
         store = self.shard.store
         if store.fenced():
@@ -256,8 +263,9 @@ class Steps:
         task.add_done_callback(lambda t: self._task_done(run, op, t))
 
     def _task_done(self, run: RunState, op: StepOp, task: asyncio.Future[Any]) -> None:
-        if op.task is task:
-            op.task = op.awaitable = None
+        if op.task is not task:
+            return  # an attempt cut short (heartbeat_timeout): its outcome is recorded already
+        op.task = op.awaitable = None
         if task.cancelled():
             _release(op)  # the attempt ended: cancelled with its run, or by a close
             if run.trace is not None:
@@ -324,6 +332,20 @@ class Steps:
             return
         run.event(rec)
 
+    def _silent(self, run: RunState, op: StepOp, ms: int) -> None:
+        """`heartbeat_timeout` passed without a heartbeat: the attempt fails as a timed
+        out one does (retried under its policy), and its function is told to stop."""
+        stop_step(op)
+        # Detached from the task it cancelled: that task's end must not touch the next
+        # attempt (its permit, its watchdog), which may begin before the cancel lands.
+        op.task = op.awaitable = None
+        self._step_outcome(
+            run,
+            op,
+            None,
+            errors.TimeoutError(f"the attempt sent no heartbeat for {ms} ms (its heartbeat_timeout)"),
+        )
+
     def _apply(self, run: RunState) -> None:
         if not run.final and not self.shard.closed:
             run.drive()
@@ -383,6 +405,10 @@ class Steps:
 
 
 def _release(op: StepOp) -> None:
+    """The attempt ended: its permit goes back, its heartbeat watchdog stops."""
+    beat = op.beat
+    if beat is not None:
+        beat.end()
     permit = op.permit
     if permit is not None:
         op.permit = None

@@ -273,6 +273,7 @@ def _idle_message(report: IdleReport) -> m.Idle:
         steps=report.steps_run,
         open_ms=report.open_ms,
         types_without_code=list(report.types_without_code),
+        heartbeats=report.heartbeats,
     )
 
 

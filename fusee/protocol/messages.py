@@ -193,6 +193,7 @@ class Idle(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     steps: int = 0
     open_ms: float = 0.0
     types_without_code: list[str] = []
+    heartbeats: int = 0  # step heartbeats recorded: progress too, though no step finished
 
 
 class PermitAsk(msgspec.Struct, array_like=True, forbid_unknown_fields=True):

@@ -7,7 +7,7 @@ import inspect
 import uuid as _uuid_module
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import msgspec
 
@@ -52,14 +52,49 @@ def step_key(run: Driver, op: StepOp) -> str:
     return f"{run.wid}/{run.run_no}/{op.seq}"
 
 
-class StepContext(msgspec.Struct):
-    """What a step function may take as its one argument (built only when it does)."""
+class StepContext:
+    """What a step function may take as its one argument (built only when it does): its
+    idempotency key, its attempt, whether it should give up (`cancelled`), and its
+    progress (`heartbeat`, `progress`; docs/engine.md, *Heartbeats*)."""
 
-    key: str
-    attempt: int
-    workflow_id: str
-    step: str
-    cancelled: bool = False
+    __slots__ = ("_beats", "attempt", "cancelled", "key", "step", "workflow_id")
+
+    def __init__(
+        self, key: str, attempt: int, workflow_id: str, step: str, beats: StepBeats | None = None
+    ) -> None:
+        self.key = key
+        self.attempt = attempt
+        self.workflow_id = workflow_id
+        self.step = step
+        self.cancelled = False
+        self._beats = beats
+
+    def heartbeat(self, progress: Any = None) -> None:
+        """Say the attempt is alive, with how far it got. Returns at once: the latest
+        progress is recorded with the next flush (never waited for). From a thread step
+        too. Resets the step's `heartbeat_timeout`."""
+        if self._beats is not None:
+            self._beats.beat(self, codec.encode(progress, f"step '{self.step}' progress"))
+
+    def progress(self) -> Any:
+        """The latest progress this step reported: in this process the newest heartbeat
+        of any of its attempts, after a crash or a handback the last durable one; None
+        before any."""
+        data = self._beats.progress() if self._beats is not None else None
+        return None if data is None else codec.decode(data, Any, f"step '{self.step}' progress")
+
+    def __repr__(self) -> str:
+        return (
+            f"StepContext(key={self.key!r}, attempt={self.attempt}, workflow_id={self.workflow_id!r}, "
+            f"step={self.step!r}, cancelled={self.cancelled})"
+        )
+
+
+class StepBeats(Protocol):
+    """Where a step context's heartbeats go (fusee/engine/heartbeats.py)."""
+
+    def beat(self, context: StepContext, progress: bytes) -> None: ...
+    def progress(self) -> bytes | None: ...
 
 
 class Completion(msgspec.Struct):
@@ -128,6 +163,7 @@ class Ctx:
         *,
         retry: Retry | None = None,
         timeout: Duration | None = None,
+        heartbeat_timeout: Duration | None = None,
         read_only: bool = False,
         thread: bool = False,
         output: Any = None,
@@ -139,7 +175,9 @@ class Ctx:
         """Run `fn` once the records before it are durable, record its result, return it.
         On replay the recorded result comes back and `fn` does not run. With `limit=`,
         each attempt first takes a permit of that limit, waiting by `priority`, then in
-        turns of `fairness_weight` by `fairness_key` (docs/limits.md)."""
+        turns of `fairness_weight` by `fairness_key` (docs/limits.md). With
+        `heartbeat_timeout=`, an attempt silent that long (no `s.heartbeat()`) fails with
+        TimeoutError and is retried under `retry`."""
         run = self._run
         # The common case checked inline (this is every step's path); anything else goes
         # through the checks that name what is wrong.
@@ -157,6 +195,8 @@ class Ctx:
             thread,
         )
         op.output = output
+        if heartbeat_timeout is not None:
+            op.heartbeat_ms = _timeout(heartbeat_timeout, f"step '{name}' heartbeat_timeout")
         if limit is not None:
             _limited(op, limit, priority, fairness_key, fairness_weight)
         run.issue(op)

@@ -84,16 +84,19 @@ class StepOp(Op):
         "attempt",
         "attempts_before",
         "awaitable",
+        "beat",
         "completion",
         "context",
         "fairness_key",
         "fairness_weight",
         "first_failure_at",
         "fn",
+        "heartbeat_ms",
         "limit",
         "output",
         "permit",
         "priority",
+        "progress",
         "read_only",
         "retry",
         "retry_at",
@@ -132,6 +135,11 @@ class StepOp(Op):
         self.completion = completion
         self.output: Any = None
         self.context: Any = None  # the StepContext of the attempt running, if it takes one
+        # Heartbeats (fusee/engine/heartbeats.py): the latest progress (from the journal,
+        # or newer from this process), the attempt's bound on silence, and its beat state.
+        self.progress: bytes | None = None
+        self.heartbeat_ms: int | None = None
+        self.beat: Any = None
         # A limit's permit is taken before each attempt and returned when it ends
         # (docs/limits.md); None: no limit. Not journaled: the order of waiters is not.
         self.limit: str | None = None

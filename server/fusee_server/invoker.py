@@ -354,9 +354,10 @@ class Invoker:
                 if self.observer is not None:
                     self.observer.opened(invocation.endpoint.config.url, report.open_ms / 1000)
         now = self.loop.time()
-        if report.budget_ended and report.steps == 0:
+        if report.budget_ended and report.steps == 0 and report.heartbeats == 0:
             # A budget spent without finishing a step: a step that cannot fit in one
-            # costs one invocation per backoff period, not a loop.
+            # costs one invocation per backoff period, not a loop. One that heartbeated
+            # progressed (its next attempt resumes from its progress): not backed off.
             self.counts["no_progress"] += 1
             self.counts["handbacks"] += 1
             stalled_s = due.stalled.step()  # not spread: one shard's own pace

@@ -97,6 +97,25 @@ async def slow_step(ctx: fusee.Ctx, seconds: float) -> str:
     return str(await ctx.step("slow", slow))
 
 
+@fusee.workflow("pager")
+async def pager(ctx: fusee.Ctx, x: dict) -> int:
+    """One step exporting `x["pages"]` pages of `x["page_s"]` each, longer than a budget:
+    each attempt notes where it began (`start N`), each page `page N`, and heartbeats
+    the next page, so an attempt after a handback resumes there."""
+    wid = ctx.workflow_id
+
+    async def export(s: fusee.StepContext) -> int:
+        start = s.progress() or 0
+        _note(wid, 0, f"start:{start}")
+        for page in range(start, x["pages"]):
+            await asyncio.sleep(x["page_s"])
+            _note(wid, 0, f"page:{page}")
+            s.heartbeat(page + 1)
+        return x["pages"]
+
+    return await ctx.step("export", export)
+
+
 @dataclasses.dataclass
 class Order:
     item: str

@@ -56,6 +56,7 @@ class Step:
     value: str = ""
     error: str = ""
     resumed_by: list[str] = dataclasses.field(default_factory=list)
+    progress: str = ""  # its latest heartbeat's progress
 
 
 @dataclasses.dataclass
@@ -196,6 +197,10 @@ def timeline(journal: list[dict[str, Any]]) -> Timeline:
         elif kind == "WaitStarted":
             due = when(record.get("due"))
             row.summary = f"waiting for signal {record.get('signal')}" + (f" until {due}" if due else "")
+        elif kind == "Heartbeat":
+            beat = step(record)
+            beat.progress = show(record.get("progress"))
+            row.summary = f"step {beat.name} progress {_short(record.get('progress'))}"
         elif kind == "Patched":
             row.summary = f"took patch {record.get('id')}"
         elif kind == "SignalSent":
