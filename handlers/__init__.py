@@ -127,14 +127,15 @@ def _secret(env: dict[str, str]) -> bytes:
         raise SettingError(str(error)) from None
 
 
-def import_workflows(setting: str) -> list[Workflow[Any]]:
+def import_workflows(setting: str, name_of_setting: str = "FUSEE_WORKFLOWS") -> list[Workflow[Any]]:
     """The workflows FUSEE_WORKFLOWS' modules define (`setting`: comma-separated module
     names), SettingError naming the module that cannot be imported or defines none.
-    examples/lambda/deploy.py calls it before building a zip."""
+    examples/lambda/deploy.py calls it before building a zip; `fusee replay-check` too,
+    naming its `--module` option instead."""
     names = [name.strip() for name in setting.split(",") if name.strip()]
     if not names:
         raise SettingError(
-            "FUSEE_WORKFLOWS is not set: the module(s) that define the workflows, e.g. app.flows"
+            f"{name_of_setting} is not set: the module(s) that define the workflows, e.g. app.flows"
         )
     found: dict[str, Workflow[Any]] = {}
     for name in names:
@@ -142,13 +143,13 @@ def import_workflows(setting: str) -> list[Workflow[Any]]:
             module = importlib.import_module(name)
         except Exception as error:  # the module's own failure, whatever it is, named here
             raise SettingError(
-                f"FUSEE_WORKFLOWS: cannot import {name!r}: {type(error).__name__}: {error}"
+                f"{name_of_setting}: cannot import {name!r}: {type(error).__name__}: {error}"
             ) from error
         mine = [value for value in vars(module).values() if isinstance(value, Workflow)]
         if not mine:
-            raise SettingError(f"FUSEE_WORKFLOWS: module {name!r} defines no workflow (@fusee.workflow)")
+            raise SettingError(f"{name_of_setting}: module {name!r} defines no workflow (@fusee.workflow)")
         for wf in mine:
             known = found.setdefault(wf.name, wf)
             if known.fn is not wf.fn:
-                raise SettingError(f"FUSEE_WORKFLOWS: two workflows are named {wf.name!r} (in {name!r})")
+                raise SettingError(f"{name_of_setting}: two workflows are named {wf.name!r} (in {name!r})")
     return list(found.values())

@@ -18,6 +18,7 @@ from fusee._errors import (
     Failure,
     FuseeError,
     LeaseLostError,
+    NotFoundError,
     RejectedError,
     failure_from,
 )
@@ -607,6 +608,20 @@ class Engine:
 
     def list(self, type: str | None = None, status: str | None = None) -> AsyncIterator[RunSummary]:
         return list_runs(self.shards, type, status)
+
+    async def export_journal(self, id: str) -> dict[str, Any]:
+        """The run's journal as an export (what `fusee export` writes to a `.fjnl` file):
+        JSON, for `fusee show` and `Replayer.replay_file` (docs/engine.md, *Exporting
+        journals*). A finished run exports with its end, until its retention passes."""
+        from fusee.engine.replay import export_document, whole
+
+        described = await self.run(id).describe()
+        if not whole(described.journal):
+            raise NotFoundError(
+                f"run '{id}' ({described.summary.status}) kept no whole journal to export",
+                workflow_id=id,
+            )
+        return export_document(described.summary, described.journal)
 
 
 def _check_policy(policy: dict[str, str] | None) -> None:

@@ -4,6 +4,7 @@ the first difference. Used by `TestEngine.check()`, the golden journals and `Rep
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -70,17 +71,91 @@ class Replayer:
                     f"returned {codec.encode(value)!r}"
                 )
 
-    def replay_file(self, path: str) -> None:
-        with open(path, "rb") as f:
-            data = f.read()
-        try:
-            document = msgspec.json.decode(data)
-        except msgspec.DecodeError as error:
-            raise FuseeError(f"{path} is not JSON: {error}") from None
-        if not isinstance(document, dict) or "journal" not in document:
-            raise FuseeError(f'{path}: expected {{"id": ..., "journal": [records]}}')
-        wid = document.get("id", path)
-        self.replay(journal_from_json(document["journal"]), wid if isinstance(wid, str) else path)
+    def replay_file(self, path: str | Path) -> None:
+        """Replay one exported journal (`fusee export`, `engine.export_journal`): raises
+        DeterminismError naming the first difference, FuseeError for a file that is not
+        an export."""
+        document = read_export(path)
+        self.replay(journal_from_json(document["journal"]), document["id"], document["run"])
+
+    def replay_dir(self, path: str | Path) -> list[ReplayOutcome]:
+        """Replay every `*.fjnl` under `path`, in name order: one outcome each, the
+        first difference named for each run the code would leave stuck."""
+        files = sorted(Path(path).rglob(f"*{EXPORT_SUFFIX}"))
+        if not files:
+            raise FuseeError(f"{path}: no exported journals (*{EXPORT_SUFFIX}) there")
+        out = []
+        for file in files:
+            wid = file.stem
+            try:
+                document = read_export(file)
+                wid = document["id"]
+                self.replay(journal_from_json(document["journal"]), wid, document["run"])
+            except FuseeError as error:
+                out.append(ReplayOutcome(str(file), wid, False, error.message))
+            else:
+                out.append(ReplayOutcome(str(file), wid, True))
+        return out
+
+
+class ReplayOutcome(msgspec.Struct):
+    """One journal `Replayer.replay_dir` replayed: `error` names the first difference."""
+
+    path: str
+    workflow_id: str
+    ok: bool
+    error: str | None = None
+
+
+# -- exported journals (.fjnl) --------------------------------------------------------
+
+EXPORT_FORMAT = "fusee-journal"
+EXPORT_VERSION = 1
+EXPORT_SUFFIX = ".fjnl"
+
+
+def export_document(summary: Any, journal: Sequence[R.Rec]) -> dict[str, Any]:
+    """A run's journal as an export: JSON, payloads decoded as `journal_to_json` shows
+    them (docs/engine.md, *Exporting journals*)."""
+    return {
+        "format": EXPORT_FORMAT,
+        "version": EXPORT_VERSION,
+        "id": summary.id,
+        "run": summary.run,
+        "type": summary.type,
+        "status": str(summary.status),
+        "journal": journal_to_json(journal),
+    }
+
+
+def whole(journal: Sequence[R.Rec]) -> bool:
+    """The journal is a run's from its start (a finished run without kept history keeps
+    only its outcome)."""
+    return bool(journal) and isinstance(journal[0], R.Started)
+
+
+def read_export(path: str | Path) -> dict[str, Any]:
+    """An export file's document, refused (FuseeError naming the file) unless it is one."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as error:
+        raise FuseeError(f"{path}: cannot read it: {error.strerror or error}") from None
+    try:
+        document = msgspec.json.decode(data)
+    except msgspec.DecodeError as error:
+        raise FuseeError(f"{path} is not JSON: {error}") from None
+    if not isinstance(document, dict) or not isinstance(document.get("journal"), list):
+        raise FuseeError(f'{path}: not an exported journal: expected {{"id": ..., "journal": [records]}}')
+    if document.get("format", EXPORT_FORMAT) != EXPORT_FORMAT or document.get("version", 1) != EXPORT_VERSION:
+        raise FuseeError(
+            f"{path}: format {document.get('format')!r} version {document.get('version')!r}; "
+            f"this fusee reads {EXPORT_FORMAT!r} version {EXPORT_VERSION}"
+        )
+    wid = document.get("id")
+    document["id"] = wid if isinstance(wid, str) and wid else Path(path).stem
+    run = document.get("run")
+    document["run"] = run if isinstance(run, int) and not isinstance(run, bool) and run > 0 else 1
+    return document
 
 
 def journal_to_json(records: Sequence[R.Rec]) -> list[dict[str, Any]]:
