@@ -27,6 +27,7 @@ from fusee._errors import (
     UnknownWorkflowError,
     WorkflowError,
 )
+from fusee._sealing import AesGcm, aes_gcm
 from fusee.engine.engine import Engine
 from fusee.engine.run_handle import Run, RunDescription, RunSummary
 from fusee.engine.schedules import ScheduleHandle, ScheduleSpec
@@ -55,6 +56,7 @@ if TYPE_CHECKING:  # loaded on first use (module __getattr__ below): not on a co
 __version__ = "0.1.0"
 
 __all__ = [
+    "AesGcm",
     "AlreadyExistsError",
     "BusyError",
     "CancelledError",
@@ -97,6 +99,7 @@ __all__ = [
     "VirtualClock",
     "Workflow",
     "WorkflowError",
+    "aes_gcm",
     "as_requester",
     "invocation_handler",
     "open_telemetry",

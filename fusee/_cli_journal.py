@@ -30,6 +30,7 @@ from fusee import journal as R
 from fusee._cli_common import EXIT_OK, EXIT_PARTIAL, Stop, table
 from fusee._cli_runs import TARGET_HELP, _opened, _shown
 from fusee._errors import SettingError
+from fusee._sealing import aes_gcm, keys_file
 from fusee.engine import replay as exports
 
 T = TypeVar("T")
@@ -82,6 +83,11 @@ def register(commands: Any) -> None:
         action="append",
         required=True,
         help="a module defining the workflows (dotted name, or a .py file); repeat for several",
+    )
+    check.add_argument(
+        "--keys-file",
+        type=Path,
+        help="the keys of journals exported encrypted: lines of '<key ID> <64 hex digits>'",
     )
     check.set_defaults(run=lambda args: _replay_check(args))
 
@@ -257,7 +263,7 @@ def _show(args: argparse.Namespace) -> int:
 
 def _replay_check(args: argparse.Namespace) -> int:
     workflows = _workflows(args.module)
-    replayer = exports.Replayer(workflows)
+    replayer = exports.Replayer(workflows, _codec(args.keys_file))
     # Each difference is printed below, once: not also as the engine's stuck-run warning.
     logging.getLogger("fusee").disabled = True
     outcomes = []
@@ -286,6 +292,17 @@ def _replay_check(args: argparse.Namespace) -> int:
         f"{len(outcomes)} journals: {len(outcomes) - len(stuck)} match the code, {len(stuck)} would be stuck"
     )
     return EXIT_PARTIAL if stuck else EXIT_OK
+
+
+def _codec(path: Path | None) -> Any:
+    if path is None:
+        return None
+    try:
+        return aes_gcm(keys_file(path.read_text(), str(path)))
+    except OSError as error:
+        raise Stop(f"--keys-file {path}: {error.strerror or error}") from None
+    except fusee.FuseeError as error:
+        raise Stop(f"--keys-file: {error.message}") from None
 
 
 def _workflows(modules: list[str]) -> list[Any]:

@@ -28,6 +28,7 @@ import msgspec
 
 import fusee
 from fusee._cli_common import ADDRESS_HELP, EXIT_OK, EXIT_PARTIAL, Stop, seconds, table
+from fusee._sealing import ENCODED, SEALED
 
 T = TypeVar("T")
 
@@ -271,6 +272,8 @@ def _plain(value: Any) -> Any:
     if isinstance(value, bytes):
         if value.startswith(b"\x00"):  # the codec's mark of a raw bytes value
             return {"$bytes": base64.b64encode(value[1:]).decode()}
+        if value[:1] == SEALED:  # encrypted, and this command has no key
+            return {ENCODED: base64.b64encode(value).decode()}
         try:
             return msgspec.json.decode(value)
         except msgspec.DecodeError:

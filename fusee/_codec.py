@@ -86,7 +86,7 @@ def decode(data: bytes, type_: Any = Any, what: str = "value") -> Any:
         try:
             return _decode_any(data)
         except (msgspec.DecodeError, RecursionError) as exc:
-            raise CodecError(f"{what} cannot be decoded: {exc}") from None
+            raise CodecError(_undecodable(data, what, exc)) from None
     decoder = _decoders.get(type_)
     if decoder is None:
         decoder = _decoders[type_] = msgspec.json.Decoder(type_)
@@ -95,7 +95,16 @@ def decode(data: bytes, type_: Any = Any, what: str = "value") -> Any:
     except msgspec.ValidationError as exc:
         raise CodecError(f"{what} does not match {_type_name(type_)}: {exc}") from None
     except (msgspec.DecodeError, RecursionError) as exc:
-        raise CodecError(f"{what} cannot be decoded: {exc}") from None
+        raise CodecError(_undecodable(data, what, exc)) from None
+
+
+def _undecodable(data: bytes, what: str, exc: Exception) -> str:
+    if data[:1] == b"\x01":  # fusee/_sealing.py's mark
+        return (
+            f"{what} is encrypted: open the engine (or client) with the codec that sealed it "
+            "(codec=fusee.aes_gcm(keys))"
+        )
+    return f"{what} cannot be decoded: {exc}"
 
 
 def convert(value: Any, type_: Any, what: str = "value") -> tuple[bytes, Any]:

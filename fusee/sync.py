@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar
 
 from fusee._audit import as_requester, requester
 from fusee._errors import Failure
+from fusee._sealing import AesGcm
 from fusee.client import Client as AsyncClient
 from fusee.client import ClientRun as AsyncRun
 from fusee.engine.run_handle import RunDescription, RunSummary
@@ -28,13 +29,18 @@ Out = TypeVar("Out")
 
 class Client:
     def __init__(
-        self, address: str, *, token_file: str | None = None, tls: dict[str, str] | None = None
+        self,
+        address: str,
+        *,
+        token_file: str | None = None,
+        tls: dict[str, str] | None = None,
+        codec: AesGcm | None = None,
     ) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="fusee-client", daemon=True)
         self.thread.start()
         try:
-            self.inner = self._wait(AsyncClient.connect(address, token_file=token_file, tls=tls))
+            self.inner = self._wait(AsyncClient.connect(address, token_file=token_file, tls=tls, codec=codec))
         except BaseException:
             self._stop()
             raise
@@ -42,9 +48,14 @@ class Client:
 
     @classmethod
     def connect(
-        cls, address: str, *, token_file: str | None = None, tls: dict[str, str] | None = None
+        cls,
+        address: str,
+        *,
+        token_file: str | None = None,
+        tls: dict[str, str] | None = None,
+        codec: AesGcm | None = None,
     ) -> Client:
-        return cls(address, token_file=token_file, tls=tls)
+        return cls(address, token_file=token_file, tls=tls, codec=codec)
 
     def _wait(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         by = requester()

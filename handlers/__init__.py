@@ -12,6 +12,7 @@
 | `FUSEE_INVOKE_TRACE` | `1`: one line per invocation event on standard error |
 | `FUSEE_INVOKE_BODY_TIMEOUT_S` | seconds a request's whole body may take to arrive (default 10; 408 after) |
 | `FUSEE_INVOKE_BODY_WAITS_MAX` | requests that may wait for their body at once (default 16; the oldest gets 503) |
+| `FUSEE_CODEC_KEYS_FILE` | payloads encrypted with AES-256-GCM: lines of `<key ID> <64 hex digits>`, the first encrypting (docs/engine.md, *Payload encryption*) |
 | `FUSEE_TELEMETRY` | `otel`: traces through the global OpenTelemetry tracer provider (`pip install 'fusee[otel]'`) |
 
 A missing or bad setting fails the import with a message naming it (SettingError), so a
@@ -50,6 +51,7 @@ def from_environment(environ: dict[str, str] | None = None) -> InvocationHandler
     timeout_s = _number(env, "FUSEE_INVOKE_BODY_TIMEOUT_S", float, BODY_TIMEOUT_S)
     waits_max = _number(env, "FUSEE_INVOKE_BODY_WAITS_MAX", int, BODY_WAITS_MAX)
     options = _telemetry(env.get("FUSEE_TELEMETRY", ""))
+    options.update(_codec(env.get("FUSEE_CODEC_KEYS_FILE", "")))
     return InvocationHandler(
         address,
         workflows=workflows,
@@ -58,6 +60,21 @@ def from_environment(environ: dict[str, str] | None = None) -> InvocationHandler
         body_waits_max=waits_max,
         **options,
     )
+
+
+def _codec(path: str) -> dict[str, Any]:
+    """`codec=` for the engines: AES-256-GCM with the keys of FUSEE_CODEC_KEYS_FILE (lines
+    of `<key ID> <64 hex digits>`, the first encrypting); nothing when unset."""
+    if not path:
+        return {}
+    from fusee._sealing import aes_gcm, keys_file
+
+    try:
+        return {"codec": aes_gcm(keys_file(open(path).read(), path))}
+    except OSError as error:
+        raise SettingError(f"FUSEE_CODEC_KEYS_FILE={path}: {error.strerror or error}") from None
+    except errors.FuseeError as error:
+        raise SettingError(f"FUSEE_CODEC_KEYS_FILE: {error.message}") from None
 
 
 def _telemetry(setting: str) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from fusee import _names as names
 from fusee import journal as R
 from fusee._audit import requester
 from fusee._errors import Failure, FuseeError, NoHolderError, failure_from
+from fusee._sealing import AesGcm, open_rec, wire_in, wire_out
 from fusee.client._link import Link
 from fusee.engine.coordinators import Coordinators
 from fusee.engine.coordinators.calls import wait_started
@@ -124,7 +125,7 @@ def error_of(answer: m.Answer) -> FuseeError:
     return error
 
 
-def _payload(value: Any, type_: Any, what: str) -> Any:
+def _payload(value: Any, type_: Any, what: str, sealer: AesGcm | None = None) -> Any:
     """`value` as the engine would record it: encoded as JSON (a `CodecError` naming the
     path of what JSON cannot hold, with the engine's wording), checked against `type_`
     when a definition gives one (the worker sees only the name, and would record a value
@@ -133,11 +134,13 @@ def _payload(value: Any, type_: Any, what: str) -> Any:
     data = codec.encode(value, what)
     if type_ is not Any:
         codec.decode(data, type_, what)
-    return codec.decode(data)
+    return wire_out(sealer, data)  # sealed with a codec: the server sees ciphertext only
 
 
-def _typed(value: Any, type_: Any, what: str) -> Any:
-    """An answer as the engine hands it back: read into `type_` from its JSON form."""
+def _typed(value: Any, type_: Any, what: str, sealer: AesGcm | None = None) -> Any:
+    """An answer as the engine hands it back: opened if sealed (and this client holds
+    the key), read into `type_` from its JSON form."""
+    value = wire_in(sealer, value)
     if type_ is Any or type_ is None:
         return value
     return codec.decode(codec.encode(value, what), type_, what)
@@ -147,9 +150,9 @@ def _type_name(workflow: Workflow[Any] | str) -> str:
     return names.name(workflow if isinstance(workflow, str) else workflow.name, "workflow type name")
 
 
-def _input(workflow: Workflow[Any] | str, input: Any) -> Any:
+def _input(workflow: Workflow[Any] | str, input: Any, sealer: AesGcm | None) -> Any:
     type_ = Any if isinstance(workflow, str) else workflow.input_type
-    return _payload(input, type_, "the workflow's input")
+    return _payload(input, type_, "the workflow's input", sealer)
 
 
 def _ms(timeout: Duration | None) -> int | None:
@@ -162,6 +165,8 @@ class Client:
     def __init__(self, link: Link) -> None:
         self.link = link
         self.telemetry: Any = None  # fusee.open_telemetry(): starts record the active span
+        # fusee.aes_gcm(keys): payloads sealed before they leave, opened when they come back
+        self.codec: AesGcm | None = None
         self.address = link.address
         self.schedules = Schedules(self)  # the same handles as an engine's (docs/schedules.md)
         self.coordinators = Coordinators(self)  # debounce and batch (docs/coordinators.md)
@@ -174,11 +179,13 @@ class Client:
         token_file: str | None = None,
         tls: dict[str, str] | None = None,
         telemetry: Any = None,
+        codec: AesGcm | None = None,
     ) -> Client:
         """`address` as the server's workers write it (`host:port?token-file=...`);
         `token_file` and `tls` ({"ca", "cert", "key", "name"}) add options to it. With
         `telemetry=fusee.open_telemetry()`, a start records the active span's traceparent
-        (docs/telemetry.md)."""
+        (docs/telemetry.md). With `codec=fusee.aes_gcm(keys)` (the workers' keys), payloads
+        leave sealed and answers are opened: the server holds only ciphertext."""
         parsed = parse(address)
         extra: dict[str, Any] = dict(tls or {})
         unknown = set(extra) - {"ca", "cert", "key", "name"}
@@ -190,8 +197,11 @@ class Client:
             parsed = msgspec.structs.replace(parsed, **extra)
         if telemetry is not None and not hasattr(telemetry, "traceparent"):
             raise errors.RejectedError(f"telemetry={telemetry!r}: expected fusee.open_telemetry() (or None)")
+        if codec is not None and not isinstance(codec, AesGcm):
+            raise errors.RejectedError(f"codec={codec!r}: expected fusee.aes_gcm(keys) (or None)")
         client = await cls.at(parsed)
         client.telemetry = telemetry
+        client.codec = codec
         return client
 
     @classmethod
@@ -287,7 +297,7 @@ class Client:
             self.shard_of(id),
             type=_type_name(wf),
             id=id,
-            input=_input(wf, input),
+            input=_input(wf, input, self.codec),
             id_policy=id_policy,
             timeout=_ms(timeout),
             version=version,
@@ -352,9 +362,9 @@ class Client:
             self.shard_of(id),
             type=_type_name(wf),
             id=id,
-            input=_input(wf, input),
+            input=_input(wf, input, self.codec),
             signal=names.name(sig.name, "signal name"),
-            value=_payload(value, sig.type, f"signal '{sig.name}'"),
+            value=_payload(value, sig.type, f"signal '{sig.name}'", self.codec),
             id_policy=id_policy,
             timeout=_ms(timeout),
         )
@@ -378,19 +388,19 @@ class Client:
             self.shard_of(id),
             type=_type_name(wf),
             id=id,
-            input=_input(wf, input),
+            input=_input(wf, input, self.codec),
             update=names.name(u.name, "update name"),
-            arg=_payload(arg, u.arg, f"update '{u.name}' argument"),
+            arg=_payload(arg, u.arg, f"update '{u.name}' argument", self.codec),
             id_policy=id_policy,
             timeout=_ms(timeout),
             # Drawn here, not by the worker: a call moved to the shard's next holder (a
             # handback) or sent again is then the same update, applied once.
             update_id=update_id if update_id is not None else uuid.uuid4().hex,
         )
-        return ClientRun(self, id, wf), _typed(value, u.result, f"update '{u.name}' result")
+        return ClientRun(self, id, wf), _typed(value, u.result, f"update '{u.name}' result", self.codec)
 
     async def complete(self, token: str, value: Any = None) -> None:
-        value = _payload(value, Any, "completion value")
+        value = _payload(value, Any, "completion value", self.codec)
         await self.call("complete", self.shard_of(_token_id(token)), token=token, value=value)
 
     async def fail(self, token: str, failure: BaseException | str | Failure) -> None:
@@ -461,7 +471,7 @@ class ClientRun(Generic[Out]):
             await asyncio.sleep(pause)
             pause = min(pause * 2, 1.0)
         type_ = self.workflow.output_type if self.workflow is not None else Any
-        result: Out = _typed(value, type_, "the workflow's result")
+        result: Out = _typed(value, type_, "the workflow's result", self.client.codec)
         return result
 
     async def signal(self, signal: Signal[Any] | str, value: Any = None, *, id: str | None = None) -> None:
@@ -471,7 +481,7 @@ class ClientRun(Generic[Out]):
         IDs*). Gives up after SIGNAL_RETRY_S, raising the last retriable error."""
         sig = signal_of(signal)
         name = names.name(sig.name, "signal name")
-        value = _payload(value, sig.type, f"signal '{sig.name}'")
+        value = _payload(value, sig.type, f"signal '{sig.name}'", self.client.codec)
         signal_id = id if id is not None else uuid.uuid4().hex
         deadline = asyncio.get_running_loop().time() + SIGNAL_RETRY_S
         pause = 0.05
@@ -491,14 +501,14 @@ class ClientRun(Generic[Out]):
     async def query(self, query: Query[Any, Any] | str, arg: Any = None) -> Any:
         q = query_of(query)
         name = names.name(q.name, "query name")
-        arg = _payload(arg, q.arg, "query argument")
+        arg = _payload(arg, q.arg, "query argument", self.client.codec)
         value = await self.client.call("query", self.shard, id=self.id, name=name, arg=arg)
-        return _typed(value, q.result, f"query '{q.name}' answer")
+        return _typed(value, q.result, f"query '{q.name}' answer", self.client.codec)
 
     async def update(self, update: Update[Any, Any] | str, arg: Any = None, *, id: str | None = None) -> Any:
         u = update_of(update)
         name = names.name(u.name, "update name")
-        arg = _payload(arg, u.arg, f"update '{u.name}' argument")
+        arg = _payload(arg, u.arg, f"update '{u.name}' argument", self.client.codec)
         value = await self.client.call(
             "update",
             self.shard,
@@ -507,7 +517,7 @@ class ClientRun(Generic[Out]):
             arg=arg,
             update_id=id if id is not None else uuid.uuid4().hex,  # see update_with_start
         )
-        return _typed(value, u.result, f"update '{u.name}' result")
+        return _typed(value, u.result, f"update '{u.name}' result", self.client.codec)
 
     async def status(self) -> RunSummary:
         row = await self.client.call("status", self.shard, id=self.id)
@@ -522,7 +532,10 @@ class ClientRun(Generic[Out]):
     async def describe(self) -> RunDescription:
         """The summary and the journal, as records (as the engine's)."""
         described = _described().decode(await self.client._answer("describe", self.shard, {"id": self.id}))
-        return RunDescription(described.summary, list(described.journal))
+        sealer = self.client.codec
+        if sealer is None:  # a sealed payload stays sealed: shown as {"$encoded": ...}
+            return RunDescription(described.summary, list(described.journal))
+        return RunDescription(described.summary, [open_rec(sealer, rec) for rec in described.journal])
 
     async def cancel(self, reason: str | None = None) -> None:
         reason = names.text(reason, "cancel reason")

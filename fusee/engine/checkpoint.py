@@ -14,7 +14,7 @@ from fusee._errors import FuseeError
 from fusee.engine.index import RunIndex, key_of
 from fusee.engine.outbox import Outbox
 from fusee.engine.run import RunState
-from fusee.journal import Checkpoint, IndexEntry, Status, encode_checkpoint
+from fusee.journal import Checkpoint, IndexEntry, Msg, Status, encode_checkpoint
 from fusee.storage.contract import ShardStore
 
 
@@ -41,6 +41,7 @@ class CheckpointHost(Protocol):
     def runs(self) -> Mapping[str, RunState]: ...
     def prune_finished(self) -> None: ...
     def put_frame(self, run: RunState) -> int: ...
+    def sealed_msg(self, msg: Msg) -> Msg: ...
     def poke(self) -> None: ...
     def stopped_error(self) -> FuseeError: ...
     async def durable_at(self, lsn: int) -> None: ...
@@ -85,7 +86,7 @@ def snapshot(shard: CheckpointHost) -> tuple[int, bytes]:
         ref = _frame_of(shard, run)
         status = Status.ACTIVE if run.status in (Status.RUNNING, Status.STUCK) else run.status
         entries.append(IndexEntry("", run.run_no, run.type, status, ref, run.next_due(), key_of(run.wid)))
-    outbox = [(p.msg, p.wid, p.run) for p in shard.outbox.pending.values()]
+    outbox = [(shard.sealed_msg(p.msg), p.wid, p.run) for p in shard.outbox.pending.values()]
     shard.outbox.prune_received()
     received = [(src, msg, failure) for (src, msg), failure in shard.outbox.received.items()]
     data = encode_checkpoint(Checkpoint(position, shard.outbox.next_msg, entries, outbox, received))

@@ -22,6 +22,7 @@ from fusee._errors import (
     RejectedError,
     failure_from,
 )
+from fusee._sealing import AesGcm, seal_msg
 from fusee.engine import idle, opening, registry
 from fusee.engine.coordinators import Coordinators
 from fusee.engine.coordinators.concurrency import from_outside
@@ -63,6 +64,9 @@ class Engine:
 
     # What a step out of retries does when its policy does not say: "fail" or "pause".
     on_exhausted = "fail"
+    # Payload encryption (`Engine.open(codec=fusee.aes_gcm(keys))`, fusee/_sealing.py):
+    # None, payloads stored plain, and every sealing site costs one test of this.
+    codec: AesGcm | None = None
 
     def __init__(
         self,
@@ -135,6 +139,7 @@ class Engine:
         shard_ids: Sequence[int] | None = None,
         address: str | None = None,
         telemetry: Telemetry | None = None,
+        codec: AesGcm | None = None,
     ) -> Engine:
         """Open an engine. `durability="memory"` keeps nothing; a directory (local mode)
         needs the `fusee-server` distribution's disk path; `durability="server"` (or
@@ -143,10 +148,14 @@ class Engine:
         they are let go of, and answers the calls clients send to its shards. If its
         connection goes (a server restart), it connects again by itself until closed, and
         takes its shards back (docs/server.md, *Reconnecting*). `telemetry=
-        fusee.open_telemetry()` traces runs through OpenTelemetry (docs/telemetry.md)."""
+        fusee.open_telemetry()` traces runs through OpenTelemetry (docs/telemetry.md).
+        `codec=fusee.aes_gcm(keys)` encrypts every payload before it is stored or leaves
+        the process (docs/engine.md, *Payload encryption*)."""
         if shards is not None and shards < 1:
             raise RejectedError(f"shards={shards}: need at least 1")
         on_exhausted = check_on_exhausted(on_exhausted, "Engine.open(on_exhausted=)")
+        if codec is not None and not isinstance(codec, AesGcm):
+            raise RejectedError(f"codec={codec!r}: expected fusee.aes_gcm(keys) (or None)")
         if storage is None:
             storage, granted = await opening.storage_for(dir, shards, durability, address)
             shard_ids = granted if shard_ids is None else shard_ids
@@ -162,6 +171,7 @@ class Engine:
             _telemetry(telemetry),
         )
         engine.on_exhausted = on_exhausted  # a step's Retry(on_exhausted=) overrides it
+        engine.codec = codec  # before any shard opens: recovery opens what is sealed
         try:
             await opening.open_shards(engine, shard_ids)
         except BaseException:
@@ -385,7 +395,9 @@ class Engine:
         index = self.shard_index(msg.target)
         shard = self.by_index.get(index)
         if shard is None:
-            self.storage.relay(index, msg)
+            # To another worker, through the server: a child's input, a signal's value and
+            # a result leave sealed.
+            self.storage.relay(index, msg if self.codec is None else seal_msg(self.codec, msg))
         else:
             shard.spawn(shard.messages.receive(msg))
 

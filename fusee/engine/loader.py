@@ -13,6 +13,7 @@ import msgspec
 
 from fusee import journal as R
 from fusee._errors import FuseeError
+from fusee._sealing import opened_frame
 from fusee.engine.index import RunIndex
 from fusee.engine.run import RunHost, RunState
 from fusee.engine.run_reads import RunReads
@@ -133,7 +134,7 @@ class RunLoader:
             if mine:
                 try:
                     data = await self.reads.read([entry.ref for _, entry, _, _, _ in mine])
-                    frames = [R.decode_frame(frame) for frame in data]
+                    frames = [opened_frame(self.shard.engine.codec, frame) for frame in data]
                 except Exception as error:  # noqa: BLE001 - an unreadable frame stops the shard
                     if self.shard.closed or self.shard.stop_error is not None:
                         # Closed or stopped while the read waited for its batch to leave:
@@ -247,7 +248,7 @@ class RunLoader:
         entry = self.shard.index_entries.get(wid)
         if entry is None:
             return None
-        frame = R.decode_frame((await self.reads.read([entry.ref]))[0])
+        frame = opened_frame(self.shard.engine.codec, (await self.reads.read([entry.ref]))[0])
         if frame.wid != wid:
             return None
         last = frame.records[-1]

@@ -10,6 +10,7 @@ finished runs stay index entries.
 from __future__ import annotations
 
 from fusee import journal as R
+from fusee._sealing import open_msg, open_rec, opened_frame, sealed_frame
 from fusee.engine.shard import Shard
 from fusee.journal import IndexEntry, Status
 
@@ -70,8 +71,9 @@ def _from_checkpoint(shard: Shard, checkpoint: R.Checkpoint) -> list[IndexEntry]
     shard.durability.reset(checkpoint.position)
     shard.checkpoint_position = checkpoint.position
     shard.outbox.next_msg = checkpoint.next_msg
+    codec = shard.engine.codec
     for msg, wid, run_no in checkpoint.outbox:
-        shard.outbox._add(msg, wid, run_no)
+        shard.outbox._add(msg if codec is None else open_msg(codec, msg), wid, run_no)
     for src, number, failure in checkpoint.received:
         shard.outbox.received[(src, number)] = failure
     active: list[IndexEntry] = []
@@ -92,10 +94,13 @@ async def _log_after(shard: Shard, position: int) -> tuple[dict[str, list[tuple[
     ID in order of first appearance (the shard's own records go to its outbox), and the
     position after the last record."""
     tails: dict[str, list[tuple[int, R.Rec]]] = {}
+    codec = shard.engine.codec
     while page := await shard.store.records(position):
         for data in page:
             position += 1
             logged = R.decode_entry(data)
+            if codec is not None:
+                logged.rec = open_rec(codec, logged.rec)
             if logged.wid == "":
                 shard.outbox.note("", 0, logged.rec, None)
             else:
@@ -106,7 +111,8 @@ async def _log_after(shard: Shard, position: int) -> tuple[dict[str, list[tuple[
 async def _frames(shard: Shard, entries: list[IndexEntry]) -> list[R.Frame]:
     if not entries:
         return []
-    return [R.decode_frame(data) for data in await shard.store.get_runs([e.ref for e in entries])]
+    codec = shard.engine.codec
+    return [opened_frame(codec, data) for data in await shard.store.get_runs([e.ref for e in entries])]
 
 
 def _journal_of(
@@ -139,7 +145,7 @@ def _revive(shard: Shard, wid: str, run_no: int, records: list[R.Rec], base: Ind
     last = records[-1]
     if isinstance(last, R.Finished):
         started = records[0]
-        ref = shard.store.put_run(R.encode_frame(R.Frame(wid, run_no, records)))
+        ref = shard.store.put_run(sealed_frame(shard.engine.codec, wid, run_no, records))
         type_ = started.type if isinstance(started, R.Started) else "?"
         expires = shard.now_ms() + shard.engine.retention_ms
         shard.index_entries.put(wid, IndexEntry(wid, run_no, type_, last.status, ref, expires))
@@ -149,6 +155,6 @@ def _revive(shard: Shard, wid: str, run_no: int, records: list[R.Rec], base: Ind
         # Ended in its replay. (A run that continued as new there began its next run,
         # which is the ID's run now: that one stays.)
         del shard.runs[wid]
-        ref = shard.store.put_run(R.encode_frame(R.Frame(wid, run_no, run.journal)))
+        ref = shard.store.put_run(sealed_frame(shard.engine.codec, wid, run_no, run.journal))
         expires = shard.now_ms() + shard.engine.retention_ms
         shard.index_entries.put(wid, IndexEntry(wid, run_no, run.type, run.status, ref, expires))

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from fusee import _codec as codec
 from fusee import _errors as errors
 from fusee._audit import as_requester
 from fusee._errors import (
@@ -37,8 +38,9 @@ from fusee._errors import (
     RejectedError,
     _FailureError,
 )
+from fusee._sealing import AesGcm, seal_rec, wire_in, wire_out
 from fusee.engine.durability import RELAYED
-from fusee.engine.run_handle import Run, RunSummary, list_runs
+from fusee.engine.run_handle import Run, RunDescription, RunSummary, list_runs
 from fusee.engine.shard import Shard
 from fusee.protocol import messages as m
 from fusee.protocol.frames import FrameError
@@ -57,6 +59,7 @@ class ServedEngine(Protocol):
     one go."""
 
     before_leave: Callable[[int, float | None], Awaitable[None]] | None
+    codec: AesGcm | None
 
     @property
     def closed(self) -> bool: ...
@@ -218,7 +221,7 @@ class CallServer:
                 # by the calls that audit (docs/run-operations.md, *Audit*).
                 by = args.get("by")
                 with as_requester(by if isinstance(by, str) else None):
-                    value = await method(self.engine, args)
+                    value = await call_sealed(self.engine, call.method, method, args)
             answer = m.Answer(call.rid, _encode(value))
         except asyncio.CancelledError as cancelled:
             task = asyncio.current_task()
@@ -272,9 +275,36 @@ async def answer_here(engine: ServedEngine, call: m.Call) -> m.Answer:
             raise RejectedError("a call's arguments are a map")
         by = args.get("by")  # who asked, recorded by the calls that audit (as in CallServer)
         with as_requester(by if isinstance(by, str) else None):
-            return m.Answer(call.rid, _encode(await method(engine, args)))
+            return m.Answer(call.rid, _encode(await call_sealed(engine, call.method, method, args)))
     except (FuseeError, *MALFORMED) as error:
         return error_answer(call, error)
+
+
+# Payload encryption (fusee/_sealing.py): the arguments that carry payloads, and the calls
+# whose answers do. A worker with a codec opens what a client sealed, and seals what it
+# answers: the server in between holds only ciphertext.
+PAYLOAD_ARGS = ("input", "value", "arg")
+PAYLOAD_ANSWERS = frozenset({"result", "query", "update", "update_with_start"})
+
+
+async def call_sealed(
+    engine: ServedEngine,
+    name: str,
+    method: Callable[[ServedEngine, dict[str, Any]], Awaitable[Any]],
+    args: dict[str, Any],
+) -> Any:
+    sealer = engine.codec
+    if sealer is None:
+        return await method(engine, args)
+    for key in PAYLOAD_ARGS:
+        if key in args:
+            args[key] = wire_in(sealer, args[key])
+    value = await method(engine, args)
+    if name in PAYLOAD_ANSWERS:
+        return wire_out(sealer, codec.encode(value, f"the {name} answer"))
+    if name == "describe":
+        return RunDescription(value.summary, [seal_rec(sealer, rec) for rec in value.journal])
+    return value
 
 
 def _summary(row: Any) -> dict[str, Any]:

@@ -3,6 +3,7 @@ the first difference. Used by `TestEngine.check()`, the golden journals and `Rep
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import msgspec
 from fusee import _codec as codec
 from fusee import journal as R
 from fusee._errors import DeterminismError, Failure, FuseeError
+from fusee._sealing import ENCODED, SEALED, AesGcm, open_rec
 from fusee.engine.run import RunState
 from fusee.journal import Status
 from fusee.workflow.definitions import DEFAULT_RETRY, Workflow
@@ -43,8 +45,9 @@ class _Sandbox:
 class Replayer:
     """Replays journals against the registered code."""
 
-    def __init__(self, workflows: Sequence[Workflow[Any]]) -> None:
+    def __init__(self, workflows: Sequence[Workflow[Any]], codec: AesGcm | None = None) -> None:
         self.workflows = {wf.name: wf for wf in workflows}
+        self.codec = codec  # opens journals exported encrypted (through a server, say)
 
     def replay(self, records: Sequence[R.Rec], wid: str = "replay", run_no: int = 1) -> None:
         """Raise DeterminismError naming the first difference between code and journal."""
@@ -57,6 +60,8 @@ class Replayer:
             )
         if started.type not in self.workflows:
             raise DeterminismError(f"run '{wid}': no code registered for workflow type '{started.type}'")
+        if self.codec is not None:
+            records = [open_rec(self.codec, rec) for rec in records]
         sandbox = _Sandbox(self.workflows)
         run = RunState(sandbox, wid, run_no, started)  # type: ignore[arg-type]
         run.replay(list(records))
@@ -170,6 +175,9 @@ def journal_to_json(records: Sequence[R.Rec]) -> list[dict[str, Any]]:
             if name in payloads:
                 if value is None:
                     continue
+                if value[:1] == SEALED:  # encrypted, kept so: replay needs the codec's keys
+                    row[name] = {ENCODED: base64.b64encode(value).decode()}
+                    continue
                 value = codec.decode(value)
                 if isinstance(value, bytes):
                     value = {"$bytes": value.hex()}
@@ -247,7 +255,10 @@ def _record_of(row: Any) -> R.Rec:
             continue
         if name in payloads:
             is_raw = isinstance(value, dict) and set(value) == {"$bytes"}
-            value = codec.encode(bytes.fromhex(value["$bytes"]) if is_raw else value)
+            if isinstance(value, dict) and set(value) == {ENCODED} and isinstance(value[ENCODED], str):
+                value = _sealed_bytes(value[ENCODED])
+            else:
+                value = codec.encode(bytes.fromhex(value["$bytes"]) if is_raw else value)
         elif name in _NESTED:
             value = _from_builtins(value, _NESTED[name])
         fields[name] = value
@@ -256,6 +267,16 @@ def _record_of(row: Any) -> R.Rec:
     # record read back from disk is.
     decoded: R.Rec = R.decode_entry(R.encode_entry(R.Entry("", 0, rec))).rec
     return decoded
+
+
+def _sealed_bytes(text: str) -> bytes:
+    try:
+        data = base64.b64decode(text, validate=True)
+    except ValueError:
+        raise FuseeError("an $encoded payload is not base64") from None
+    if data[:1] != SEALED:
+        raise FuseeError("an $encoded payload does not hold a sealed payload")
+    return data
 
 
 def _from_builtins(value: Any, type_: Any) -> Any:

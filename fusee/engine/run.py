@@ -44,6 +44,7 @@ from fusee.workflow.ops import (
 )
 
 if TYPE_CHECKING:
+    from fusee._sealing import AesGcm
     from fusee.engine.telemetry import RunTrace, Telemetry
 
 log = logging.getLogger("fusee")
@@ -64,6 +65,8 @@ class RunSettings(Protocol):
     def default_retry(self) -> Retry: ...
     @property
     def telemetry(self) -> Telemetry | None: ...
+    @property
+    def codec(self) -> AesGcm | None: ...  # what seals its payloads in storage (fusee/_sealing.py)
 
 
 class _TimerAdd(Protocol):

@@ -25,6 +25,7 @@ from fusee import _names as names
 from fusee import journal as R
 from fusee._audit import requester
 from fusee._errors import FuseeError, NotFoundError, RejectedError
+from fusee._sealing import seal_rec
 from fusee.engine.run import RunState, stop_step
 from fusee.journal import FINAL, Msg, Status
 from fusee.workflow.ops import StepOp
@@ -199,8 +200,11 @@ def _append_copy(shard: Shard, wid: str, run_no: int, started: R.Started, record
     durability = shard.durability
     out: list[Msg] = []
     lsn = durability.appended
+    codec = shard.engine.codec
     for rec in records:
-        lsn = durability.stage(R.encode_entry(R.Entry(wid, run_no, rec)))
+        lsn = durability.stage(
+            R.encode_entry(R.Entry(wid, run_no, rec if codec is None else seal_rec(codec, rec)))
+        )
         sent = shard.outbox.note(wid, run_no, rec, started.parent)
         if sent is not None:
             out += sent if isinstance(sent, list) else [sent]

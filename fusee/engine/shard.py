@@ -23,6 +23,7 @@ from fusee._errors import (
     FuseeError,
     IoError,
 )
+from fusee._sealing import AesGcm, open_msg, seal_msg, seal_rec, sealed_frame
 from fusee.engine import checkpoint as checkpoints
 from fusee.engine import idle
 from fusee.engine.callers import Callers
@@ -92,6 +93,8 @@ class ShardHost(Protocol):
     def permits(self) -> Limits: ...
     @property
     def on_exhausted(self) -> str: ...
+    @property
+    def codec(self) -> AesGcm | None: ...
     def step_threads(self) -> ThreadPoolExecutor: ...
     def callback_url(self, token: str) -> str | None: ...
     def route(self, msg: Msg) -> None: ...
@@ -185,7 +188,8 @@ class Shard(RunLife):
         """Stage a run's record. Visible at once; durable with the next flush."""
         # The hot path of every step: `Durability.stage` and the fast case of `made`, inline.
         durability = self.durability
-        entry = R.encode_entry(R.Entry(run.wid, run.run_no, rec))
+        codec = self.engine.codec
+        entry = R.encode_entry(R.Entry(run.wid, run.run_no, rec if codec is None else seal_rec(codec, rec)))
         durability.bytes += len(entry)
         durability.appending = True
         durability.appended = lsn = self.store.append(entry)
@@ -216,7 +220,8 @@ class Shard(RunLife):
             self.early.append(item)
             return
         if isinstance(item, Msg):
-            self.spawn(self.messages.receive(item))
+            codec = self.engine.codec
+            self.spawn(self.messages.receive(item if codec is None else open_msg(codec, item)))
         else:
             self.spawn(self.messages.acked(item))
 
@@ -423,7 +428,12 @@ class Shard(RunLife):
         """Write a run's journal to the run store; its offset. A write the store cannot make
         is reported by the store and stops the shard (a frame it cannot write is one it
         cannot reference)."""
-        return self.store.put_run(R.encode_frame(R.Frame(run.wid, run.run_no, run.journal)))
+        return self.store.put_run(sealed_frame(self.engine.codec, run.wid, run.run_no, run.journal))
+
+    def sealed_msg(self, msg: Msg) -> Msg:
+        """A message as it is stored in a checkpoint: its payload sealed, with a codec."""
+        codec = self.engine.codec
+        return msg if codec is None else seal_msg(codec, msg)
 
     def prune_finished(self) -> None:
         """Forget finished runs whose retention ended: they leave the index (lookups find

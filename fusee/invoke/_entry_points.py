@@ -61,7 +61,7 @@ Send = Callable[[Message], Awaitable[None]]
 # What Engine.open takes besides what an invocation decides itself (the storage, the
 # shards, park_after): the rest would contradict it.
 REFUSALS_EVERY_S = 10.0
-ENGINE_OPTIONS = ("retention", "profile", "record_stacks", "retry", "clock", "telemetry")
+ENGINE_OPTIONS = ("retention", "profile", "record_stacks", "retry", "clock", "telemetry", "codec")
 _JSON = [("content-type", "application/json")]
 _CLOSE = ("connection", "close")
 # The key of a direct Lambda invocation's event (fusee_server/lambda_client.py sends it).
@@ -293,7 +293,8 @@ def invocation_handler(
     `body_timeout_s`, `body_waits_max` (ASGI): the whole body arrives within this many
     seconds of the headers (408 otherwise), and at most this many requests wait for theirs
     at once (the longest waiting is answered 503 to make room): see fusee/invoke/_body.py.
-    `engine_options`: retention, profile, record_stacks, retry, clock, as for Engine.open."""
+    `engine_options`: retention, profile, record_stacks, retry, clock, telemetry, codec, as
+    for Engine.open."""
     return InvocationHandler(
         address,
         workflows=workflows,

@@ -37,6 +37,7 @@ from fusee import _codec as codec
 from fusee import _names as names
 from fusee import journal as R
 from fusee._errors import DOCS, FuseeError, RejectedError
+from fusee._sealing import ENCODED, SEALED
 from fusee.engine.tokens import parse_token
 from fusee.journal import FINAL
 from fusee.protocol import messages as m
@@ -560,6 +561,8 @@ def _plain(value: Any) -> Any:
     if isinstance(value, bytes):
         if value[:1] == codec.RAW:
             return {"base64": base64.b64encode(value[1:]).decode()}
+        if value[:1] == SEALED:  # encrypted by the worker's codec: the server has no key
+            return {ENCODED: base64.b64encode(value).decode()}
         try:
             return msgspec.json.decode(value)
         except msgspec.DecodeError:  # an encrypted payload, say: shown as its bytes

@@ -611,11 +611,11 @@ def test_every_error_has_code_and_docs(cls):
 
 def test_public_names_are_pinned():
     pinned = """
-        AlreadyExistsError BusyError CancelledError ChildError ChildHandle Client ClosedError CodecError
+        AesGcm AlreadyExistsError BusyError CancelledError ChildError ChildHandle Client ClosedError CodecError
         Completion Concurrency ConnectionError Ctx DeterminismError Durability Engine Failure Fatal FuseeError
         IoError LeaseLostError NoHolderError NotFoundError Query RejectedError Replayer Retry Run RunDescription RunSummary
         ScheduleHandle ScheduleSpec Signal StepContext StepError SystemClock TerminatedError TimeoutError UnknownWorkflowError Update
-        VirtualClock Workflow WorkflowError as_requester invocation_handler open_telemetry query signal update workflow
+        VirtualClock Workflow WorkflowError aes_gcm as_requester invocation_handler open_telemetry query signal update workflow
     """.split()
     assert sorted(fusee.__all__) == pinned
     namespace: dict[str, object] = {}

@@ -229,3 +229,21 @@ def test_uvicorn_serves_the_trace_on_its_standard_error(uvicorn_app: Uvicorn) ->
     uvicorn_app.wait_for(r"^fusee invoke - \+[\d.]+ms refused status=401 why='no fusee-signature header'$")
     status, headers, _ = uvicorn_app.request("GET", {}, b"")
     assert (status, headers["allow"]) == (405, "POST")
+
+
+def test_a_keys_file_makes_the_engines_encrypt(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.txt"
+    keys.write_text(f"# newest first\nk2 {'ab' * 32}\nk1 {'cd' * 32}\n")
+    handler = handlers.from_environment({**GOOD, "FUSEE_CODEC_KEYS_FILE": str(keys)})
+    assert handler.engine_options["codec"].key_ids == ["k2", "k1"]
+    assert "codec" not in handlers.from_environment(GOOD).engine_options
+    for text, message in [
+        ("k1 abcd\n", "32 bytes"),
+        ("k1\n", "expected '<key ID> <64 hex digits>'"),
+        ("# nothing\n", "no keys in it"),
+    ]:
+        keys.write_text(text)
+        with pytest.raises(handlers.SettingError, match=f"FUSEE_CODEC_KEYS_FILE.*{message}"):
+            handlers.from_environment({**GOOD, "FUSEE_CODEC_KEYS_FILE": str(keys)})
+    with pytest.raises(handlers.SettingError, match="FUSEE_CODEC_KEYS_FILE=.*No such file"):
+        handlers.from_environment({**GOOD, "FUSEE_CODEC_KEYS_FILE": str(tmp_path / "gone")})

@@ -261,7 +261,42 @@ async def tenant(ctx: fusee.Ctx, x: dict) -> int:
     return sum(done)
 
 
+whisper = fusee.signal("whisper", str)
+confide = fusee.update("confide", arg=str, result=str)
+
+
+@fusee.workflow("secret_child")
+async def secret_child(ctx: fusee.Ctx, text: str) -> str:
+    return str(await ctx.step("echo", lambda: text + "-child-step"))
+
+
+@fusee.workflow("secret")
+async def secret(ctx: fusee.Ctx, text: str) -> dict:
+    """Every kind of payload, each holding `text` (a marker the encryption tests look for
+    in the data directory and on the wire): input, a step's result, heartbeat progress,
+    a child's input and result, a signal, an update's argument and result, the result."""
+    confided: list[str] = []
+
+    def keep(arg: str) -> str:
+        confided.append(arg)
+        return arg + "-update-result"
+
+    ctx.on_update(confide, keep)
+
+    async def beating(s: fusee.StepContext) -> str:
+        s.heartbeat(text + "-progress")
+        await asyncio.sleep(0.05)
+        return text + "-step"
+
+    stepped = await ctx.step("beat", beating)
+    child = await ctx.child(secret_child, f"{ctx.workflow_id}/child", text + "-child-input")
+    heard = await ctx.wait_for(whisper)
+    return {"step": stepped, "child": child, "signal": heard, "updates": confided}
+
+
 WORKFLOWS = [
+    secret,
+    secret_child,
     steps,
     parent,
     waiter,

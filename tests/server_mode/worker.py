@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 
@@ -35,8 +36,10 @@ async def serve(engine: fusee.Engine, stop: asyncio.Event) -> None:
 async def main(address: str) -> None:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    keys = os.environ.get("FUSEE_TEST_KEYS")  # "k2=<hex>,k1=<hex>": payloads encrypted
+    codec = fusee.aes_gcm(dict(pair.split("=") for pair in keys.split(","))) if keys else None
     engine = await fusee.Engine.open(
-        durability="server", address=address, workflows=WORKFLOWS, park_after="200ms"
+        durability="server", address=address, workflows=WORKFLOWS, park_after="200ms", codec=codec
     )
     print("ready", " ".join(str(s.index) for s in engine.shards), flush=True)
     await serve(engine, stop)

@@ -258,8 +258,10 @@ class Worker(Proc):
     """A worker process running tests/server_mode/worker.py; `held` is the shards it says
     it holds."""
 
-    def __init__(self, address: str, steps_file: Path | None = None) -> None:
-        env = {"FUSEE_TEST_STEPS": str(steps_file)} if steps_file is not None else {}
+    def __init__(
+        self, address: str, steps_file: Path | None = None, env: dict[str, str] | None = None
+    ) -> None:
+        env = {**({"FUSEE_TEST_STEPS": str(steps_file)} if steps_file is not None else {}), **(env or {})}
         super().__init__([sys.executable, "-m", "tests.server_mode.worker", address], env)
         found = self.wait_for(r"^ready ?(.*)$")
         self.initial = [int(s) for s in found.group(1).split()]

@@ -16,7 +16,10 @@ from typing import Any
 
 
 def show(value: Any) -> str:
-    """A payload as JSON text, for a <pre> (the template escapes it)."""
+    """A payload as JSON text, for a <pre> (the template escapes it); an encrypted one
+    as `encrypted` (the server holds no key: see docs/web-ui.md for a codec endpoint)."""
+    if isinstance(value, dict) and set(value) == {"$encoded"}:
+        return "encrypted"
     try:
         return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)
     except (TypeError, ValueError):
