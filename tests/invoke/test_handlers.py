@@ -245,5 +245,5 @@ def test_a_keys_file_makes_the_engines_encrypt(tmp_path: Path) -> None:
         keys.write_text(text)
         with pytest.raises(handlers.SettingError, match=f"FUSEE_CODEC_KEYS_FILE.*{message}"):
             handlers.from_environment({**GOOD, "FUSEE_CODEC_KEYS_FILE": str(keys)})
-    with pytest.raises(handlers.SettingError, match="FUSEE_CODEC_KEYS_FILE=.*No such file"):
+    with pytest.raises(handlers.SettingError, match=r"FUSEE_CODEC_KEYS_FILE=.*No such file"):
         handlers.from_environment({**GOOD, "FUSEE_CODEC_KEYS_FILE": str(tmp_path / "gone")})
