@@ -129,6 +129,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     server.add_argument("args", nargs=argparse.REMAINDER)
     server.set_defaults(run=_run_server)
+
+    codec_server = commands.add_parser(
+        "codec-server",
+        help="decode encrypted payloads for the web UI, where the keys are (fusee codec-server --help)",
+        add_help=False,
+        allow_abbrev=False,
+        prefix_chars="\0",
+    )
+    codec_server.add_argument("args", nargs=argparse.REMAINDER)
+    codec_server.set_defaults(run=_run_codec_server)
     return parser
 
 
@@ -248,6 +258,14 @@ def _run_server(args: argparse.Namespace) -> int:
     )
     server.add_arguments(parser)
     code: int = server.run(parser.parse_args(args.args))
+    return code
+
+
+def _run_codec_server(args: argparse.Namespace) -> int:
+    _native()
+    from fusee_server import codec_server
+
+    code: int = codec_server.main(args.args)
     return code
 
 

@@ -256,7 +256,12 @@ class HttpApi:
     while the stop flushes and closes the log rather than refusing connections."""
 
     def __init__(
-        self, server: Server, tokens: Tokens, tls: bool = False, identity_header: str | None = None
+        self,
+        server: Server,
+        tokens: Tokens,
+        tls: bool = False,
+        identity_header: str | None = None,
+        codec_url: str | None = None,
     ) -> None:
         self.server = server
         self.tokens = tokens
@@ -267,7 +272,7 @@ class HttpApi:
         app = self.runs.app(self.guard)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
-        WebUi(self.runs, server_shards(server)).add_to(app, self.guard)
+        WebUi(self.runs, server_shards(server), codec_url=codec_url).add_to(app, self.guard)
         # No access log: a line per scrape every few seconds would bury the lease events.
         self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_S)
 

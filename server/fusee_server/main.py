@@ -64,6 +64,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="behind a proxy that signs people in: this HTTP header names who asks (kept as `by`)",
     )
     parser.add_argument(
+        "--codec-url",
+        metavar="URL",
+        help="a codec endpoint (fusee codec-server) the web UI's pages ask to decode encrypted "
+        "payloads; the keys and the plain payloads never reach this server",
+    )
+    parser.add_argument(
         "--public-url",
         metavar="URL",
         help="where the HTTP API is reached from outside: the base of the callback URLs (cb.url) "
@@ -137,6 +143,15 @@ def _warn_exposed(
                 "and give scrapers the --read-token-file token, not the worker token)",
                 http[0],
             )
+
+
+def _codec_url(given: str | None) -> str | None:
+    if given is None:
+        return None
+    url = given.rstrip("/")
+    if not url.startswith(("http://", "https://")) or any(c in url for c in " '\";"):
+        raise SettingError(f"--codec-url {given}: expected an http:// or https:// URL")
+    return url
 
 
 def _public_url(given: str | None, http: tuple[str, int] | None, tls: bool) -> str | None:
@@ -253,6 +268,9 @@ async def serve(args: argparse.Namespace) -> int:
     unix_mode = _unix_mode(args.unix_mode)
     invoked = endpoints.from_args(args)
     public_url = _public_url(args.public_url, http, args.tls_cert is not None)
+    codec_url = _codec_url(args.codec_url)
+    if codec_url is not None and http is None:
+        raise SettingError("--codec-url is for the web UI: it needs --http")
     security = Security(args)
     tls = security.tls
     _warn_exposed(listen, http, security.tokens.worker is not None, tls is not None)
@@ -293,7 +311,7 @@ async def serve(args: argparse.Namespace) -> int:
         raise SettingError(f"--listen/--unix: {error.strerror or error}") from None
     api = None
     if http is not None:
-        api = HttpApi(server, security.tokens, tls is not None, args.identity_header)
+        api = HttpApi(server, security.tokens, tls is not None, args.identity_header, codec_url)
         security.watchers.append(api.guard)
         try:
             port = await api.start(http_sockets, tls)

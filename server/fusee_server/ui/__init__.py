@@ -51,14 +51,25 @@ def _environment() -> jinja2.Environment:
     return env
 
 
+def _origin(url: str) -> str:
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://{rest.split('/', 1)[0]}"
+
+
 class WebUi:
     """The pages, over `api` (the `/v1` handlers); `shards` reads who holds what."""
 
-    def __init__(self, api: RunsApi, shards: ShardsView, title: str = "Fusee") -> None:
+    def __init__(
+        self, api: RunsApi, shards: ShardsView, title: str = "Fusee", codec_url: str | None = None
+    ) -> None:
         self.api = api
         self.shards = shards
         self.title = title
         self.env = _environment()
+        # `--codec-url`: pages ask it to decode encrypted payloads (docs/web-ui.md); the
+        # CSP lets them reach it and nothing else.
+        self.codec_url = codec_url
+        self.env.globals["CODEC_URL"] = codec_url or ""
         self.guard: Guard | None = None  # set by add_to: whose token a page is read with
 
     def add_to(self, app: web.Application, guard: Guard) -> None:
@@ -80,9 +91,10 @@ class WebUi:
         body = self.env.get_template(template).render(title=self.title, **values)
         # The pages carry no inline script: a CSP that allows only this site's own
         # scripts keeps an escaped-but-missed string from ever running.
+        connect = f"connect-src 'self' {_origin(self.codec_url)}; " if self.codec_url else ""
         headers = {
             "Content-Security-Policy": "default-src 'self'; style-src 'self'; script-src 'self'; "
-            "frame-ancestors 'none'",
+            f"{connect}frame-ancestors 'none'",
             "X-Content-Type-Options": "nosniff",
             "Cache-Control": "no-store",
         }

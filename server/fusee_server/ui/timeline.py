@@ -15,11 +15,23 @@ from datetime import UTC, datetime
 from typing import Any
 
 
+class Encoded(str):
+    """An encrypted payload, shown as `encrypted`; `b64` is its sealed bytes, which a page
+    hands to the codec endpoint to show it decoded (`--codec-url`)."""
+
+    b64: str
+
+    def __new__(cls, b64: Any) -> Encoded:
+        shown = super().__new__(cls, "encrypted")
+        shown.b64 = b64 if isinstance(b64, str) else ""
+        return shown
+
+
 def show(value: Any) -> str:
     """A payload as JSON text, for a <pre> (the template escapes it); an encrypted one
     as `encrypted` (the server holds no key: see docs/web-ui.md for a codec endpoint)."""
     if isinstance(value, dict) and set(value) == {"$encoded"}:
-        return "encrypted"
+        return Encoded(value["$encoded"])
     try:
         return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)
     except (TypeError, ValueError):

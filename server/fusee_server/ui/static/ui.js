@@ -75,3 +75,36 @@ document.addEventListener("submit", (event) => {
   document.cookie = `fusee-token=${encodeURIComponent(token)}; Path=/; SameSite=Strict${secure}`;
   location.reload();
 });
+
+// Encrypted payloads: with a codec endpoint (`fusee server --codec-url`, served by `fusee
+// codec-server` where the keys are), the page sends the sealed bytes it shows to it and
+// puts the decoded values in their place. The keys and the plain payloads never reach the
+// Fusee server; without an endpoint they stay "encrypted".
+async function decodePayloads(root) {
+  const url = document.body.dataset.codecUrl;
+  if (!url) return;
+  const shown = Array.from(root.querySelectorAll("pre.encoded[data-encoded]"));
+  if (shown.length === 0) return;
+  try {
+    const response = await fetch(url + "/decode", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ payloads: shown.map((pre) => pre.dataset.encoded) }),
+    });
+    const answer = await response.json();
+    shown.forEach((pre, i) => {
+      const value = answer.payloads ? answer.payloads[i] : null;
+      if (value === null || value === undefined) {
+        pre.textContent = "encrypted (the codec endpoint cannot decode it)";
+        return;
+      }
+      pre.textContent = JSON.stringify(value, null, 2); // text, never HTML
+      pre.classList.replace("encoded", "decoded");
+    });
+  } catch (error) {
+    shown.forEach((pre) => { pre.textContent = `encrypted (codec endpoint: ${error.message})`; });
+  }
+}
+
+document.addEventListener("DOMContentLoaded", () => decodePayloads(document));
+document.addEventListener("htmx:afterSwap", () => decodePayloads(document));
