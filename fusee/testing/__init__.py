@@ -52,6 +52,7 @@ class TestEngine:
         )
         self.mocks: dict[tuple[str, str], Callable[[int], Any]] = {}
         self.telemetry: Any = None
+        self.codec: Any = None
         self.engine: Engine
 
     @classmethod
@@ -66,10 +67,12 @@ class TestEngine:
         storage: Storage | None = None,
         on_exhausted: str = "fail",
         telemetry: Any = None,
+        codec: Any = None,
     ) -> TestEngine:
         t = cls(workflows, shards, park_after, flush_on_turn, dir, storage)
         t.on_exhausted = on_exhausted
         t.telemetry = telemetry  # fusee.open_telemetry(provider): kept across crash()
+        t.codec = codec  # fusee.aes_gcm(keys): payloads sealed in storage, kept across crash()
         await t._open()
         return t
 
@@ -87,6 +90,7 @@ class TestEngine:
             storage=self.storage,
             on_exhausted=self.on_exhausted,
             telemetry=self.telemetry,
+            codec=self.codec,
         )
         self.engine.step_mocks = self.mocks
 

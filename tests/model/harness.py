@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import gc
 import itertools
+import os
 import shutil
 import tempfile
 import time
@@ -229,6 +230,10 @@ class Harness:
     async def open(self, fault_seed: int = 0) -> None:
         LEDGER.valve = asyncio.Event()
         options: dict[str, Any] = {"shards": SHARDS}
+        if self.mode in ("local", "faulty") and not os.environ.get("FUSEE_MODEL_PLAIN"):
+            # Payloads sealed in storage (docs/engine.md, *Payload encryption*): every
+            # recovery, load and relay of these sequences opens what they stored.
+            options["codec"] = CODEC
         if self.mode == "flush_on_turn":
             options["flush_on_turn"] = True
         elif self.mode == "local":
@@ -439,8 +444,14 @@ def _waiting_permit(op: StepOp) -> bool:
     return op.limit is not None and op.permit is None and op.task is None
 
 
+CODEC = fusee.aes_gcm({"model": b"\x07" * 32})
+
+
 def _kw(options: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={str(v)!r}" if isinstance(v, Path) else f"{k}={v!r}" for k, v in options.items())
+    return ", ".join(
+        f"{k}={str(v)!r}" if isinstance(v, Path) else "codec=CODEC" if k == "codec" else f"{k}={v!r}"
+        for k, v in options.items()
+    )
 
 
 def model_settings(examples: int, steps: int, explain: bool = False) -> Any:
