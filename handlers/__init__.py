@@ -70,7 +70,9 @@ def _codec(path: str) -> dict[str, Any]:
     from fusee._sealing import aes_gcm, keys_file
 
     try:
-        return {"codec": aes_gcm(keys_file(open(path).read(), path))}
+        with open(path) as file:
+            text = file.read()
+        return {"codec": aes_gcm(keys_file(text, path))}
     except OSError as error:
         raise SettingError(f"FUSEE_CODEC_KEYS_FILE={path}: {error.strerror or error}") from None
     except errors.FuseeError as error:
