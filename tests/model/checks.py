@@ -86,6 +86,10 @@ async def check(h: Harness, far: bool = False) -> None:
 async def _check(h: Harness, far: bool) -> None:
     if h.loop_errors:
         raise Violation("documented-errors", f"an exception escaped into the event loop: {h.loop_errors[0]}")
+    if LEDGER.invented:
+        raise Violation(
+            "heartbeats", f"s.progress() handed back progress never heartbeated: {LEDGER.invented[0]}"
+        )
     t = h.t
     runs: dict[str, tuple[int, str, list[R.Rec]]] = {}
     wids = set(h.o.min_run) | {wid for wid, _ in h.observed}

@@ -72,6 +72,8 @@ class Ledger:
     values: int = 0
     tokens: list[tuple[str, str]] = field(default_factory=list)  # (workflow id, token)
     comps: dict[tuple[str, int], list[str]] = field(default_factory=dict)  # reached compensations
+    beats: dict[str, list[int]] = field(default_factory=dict)  # a step's heartbeats, by its key
+    invented: list[str] = field(default_factory=list)  # progress no attempt ever heartbeated
     valve: asyncio.Event | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -87,6 +89,8 @@ class Ledger:
         self.values = 0
         self.tokens.clear()
         self.comps.clear()
+        self.beats.clear()
+        self.invented.clear()
         self.valve = None
 
 
@@ -101,6 +105,25 @@ def _counted(fail_first: int = 0) -> Any:
         if s.attempt <= fail_first:
             raise RuntimeError(f"attempt {s.attempt} fails (plan: first {fail_first})")
         return value
+
+    return fn
+
+
+def _beating() -> Any:
+    """A step that heartbeats pages 1..3 and starts from `s.progress()`: across crashes,
+    handbacks and restarts, the progress it is handed must be one it heartbeated."""
+    epoch = LEDGER.epoch
+
+    async def fn(s: fusee.StepContext) -> int:
+        sent = LEDGER.beats.setdefault(s.key, [])
+        got = s.progress()
+        if got is not None and got not in sent:
+            LEDGER.invented.append(f"step {s.key}: progress {got!r}, heartbeats sent {sent}")
+        for page in range(got or 0, 3):
+            sent.append(page + 1)
+            s.heartbeat(page + 1)
+            await asyncio.sleep(0)
+        return LEDGER.call(s.key, s.attempt, epoch)
 
     return fn
 
@@ -189,6 +212,8 @@ async def _item(ctx: fusee.Ctx, plan: Plan, i: int, prefix: str, comps: list[str
         return int(await ctx.step(name, fn, **steps[kind]))
     if kind == "gate":
         return int(await ctx.step(name, _gated()))
+    if kind == "beat":
+        return int(await ctx.step(name, _beating()))
     if kind == "wait":
         return int(await ctx.wait_for(GO))
     if kind == "waitt":
