@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import base64
 import binascii
-import ipaddress
 import signal
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ from aiohttp import web
 from fusee import _codec as codec
 from fusee._errors import CodecError, FuseeError, SettingError
 from fusee._sealing import AesGcm, aes_gcm, keys_file
+from fusee_server.http_guard import is_loopback
 
 PAYLOADS_MAX = 1000  # per request: a page of the UI shows far fewer
 BODY_MAX = 16 << 20
@@ -65,21 +65,12 @@ def settings(args: argparse.Namespace) -> tuple[AesGcm, list[str], str, int]:
     host, _, port = args.listen.rpartition(":")
     if not host or not port.isdigit():
         raise SettingError(f"--listen {args.listen}: expected HOST:PORT")
-    if not args.insecure and not _loopback(host):
+    if not args.insecure and not is_loopback(host):
         raise SettingError(
             f"--listen {args.listen}: not a loopback address; anyone reaching it could decode "
             "payloads. Put it behind a proxy that signs people in and pass --insecure"
         )
     return keys, origins, host, int(port)
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def app(keys: AesGcm, origins: list[str]) -> web.Application:
