@@ -217,6 +217,15 @@ class Patched(Rec, tag=26):
     id: str
 
 
+class AttributesSet(Rec, tag=27):
+    """Search attributes the run's code set (`ctx.set_attributes`): merged over the
+    earlier ones, a None value removing its name. A marker with no position, as
+    `Patched` is, and never sealed (it holds no payload bytes): listings filter on it
+    from the index, without reading the run (docs/engine.md, *Search attributes*)."""
+
+    attrs: dict[str, Any]
+
+
 # -- updates ------------------------------------------------------------------------
 
 
@@ -332,6 +341,7 @@ Record = (
     | Drawn
     | CancelRequested
     | Patched
+    | AttributesSet
     | UpdateAccepted
     | UpdateDone
     | ChildRequested
@@ -375,6 +385,23 @@ def op_of(rec: Any) -> tuple[str, str]:
     if isinstance(rec, (CompletionSent,)):
         return ("await_completion", rec.name)
     return (type(rec).__name__, str(getattr(rec, "seq", "")))
+
+
+def attributes_of(records: list[Any]) -> dict[str, Any]:
+    """The merged search attributes a journal's `AttributesSet` records leave."""
+    attrs: dict[str, Any] = {}
+    for rec in records:
+        if type(rec) is AttributesSet:
+            merge_attributes(attrs, rec.attrs)
+    return attrs
+
+
+def merge_attributes(attrs: dict[str, Any], changes: dict[str, Any]) -> None:
+    for name, value in changes.items():
+        if value is None:
+            attrs.pop(name, None)
+        else:
+            attrs[name] = value
 
 
 def pauses(records: list[Any]) -> bool:
@@ -460,6 +487,11 @@ class IndexEntry(msgspec.Struct, array_like=True):
     ref: int  # run-store offset of its frame
     due: int = 0  # its next timer (parked runs), unix ms
     key: int = 0  # the hash of `wid` the index keys it by (wid is "" when read from the index)
+    # Search attributes (docs/engine.md, *Search attributes*): a run that set some keeps
+    # them, its ID and its start time in the index, so a listing filters without reading
+    # its frame. None and 0 for the others (and in checkpoints written before them).
+    attrs: dict[str, Any] | None = None
+    started: int = 0
 
 
 class Checkpoint(msgspec.Struct, array_like=True):

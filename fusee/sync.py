@@ -161,9 +161,16 @@ class Client:
     def fail(self, token: str, failure: BaseException | str | Failure) -> None:
         self._wait(self.inner.fail(token, failure))
 
-    def list(self, type: str | None = None, status: str | None = None) -> Iterator[RunSummary]:
+    def list(
+        self,
+        type: str | None = None,
+        status: str | None = None,
+        *,
+        where: dict[str, Any] | None = None,
+        limit: int | None = None,
+    ) -> Iterator[RunSummary]:
         async def rows() -> list[RunSummary]:
-            return [row async for row in self.inner.list(type, status)]
+            return [row async for row in self.inner.list(type, status, where=where, limit=limit)]
 
         return iter(self._wait(rows()))
 

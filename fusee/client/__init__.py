@@ -45,6 +45,7 @@ from fusee.engine.coordinators.concurrency import cancel_queued, through_queue
 from fusee.engine.limits.handle import check_definition
 from fusee.engine.run_handle import RunDescription, RunSummary, listed_status
 from fusee.engine.schedules import ScheduleHandle, Schedules
+from fusee.engine.where import Where
 from fusee.protocol import messages as m
 from fusee.protocol.address import Address, parse
 from fusee.protocol.connection import ClientConnection
@@ -414,10 +415,27 @@ class Client:
             "fail", self.shard_of(_token_id(token)), token=token, failure=msgspec.to_builtins(envelope)
         )
 
-    async def list(self, type: str | None = None, status: str | None = None) -> AsyncIterator[RunSummary]:
-        """Every run the workers hold, in shard order: an async iterator, as the engine's."""
+    async def list(
+        self,
+        type: str | None = None,
+        status: str | None = None,
+        *,
+        where: dict[str, Any] | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[RunSummary]:
+        """Every run the workers hold, in shard order: an async iterator, as the engine's.
+        `where` filters on the run's fields and search attributes, each worker answering
+        from its index; with `limit`, the first `limit` by ID."""
         status = listed_status(status)  # refused here too, before the listing is sent
-        rows = await self.call("list", -1, type=type, status=status)
+        extra: dict[str, Any] = {}
+        if where is not None:
+            Where(where)  # a bad filter is refused here, naming what is wrong
+            extra["where"] = where
+        if limit is not None:
+            extra["limit"] = limit  # each shard's first `limit` by ID; merged and cut below
+        rows = await self.call("list", -1, type=type, status=status, **extra)
+        if limit is not None:
+            rows = sorted(rows, key=lambda row: row["id"])[:limit]
         for row in rows:
             yield msgspec.convert(row, RunSummary)
 

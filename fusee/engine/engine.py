@@ -618,8 +618,18 @@ class Engine:
 
     # -- listing ---------------------------------------------------------------------------
 
-    def list(self, type: str | None = None, status: str | None = None) -> AsyncIterator[RunSummary]:
-        return list_runs(self.shards, type, status)
+    def list(
+        self,
+        type: str | None = None,
+        status: str | None = None,
+        *,
+        where: dict[str, Any] | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[RunSummary]:
+        """The runs of every shard this engine holds, of `type` and `status`, that `where`
+        matches (`{"status": "paid", "amount": {"gte": 100}}`: docs/engine.md, *Search
+        attributes*), at most `limit`."""
+        return list_runs(self.shards, type, status, where, limit)
 
     async def export_journal(self, id: str) -> dict[str, Any]:
         """The run's journal as an export (what `fusee export` writes to a `.fjnl` file):

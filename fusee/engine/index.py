@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import heapq
 from _blake2 import blake2b  # hashlib's own BLAKE2, without loading OpenSSL's (cold path)
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from fusee.journal import IndexEntry, Status
 
@@ -67,6 +68,11 @@ class RunIndex:
         self._type_ids: dict[str, int] = {}
         self._buckets: dict[int, list[int]] = {}
         self._bucket_heap: list[int] = []
+        # Runs with search attributes: their ID, start and attributes, and the keys by
+        # each scalar value, so a listing filters them here (docs/engine.md, *Search
+        # attributes*). Only runs that set attributes pay for it.
+        self.attributed: dict[int, tuple[str, int, dict[str, Any]]] = {}
+        self.postings: dict[tuple[str, Any], set[int]] = {}
         self.changes = 0  # counts puts and pops: a checkpoint with none since the last is skipped
 
     def __len__(self) -> int:
@@ -90,6 +96,14 @@ class RunIndex:
         status = _STATUS_CODE[entry.status]
         packed = ((entry.ref << 16 | type_id) << 32 | entry.run_no) << 4 | status
         self._table[key] = packed << BUCKET_BITS | bucket
+        if key in self.attributed:
+            self._unattribute(key)
+        if entry.attrs:
+            self.attributed[key] = (entry.wid, entry.started, entry.attrs)
+            for name, value in entry.attrs.items():
+                posting = posting_key(name, value)
+                if posting is not None:
+                    self.postings.setdefault(posting, set()).add(key)
         if bucket and status == _PARKED:
             keys = self._buckets.get(bucket)
             if keys is None:
@@ -121,7 +135,20 @@ class RunIndex:
         if packed is None:
             return None
         self.changes += 1
-        return self._unpack(key, packed, wid)
+        entry = self._unpack(key, packed, wid)
+        if key in self.attributed:
+            self._unattribute(key)
+        return entry
+
+    def _unattribute(self, key: int) -> None:
+        _, _, attrs = self.attributed.pop(key)
+        for name, value in attrs.items():
+            posting = posting_key(name, value)
+            keys = self.postings.get(posting) if posting is not None else None
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self.postings[posting]  # type: ignore[arg-type]
 
     def _unpack(self, key: int, packed: int, wid: str) -> IndexEntry:
         bucket = packed & BUCKET_MASK
@@ -132,7 +159,27 @@ class RunIndex:
         packed >>= 32
         entry = IndexEntry(wid, run, self._types[packed & 0xFFFF], status, packed >> 16, bucket * BUCKET_MS)
         entry.key = key
+        attributed = self.attributed.get(key)
+        if attributed is not None:
+            entry.wid = wid or attributed[0]
+            entry.started, entry.attrs = attributed[1], attributed[2]
         return entry
+
+    def attributed_rows(
+        self, keys: Iterable[int]
+    ) -> Iterator[tuple[str, int, str, str, int, dict[str, Any]]]:
+        """(ID, run number, type, status, start, attributes) of the attributed runs of
+        `keys`, unpacked no further than a listing needs (no IndexEntry each)."""
+        table, attributed, types = self._table, self.attributed, self._types
+        for key in keys:
+            packed = table.get(key)
+            found = attributed.get(key)
+            if packed is None or found is None:
+                continue
+            packed >>= BUCKET_BITS
+            status = STATUSES[packed & 0xF]
+            packed >>= 4
+            yield found[0], packed & 0xFFFFFFFF, types[(packed >> 32) & 0xFFFF], status, found[1], found[2]
 
     def entries(self) -> Iterator[IndexEntry]:
         """Every entry, IDs unknown (they are in the frames)."""
@@ -189,6 +236,18 @@ class RunIndex:
             bucket = heapq.heappop(heap)
             out += self._live(bucket, self._buckets.pop(bucket, []))
         return out
+
+
+def posting_key(name: str, value: Any) -> tuple[str, Any] | None:
+    """What an equality on attribute `name` looks up: scalars only (a list or a map is
+    matched by a scan). A bool is kept apart from 0 and 1; numbers compare as numbers."""
+    if type(value) is bool:
+        return (name, ("bool", value))
+    if type(value) in (int, float):
+        return (name, float(value))
+    if type(value) is str:
+        return (name, value)
+    return None
 
 
 def load_at(due_ms: int) -> int:

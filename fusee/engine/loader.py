@@ -265,6 +265,9 @@ class RunLoader:
         ):
             frame = R.decode_frame(data)
             entry.wid = frame.wid
+            first = frame.records[0] if frame.records else None
+            if not entry.started and isinstance(first, R.Started):
+                entry.started = first.now  # for a filter on startedMs
             if entry.status in _PAUSABLE and R.pauses(frame.records):
                 entry.status = Status.PAUSED  # a copy: the index keeps its own status
             out.append((frame.wid, entry))

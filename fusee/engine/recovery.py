@@ -148,7 +148,11 @@ def _revive(shard: Shard, wid: str, run_no: int, records: list[R.Rec], base: Ind
         ref = shard.store.put_run(sealed_frame(shard.engine.codec, wid, run_no, records))
         type_ = started.type if isinstance(started, R.Started) else "?"
         expires = shard.now_ms() + shard.engine.retention_ms
-        shard.index_entries.put(wid, IndexEntry(wid, run_no, type_, last.status, ref, expires))
+        attrs = R.attributes_of(records) or None
+        begun = started.now if isinstance(started, R.Started) else 0
+        shard.index_entries.put(
+            wid, IndexEntry(wid, run_no, type_, last.status, ref, expires, 0, attrs, begun)
+        )
         return
     run = shard.revive(wid, run_no, records)
     if run.final and shard.runs.get(wid) is run:
@@ -157,4 +161,5 @@ def _revive(shard: Shard, wid: str, run_no: int, records: list[R.Rec], base: Ind
         del shard.runs[wid]
         ref = shard.store.put_run(sealed_frame(shard.engine.codec, wid, run_no, run.journal))
         expires = shard.now_ms() + shard.engine.retention_ms
-        shard.index_entries.put(wid, IndexEntry(wid, run_no, run.type, run.status, ref, expires))
+        entry = IndexEntry(wid, run_no, run.type, run.status, ref, expires, 0, *run.indexed_attrs())
+        shard.index_entries.put(wid, entry)

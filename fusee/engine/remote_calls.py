@@ -105,7 +105,7 @@ class ServedEngine(Protocol):
     ) -> tuple[object, Any]: ...
     async def complete(self, token: str, value: Any = ...) -> None: ...
     async def fail(self, token: str, failure: BaseException | str | Failure) -> None: ...
-    def list(self, type: Any = ..., status: Any = ...) -> AsyncIterator[RunSummary]: ...
+    def list(self, type: Any = ..., status: Any = ..., *, where: Any = ...) -> AsyncIterator[RunSummary]: ...
 
 
 class CallServer:
@@ -407,12 +407,12 @@ async def _fail(engine: ServedEngine, a: dict[str, Any]) -> Any:
 
 
 async def _list(engine: ServedEngine, a: dict[str, Any]) -> Any:
-    return await _page(engine.list(a.get("type"), a.get("status")), a)
+    return await _page(engine.list(a.get("type"), a.get("status"), where=a.get("where")), a)
 
 
 async def _list_shard(engine: ServedEngine, index: int, a: dict[str, Any]) -> Any:
     shard = engine.by_index[index]
-    return await _page(list_runs([shard], a.get("type"), a.get("status")), a)
+    return await _page(list_runs([shard], a.get("type"), a.get("status"), a.get("where")), a)
 
 
 async def _page(rows: AsyncIterator[RunSummary], a: dict[str, Any]) -> list[dict[str, Any]]:

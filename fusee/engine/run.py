@@ -150,6 +150,11 @@ class RunState:
         # Patches (fusee/engine/patches.py): each one's branch once chosen (None: none yet),
         # the markers chosen during a replay, recorded when it goes live, and how far the
         # replayed journal's code went (one past its last position; ENDED at its end).
+        # Search attributes (docs/engine.md, *Search attributes*): as the journal records
+        # them, and as the code set them (the same live; a replay's calls are compared with
+        # the journal's when it goes live, and the difference recorded).
+        self.attrs: dict[str, Any] = {}
+        self.code_attrs: dict[str, Any] = {}
         self.patches: dict[str, bool] | None = None
         self.markers_due: list[str] | None = None
         self.replay_horizon = 0
@@ -229,6 +234,11 @@ class RunState:
             return
         if self.markers_due is not None:
             patches.record_due(self)
+        if self.code_attrs != self.attrs:
+            # Set by the code past the journal's end (the crash took the record), or set
+            # again the same: only what differs is recorded.
+            changes = {k: self.code_attrs.get(k) for k in {*self.attrs, *self.code_attrs}}
+            self.record_attributes({k: v for k, v in changes.items() if self.attrs.get(k) != v})
         # Every operation the replay left unresolved starts now, in position order (the
         # replay queued them as the code called them; each is started once).
         # A wait a kept signal satisfied during the replay still records its WaitStarted
@@ -413,6 +423,26 @@ class RunState:
             raise Stuck()
         self._not_in_step("patched")
         return patches.patched(self, patch)
+
+    def set_attributes(self, changes: dict[str, Any]) -> None:
+        """`ctx.set_attributes`: merged into what the code set; live, the changes to what
+        the journal holds are recorded at once (on replay, at `go_live`)."""
+        if self.final:
+            raise Stuck()
+        self._not_in_step("set_attributes")
+        R.merge_attributes(self.code_attrs, changes)
+        if not self.replaying:
+            self.record_attributes({k: v for k, v in changes.items() if self.attrs.get(k) != v})
+
+    def record_attributes(self, changes: dict[str, Any]) -> None:
+        if changes:
+            rec = R.AttributesSet(changes)
+            self.record(rec)
+            R.merge_attributes(self.attrs, changes)
+
+    def indexed_attrs(self) -> tuple[dict[str, Any] | None, int]:
+        """What the run index keeps of it: its attributes (None: none) and start time."""
+        return (dict(self.attrs) if self.attrs else None), self.started.now
 
     def issued_record(self, seq: int) -> R.Rec | None:
         """On replay, what the journal recorded when the code called operation `seq`."""

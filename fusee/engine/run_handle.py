@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
 import msgspec
@@ -30,6 +30,7 @@ from fusee.engine.coordinators.concurrency import cancel_queued, through_queue
 from fusee.engine.loader import StoredRun
 from fusee.engine.run import RunState
 from fusee.engine.shard import Shard
+from fusee.engine.where import Where
 from fusee.journal import ENDED, STATUS_OF, Status
 from fusee.workflow.definitions import Query, Signal, Update, Workflow, query_of, signal_of, update_of
 
@@ -80,31 +81,73 @@ def listed_status(status: Any) -> Status | None:
     )
 
 
-async def list_runs(shards: list[Shard], type: str | None, status: str | None) -> AsyncIterator[RunSummary]:
+async def list_runs(
+    shards: list[Shard],
+    type: str | None,
+    status: str | None,
+    where: Mapping[str, Any] | None = None,
+    limit: int | None = None,
+) -> AsyncIterator[RunSummary]:
     """The runs of `shards` (`Engine.list`), in memory and indexed (parked, finished), of
-    `type` and `status` (None: any); each shard's rows leave once what they say is
-    durable."""
+    `type` and `status` (None: any) that `where` matches (fusee/engine/where.py), at most
+    `limit`; each shard's rows leave once what they say is durable. A filter on
+    attributes is answered from the index's attributes (no run-store read)."""
     wanted = listed_status(status)  # a misspelt status is refused, not an empty listing
+    flt = Where(where) if where is not None else None
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise RejectedError(f"list(limit={limit!r}): expected a count from 1")
+    left = limit
     for shard in shards:
+        rows: list[RunSummary] = []
+        for r in shard.runs.values():
+            shown = run_ops.shown_status(r)
+            if flt is None or flt.matches(r.wid, r.type, shown, r.started.now, r.attrs):
+                rows.append(RunSummary(r.wid, r.run_no, r.type, shown, shard.index))
         rows = [
-            RunSummary(r.wid, r.run_no, r.type, run_ops.shown_status(r), shard.index)
-            for r in shard.runs.values()
+            row
+            for row in rows
+            if (type is None or row.type == type) and (wanted is None or row.status == wanted)
         ]
         seen = shard.appended
-        rows += [
-            RunSummary(
-                wid,
-                e.run_no,
-                e.type,
-                Status.RUNNING if e.status == Status.PARKED else STATUS_OF[e.status],
-                shard.index,
-            )
-            for wid, e in await shard.indexed()
-        ]
+        if flt is not None and flt.attrs:
+            # Answered from the index's attributes: no run-store read, and no more rows
+            # built than the limit asks for.
+            rows += _attributed(shard, flt, type, wanted, None if left is None else left - len(rows))
+        else:
+            for wid, e in await shard.indexed():
+                shown = Status.RUNNING if e.status == Status.PARKED else STATUS_OF[e.status]
+                if (type is None or e.type == type) and (wanted is None or shown == wanted):
+                    if flt is None or flt.matches(wid, e.type, shown, e.started, e.attrs):
+                        rows.append(RunSummary(wid, e.run_no, e.type, shown, shard.index))
         await shard.durable_at(seen)  # statuses leave the process once durable
         for row in rows:
-            if (type is None or row.type == type) and (wanted is None or row.status == wanted):
-                yield row
+            yield row
+            if left is not None:
+                left -= 1
+                if left == 0:
+                    return
+
+
+def _attributed(
+    shard: Shard, flt: Where, type: str | None, wanted: Status | None, most: int | None
+) -> list[RunSummary]:
+    """The indexed runs a filter on attributes matches, at most `most`: among those an
+    equality names, or every attributed one (a run without attributes cannot match)."""
+    index = shard.index_entries
+    posting = flt.equality()
+    keys = index.postings.get(posting, ()) if posting is not None else index.attributed.keys()
+    out: list[RunSummary] = []
+    if most is not None and most <= 0:
+        return out
+    parked, running = Status.PARKED, Status.RUNNING
+    for wid, run_no, type_, status, started, attrs in index.attributed_rows(list(keys)):
+        shown = running if status == parked else STATUS_OF[status]
+        if (type is None or type_ == type) and (wanted is None or shown == wanted):
+            if flt.matches(wid, type_, shown, started, attrs):
+                out.append(RunSummary(wid, run_no, type_, shown, shard.index))
+                if most is not None and len(out) >= most:
+                    break
+    return out
 
 
 class RunDescription(msgspec.Struct):

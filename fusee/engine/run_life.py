@@ -175,7 +175,10 @@ class RunLife:
                     return  # the store refused the frame: the shard stopped
                 expires = self.now_ms() + self.engine.retention_ms
                 self.index_entries.put_key(
-                    key, IndexEntry(run.wid, run.run_no, run.type, run.status, ref, expires)
+                    key,
+                    IndexEntry(
+                        run.wid, run.run_no, run.type, run.status, ref, expires, key, *run.indexed_attrs()
+                    ),
                 )
                 self.runs.pop(run.wid)
                 self.timers.forget(run)

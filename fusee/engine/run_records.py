@@ -62,6 +62,7 @@ class AppliedRun(Driver, Protocol):
     paused: int | None
     pending_start: list[Op]
     inherited: dict[int, int]
+    attrs: dict[str, Any]
 
     @property
     def shard(self) -> _Shard: ...
@@ -221,6 +222,11 @@ def patch_marker(run: AppliedRun, rec: R.Patched) -> None:
     code recorded it (fusee/engine/patches.py)."""
 
 
+def attributes_set(run: AppliedRun, rec: R.AttributesSet) -> None:
+    """Replayed (live, the code merged them as it recorded them): what the journal holds."""
+    R.merge_attributes(run.attrs, rec.attrs)
+
+
 def update_accepted(run: AppliedRun, rec: R.UpdateAccepted) -> None:
     run.updates_accepted.add(rec.id)
     handler = run.update_handlers.get(rec.name)
@@ -317,6 +323,7 @@ APPLY: dict[type, Callable[[AppliedRun, Any], None]] = {
     R.Drawn: issued,
     R.CancelRequested: cancel_requested,
     R.Patched: patch_marker,
+    R.AttributesSet: attributes_set,
     R.UpdateAccepted: update_accepted,
     R.UpdateDone: update_done,
     R.ChildRequested: issued,

@@ -416,7 +416,9 @@ class Shard(RunLife):
         if self.closed:
             return  # the store refused the frame: the shard stopped
         due = run.next_due()
-        self.index_entries.put_key(key, IndexEntry(run.wid, run.run_no, run.type, Status.PARKED, ref, due))
+        self.index_entries.put_key(
+            key, IndexEntry(run.wid, run.run_no, run.type, Status.PARKED, ref, due, key, *run.indexed_attrs())
+        )
         del self.runs[run.wid]
         self.counts.parks += 1
         run.close_fibers()

@@ -52,6 +52,10 @@ def step_key(run: Driver, op: StepOp) -> str:
     return f"{run.wid}/{run.run_no}/{op.seq}"
 
 
+ATTRIBUTES_BYTES_MAX = 16 << 10  # per call, encoded: attributes live in the index, in memory
+_ATTRIBUTE_TYPES = (str, int, float, bool, type(None))
+
+
 class StepContext:
     """What a step function may take as its one argument (built only when it does): its
     idempotency key, its attempt, whether it should give up (`cancelled`), and its
@@ -147,6 +151,22 @@ class Ctx:
         """The workflow version this run started with (`@fusee.workflow(version=)`, or a
         start's `version=`): recorded, so code can keep the old path for old runs."""
         return self._run.started.version
+
+    def set_attributes(self, attributes: dict[str, Any]) -> None:
+        """Search attributes for listings (`engine.list(where=...)`, docs/engine.md,
+        *Search attributes*): merged over the ones set before; None removes one. Names
+        are strings, values JSON; recorded plain (never encrypted), with no position."""
+        if not isinstance(attributes, dict):
+            raise RejectedError(f"set_attributes({attributes!r}): expected a dict of name to value")
+        for name, value in attributes.items():
+            names.name(name, "attribute name")
+            if type(value) not in _ATTRIBUTE_TYPES:
+                codec.encode(value, f"attribute {name!r}")  # JSON, or a CodecError naming the path
+        if len(codec.encode(attributes, "attributes")) > ATTRIBUTES_BYTES_MAX:
+            raise RejectedError(
+                f"set_attributes: at most {ATTRIBUTES_BYTES_MAX:,} bytes of attributes per call"
+            )
+        self._run.set_attributes(dict(attributes))
 
     def traceparent(self) -> str | None:
         """The W3C traceparent the run's start recorded (None: it had none), so that a

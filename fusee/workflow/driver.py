@@ -41,6 +41,9 @@ class Driver(Protocol):
 
     def record(self, rec: R.Rec) -> None: ...
 
+    def set_attributes(self, changes: dict[str, Any]) -> None:
+        """Search attributes (docs/engine.md, *Search attributes*)."""
+
     def patched(self, patch: str) -> bool:
         """Whether the run takes a patch's new branch (docs/engine.md, *Patching*)."""
 

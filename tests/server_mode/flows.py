@@ -294,7 +294,15 @@ async def secret(ctx: fusee.Ctx, text: str) -> dict:
     return {"step": stepped, "child": child, "signal": heard, "updates": confided}
 
 
+@fusee.workflow("tagged")
+async def tagged(ctx: fusee.Ctx, attrs: dict) -> int:
+    """Sets `attrs` as its search attributes, then waits for `go` (list(where=) tests)."""
+    ctx.set_attributes(attrs)
+    return int(await ctx.wait_for(go))
+
+
 WORKFLOWS = [
+    tagged,
     secret,
     secret_child,
     steps,

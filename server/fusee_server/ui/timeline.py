@@ -216,6 +216,8 @@ def timeline(journal: list[dict[str, Any]]) -> Timeline:
             beat = step(record)
             beat.progress = show(record.get("progress"))
             row.summary = f"step {beat.name} progress {_short(record.get('progress'))}"
+        elif kind == "AttributesSet":
+            row.summary = "set attributes " + _short(record.get("attrs"))
         elif kind == "Patched":
             row.summary = f"took patch {record.get('id')}"
         elif kind == "SignalSent":
