@@ -14,15 +14,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _floors import flush_ms
 
-import fusee  # noqa: E402
-from _floors import flush_ms  # noqa: E402
+import fusee
 
 SIZES = (32, 1024, 16 * 1024)
 
