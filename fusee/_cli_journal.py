@@ -171,7 +171,9 @@ def copy_directory(source: Path, copy: Path) -> None:
 
 
 async def _export(args: argparse.Namespace) -> int:
-    if (args.id is None) == (args.sample is None):
+    if args.id is not None and args.sample is not None:
+        raise Stop("give a run's ID or --sample N, not both")
+    if args.id is None and args.sample is None:
         raise Stop("give a run's ID, or --sample N")
     if args.sample is not None and args.output is None:
         raise Stop("--sample writes one file per run: give the directory with -o")
@@ -204,7 +206,11 @@ async def _exported(api: Any, wid: str) -> dict[str, Any] | None:
     described = await api.run(wid).describe()
     if not exports.whole(described.journal):
         return None
-    return exports.export_document(described.summary, described.journal)
+    document = exports.export_document(described.summary, described.journal)
+    if document["status"] == "waiting_for_code":
+        # The copy is opened without code: in the application the run is running.
+        document["status"] = "running"
+    return document
 
 
 async def _sample(api: Any, count: int) -> list[dict[str, Any]]:
@@ -241,6 +247,10 @@ def _read(path: Path) -> dict[str, Any]:
 
 def _show(args: argparse.Namespace) -> int:
     document = _read(args.file)
+    try:
+        exports.records_of(document, args.file)  # rows that are not records: said, as replay-check says it
+    except fusee.FuseeError as error:
+        raise Stop(error.message) from None
     if args.json:
         print(json.dumps(document, indent=1))
         return EXIT_OK
@@ -266,32 +276,41 @@ def _replay_check(args: argparse.Namespace) -> int:
     replayer = exports.Replayer(workflows, _codec(args.keys_file))
     # Each difference is printed below, once: not also as the engine's stuck-run warning.
     logging.getLogger("fusee").disabled = True
-    outcomes = []
+    files: list[Path] = []
     for path in args.paths:
         if path.is_dir():
-            try:
-                outcomes.extend(replayer.replay_dir(path))
-            except fusee.FuseeError as error:
-                raise Stop(error.message) from None
-            continue
-        document = _read(path)
-        try:
-            replayer.replay_file(path)
-        except fusee.FuseeError as error:
-            outcomes.append(exports.ReplayOutcome(str(path), document["id"], False, error.message))
+            found = sorted(path.rglob(f"*{exports.EXPORT_SUFFIX}"))
+            if not found:
+                raise Stop(f"{path}: no exported journals (*{exports.EXPORT_SUFFIX}) there")
+            files += found
+        elif path.exists():
+            files.append(path)
         else:
-            outcomes.append(exports.ReplayOutcome(str(path), document["id"], True))
-    stuck = [o for o in outcomes if not o.ok]
-    for outcome in outcomes:
-        print(
-            f"ok     {outcome.workflow_id}"
-            if outcome.ok
-            else f"STUCK  {outcome.workflow_id}: {outcome.error}"
-        )
+            raise Stop(f"{path}: no such file or directory")
+    outcomes = [replayer.check_file(file) for file in files]
+    stuck = [o for o in outcomes if o.readable and not o.ok and not o.ended]
+    differ = [o for o in outcomes if o.readable and not o.ok and o.ended]
+    unreadable = [o for o in outcomes if not o.readable]
+    for o in outcomes:
+        if not o.readable:
+            print(f"ERROR    {o.error}")
+        elif o.ok:
+            print(f"ok       {o.workflow_id}")
+        elif o.ended:
+            print(f"DIFFERS  {o.workflow_id} (ended {o.status}; a retry or reset would meet it): {o.error}")
+        else:
+            print(f"STUCK    {o.workflow_id}: {o.error}")
     print(
-        f"{len(outcomes)} journals: {len(outcomes) - len(stuck)} match the code, {len(stuck)} would be stuck"
+        f"{len(outcomes)} journals: {sum(o.ok for o in outcomes)} match the code, {len(stuck)} would be stuck, "
+        f"{len(differ)} ended runs differ, {len(unreadable)} unreadable"
     )
-    return EXIT_PARTIAL if stuck else EXIT_OK
+    if stuck:
+        print(
+            "a run that would be stuck needs one of: code that matches (ctx.version, a new version=), "
+            "the change behind ctx.patched(id), or a reset before the step that differs",
+            file=sys.stderr,
+        )
+    return EXIT_PARTIAL if stuck or unreadable else EXIT_OK
 
 
 def _codec(path: Path | None) -> Any:
@@ -325,7 +344,13 @@ def _workflows(modules: list[str]) -> list[Any]:
     try:
         return import_workflows(",".join(names), "--module")
     except SettingError as error:
-        raise Stop(str(error)) from None
+        hint = (
+            " (a dotted name is imported from the current directory: run from the one that holds it, "
+            "or give the module's .py path)"
+            if "ModuleNotFoundError" in str(error)
+            else ""
+        )
+        raise Stop(f"{error}{hint}") from None
 
 
 # -- versions ---------------------------------------------------------------------------

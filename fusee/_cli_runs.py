@@ -188,7 +188,9 @@ async def _open_directory(path: Path) -> fusee.Engine:
         return await fusee.Engine.open(str(path))
     except fusee.FuseeError as error:
         # Held by a server or an application: one process writes a directory at a time.
-        raise Stop(f"{path}: {error} (or give the address of the server that holds it)") from None
+        said = str(error)
+        where = "" if said.startswith(f"{path}:") else f"{path}: "  # the error may name it already
+        raise Stop(f"{where}{said} (or give the address of the server that holds it)") from None
 
 
 async def _within(call: Awaitable[T], timeout: float, what: str) -> T:

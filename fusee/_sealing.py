@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 
 from fusee import journal as R
-from fusee._errors import CodecError, RejectedError
+from fusee._errors import CodecError, Failure, RejectedError
 
 SEALED = b"\x01"
 NONCE_BYTES = 12
@@ -137,31 +137,66 @@ def payload_fields(cls: type) -> tuple[str, ...]:
     return fields
 
 
-def _mapped(rec: Any, fn: Any) -> Any:
-    changes = {}
+def _mapped(rec: Any, codec: AesGcm, sealing: bool) -> Any:
+    fn = codec.seal if sealing else codec.open
+    changes: dict[str, Any] = {}
     for name in payload_fields(type(rec)):
         value = getattr(rec, name)
         if value:
             changes[name] = fn(value)
+    failure = getattr(rec, "failure", None)
+    if failure is not None:
+        mapped = _failure(failure, codec, sealing)
+        if mapped is not failure:
+            changes["failure"] = mapped
     return msgspec.structs.replace(rec, **changes) if changes else rec
 
 
+def _failure(failure: Failure, codec: AesGcm, sealing: bool) -> Failure:
+    """A failure's `details` are the application's data: sealed as a payload (kept as
+    `{"$encoded": sealed}`), down its causes. Its message, type and stack stay readable."""
+    from fusee import _codec
+
+    cause = _failure(failure.cause, codec, sealing) if failure.cause is not None else None
+    details = failure.details
+    if details is not None:
+        if sealing and not is_encoded(details):
+            details = {ENCODED: codec.seal(_codec.encode(details, "a failure's details"))}
+        elif not sealing and is_encoded(details):
+            details = _codec.decode(codec.open(details[ENCODED]))
+    if details is failure.details and cause is failure.cause:
+        return failure
+    return msgspec.structs.replace(failure, details=details, cause=cause)
+
+
+def sealed_payloads(rec: Any) -> bytes | None:
+    """A payload of `rec` that is sealed, if any: what an engine without a codec refuses
+    to replay (it would take the ciphertext for a value the code did not make)."""
+    for name in payload_fields(type(rec)):
+        value = getattr(rec, name)
+        if value and value[:1] == SEALED:
+            return bytes(value)
+    return None
+
+
 def seal_rec(codec: AesGcm, rec: R.Rec) -> R.Rec:
-    out: R.Rec = _mapped(rec, codec.seal)
+    out: R.Rec = _mapped(rec, codec, True)
     return out
 
 
 def open_rec(codec: AesGcm, rec: R.Rec) -> R.Rec:
-    out: R.Rec = _mapped(rec, codec.open)
+    out: R.Rec = _mapped(rec, codec, False)
     return out
 
 
 def seal_msg(codec: AesGcm, msg: R.Msg) -> R.Msg:
-    return msgspec.structs.replace(msg, value=codec.seal(msg.value)) if msg.value else msg
+    out: R.Msg = _mapped(msg, codec, True)
+    return out
 
 
 def open_msg(codec: AesGcm, msg: R.Msg) -> R.Msg:
-    return msgspec.structs.replace(msg, value=codec.open(msg.value)) if msg.value else msg
+    out: R.Msg = _mapped(msg, codec, False)
+    return out
 
 
 def sealed_frame(codec: AesGcm | None, wid: str, run_no: int, records: list[R.Rec]) -> bytes:
@@ -172,10 +207,30 @@ def sealed_frame(codec: AesGcm | None, wid: str, run_no: int, records: list[R.Re
 
 
 def opened_frame(codec: AesGcm | None, data: bytes) -> R.Frame:
+    """A run-store frame with its payloads opened. Without a codec, a frame holding a
+    sealed payload is a CodecError saying so, not a run replayed on ciphertext (it would
+    go stuck, and a reset or terminate, as that says to do, would lose it)."""
     frame = R.decode_frame(data)
     if codec is not None:
-        frame.records = [open_rec(codec, rec) for rec in frame.records]
+        try:
+            frame.records = [open_rec(codec, rec) for rec in frame.records]
+        except CodecError as error:
+            raise CodecError(f"run '{frame.wid}': {error.message}") from None
+    else:
+        for rec in frame.records:
+            refuse_sealed(rec, frame.wid)
     return frame
+
+
+def refuse_sealed(rec: Any, wid: str) -> None:
+    sealed = sealed_payloads(rec)
+    if sealed is not None:
+        size = sealed[1] if len(sealed) > 1 else 0
+        kid = sealed[2 : 2 + size].decode(errors="replace")
+        raise CodecError(
+            f"run '{wid}' holds payloads encrypted with key {kid!r}: open the engine with "
+            "codec=fusee.aes_gcm(keys) (FUSEE_CODEC_KEYS_FILE for the handlers)"
+        )
 
 
 # -- calls through a server -----------------------------------------------------------------

@@ -12,7 +12,7 @@ from typing import Protocol
 import msgspec
 
 from fusee import journal as R
-from fusee._errors import FuseeError
+from fusee._errors import CodecError, FuseeError
 from fusee._sealing import opened_frame
 from fusee.engine.index import RunIndex
 from fusee.engine.run import RunHost, RunState
@@ -120,6 +120,7 @@ class RunLoader:
         self.shard.check()
         loop = asyncio.get_running_loop()
         results: list[RunState | None] = [None] * len(wanted)
+        unopened: list[CodecError] = []
         mine: list[tuple[int, IndexEntry, str, int | str, asyncio.Future[RunState | None]]] = []
         others: list[tuple[int, str, asyncio.Future[RunState | None]]] = []
         for i, (entry, wid) in enumerate(wanted):
@@ -134,7 +135,7 @@ class RunLoader:
             if mine:
                 try:
                     data = await self.reads.read([entry.ref for _, entry, _, _, _ in mine])
-                    frames = [opened_frame(self.shard.engine.codec, frame) for frame in data]
+                    frames = [self._opened(frame) for frame in data]
                 except Exception as error:  # noqa: BLE001 - an unreadable frame stops the shard
                     if self.shard.closed or self.shard.stop_error is not None:
                         # Closed or stopped while the read waited for its batch to leave:
@@ -150,6 +151,14 @@ class RunLoader:
                 if self.shard.closed:
                     raise self.shard.stopped_error()
                 for (i, entry, wid, _, fut), frame in zip(mine, frames, strict=True):
+                    if isinstance(frame, CodecError):
+                        # Its payloads cannot be opened here (a key missing, no codec): this
+                        # run stays parked, the shard and its other runs go on.
+                        unopened.append(frame)
+                        if not fut.done():
+                            fut.set_exception(frame)
+                            fut.exception()
+                        continue
                     results[i] = run = self._loaded(entry, wid, frame)
                     if not fut.done():
                         fut.set_result(run)
@@ -167,7 +176,18 @@ class RunLoader:
             run = await waiting
             # Another ID's run under the same hash: this one has no parked run.
             results[i] = run if run is None or not wid or run.wid == wid else None
+        if unopened:
+            if len(wanted) == 1:
+                raise unopened[0]  # the caller of this run's load hears why
+            for failed in unopened:
+                log.warning("shard %d: a parked run stays parked: %s", self.shard.index, failed.message)
         return results
+
+    def _opened(self, data: bytes) -> R.Frame | CodecError:
+        try:
+            return opened_frame(self.shard.engine.codec, data)
+        except CodecError as error:
+            return error
 
     def _loaded(self, entry: IndexEntry, wid: str, frame: R.Frame) -> RunState | None:
         if wid and frame.wid != wid:

@@ -10,7 +10,7 @@ finished runs stay index entries.
 from __future__ import annotations
 
 from fusee import journal as R
-from fusee._sealing import open_msg, open_rec, opened_frame, sealed_frame
+from fusee._sealing import open_msg, open_rec, opened_frame, refuse_sealed, sealed_frame
 from fusee.engine.shard import Shard
 from fusee.journal import IndexEntry, Status
 
@@ -101,6 +101,8 @@ async def _log_after(shard: Shard, position: int) -> tuple[dict[str, list[tuple[
             logged = R.decode_entry(data)
             if codec is not None:
                 logged.rec = open_rec(codec, logged.rec)
+            else:
+                refuse_sealed(logged.rec, logged.wid)  # not replayed on ciphertext: said at open
             if logged.wid == "":
                 shard.outbox.note("", 0, logged.rec, None)
             else:

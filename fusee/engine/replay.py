@@ -81,7 +81,7 @@ class Replayer:
         DeterminismError naming the first difference, FuseeError for a file that is not
         an export."""
         document = read_export(path)
-        self.replay(journal_from_json(document["journal"]), document["id"], document["run"])
+        self.replay(records_of(document, path), document["id"], document["run"])
 
     def replay_dir(self, path: str | Path) -> list[ReplayOutcome]:
         """Replay every `*.fjnl` under `path`, in name order: one outcome each, the
@@ -89,31 +89,44 @@ class Replayer:
         files = sorted(Path(path).rglob(f"*{EXPORT_SUFFIX}"))
         if not files:
             raise FuseeError(f"{path}: no exported journals (*{EXPORT_SUFFIX}) there")
-        out = []
-        for file in files:
-            wid = file.stem
-            try:
-                document = read_export(file)
-                wid = document["id"]
-                self.replay(journal_from_json(document["journal"]), wid, document["run"])
-            except FuseeError as error:
-                out.append(ReplayOutcome(str(file), wid, False, error.message))
-            else:
-                out.append(ReplayOutcome(str(file), wid, True))
-        return out
+        return [self.check_file(file) for file in files]
+
+    def check_file(self, path: str | Path) -> ReplayOutcome:
+        """One export replayed, whatever happens: its outcome (`readable` False for a
+        file that is not an export, or whose rows are not records)."""
+        try:
+            document = read_export(path)
+            records = records_of(document, path)
+        except FuseeError as error:
+            return ReplayOutcome(str(path), Path(path).stem, False, error.message, readable=False)
+        wid, status = document["id"], str(document.get("status") or "")
+        try:
+            self.replay(records, wid, document["run"])
+        except FuseeError as error:
+            # The difference alone: the engine's advice to a waiting run does not fit here.
+            return ReplayOutcome(str(path), wid, False, error.message.split(". The run waits")[0], status)
+        return ReplayOutcome(str(path), wid, True, None, status)
 
 
 class ReplayOutcome(msgspec.Struct):
-    """One journal `Replayer.replay_dir` replayed: `error` names the first difference."""
+    """One journal `Replayer.replay_dir` replayed: `error` names the first difference
+    (or, `readable` False, why the file is not an export); `status` is the run's then."""
 
     path: str
     workflow_id: str
     ok: bool
     error: str | None = None
+    status: str = ""
+    readable: bool = True
+
+    @property
+    def ended(self) -> bool:
+        return self.status in ENDED_STATUSES
 
 
 # -- exported journals (.fjnl) --------------------------------------------------------
 
+ENDED_STATUSES = frozenset(str(status) for status in R.ENDED)
 EXPORT_FORMAT = "fusee-journal"
 EXPORT_VERSION = 1
 EXPORT_SUFFIX = ".fjnl"
@@ -131,6 +144,14 @@ def export_document(summary: Any, journal: Sequence[R.Rec]) -> dict[str, Any]:
         "status": str(summary.status),
         "journal": journal_to_json(journal),
     }
+
+
+def records_of(document: dict[str, Any], path: str | Path) -> list[R.Rec]:
+    """An export's records, refused (FuseeError) naming the file and the row."""
+    try:
+        return journal_from_json(document["journal"])
+    except FuseeError as error:
+        raise FuseeError(f"{path}: {error.message}") from None
 
 
 def whole(journal: Sequence[R.Rec]) -> bool:

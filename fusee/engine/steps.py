@@ -335,15 +335,22 @@ class Steps:
     def _silent(self, run: RunState, op: StepOp, ms: int) -> None:
         """`heartbeat_timeout` passed without a heartbeat: the attempt fails as a timed
         out one does (retried under its policy), and its function is told to stop."""
+        takes_none = op.context is None
+        takes_none = op.context is None
         stop_step(op)
         # Detached from the task it cancelled: that task's end must not touch the next
         # attempt (its permit, its watchdog), which may begin before the cancel lands.
         op.task = op.awaitable = None
+        hint = (
+            "; its function takes no context, so it cannot heartbeat: give it a parameter s and call s.heartbeat()"
+            if takes_none
+            else ""
+        )
         self._step_outcome(
             run,
             op,
             None,
-            errors.TimeoutError(f"the attempt sent no heartbeat for {ms} ms (its heartbeat_timeout)"),
+            errors.TimeoutError(f"the attempt sent no heartbeat for {ms} ms (its heartbeat_timeout){hint}"),
         )
 
     def _apply(self, run: RunState) -> None:

@@ -148,3 +148,60 @@ async def test_open_refuses_a_codec_that_is_not_one(tmp_path: Path):
     with pytest.raises(fusee.RejectedError, match="aes_gcm"):
         await fusee.Engine.open(str(tmp_path / "d"), codec="k1")
     assert not (tmp_path / "d").exists()  # refused before anything was created
+
+
+@fusee.workflow("declined")
+async def declined(ctx: fusee.Ctx, card: str) -> str:
+    def charge() -> str:
+        raise fusee.Fatal("card declined", details={"card": card})
+
+    return str(await ctx.step("charge", charge))
+
+
+async def test_a_failures_details_are_sealed_and_its_message_stays_readable(tmp_path: Path):
+    data = tmp_path / "data"
+    codec = fusee.aes_gcm({"k1": K1})
+    engine = await fusee.Engine.open(str(data), workflows=[declined], codec=codec)
+    await engine.start(declined, "d-1", MARKER + "-card")
+    with pytest.raises(fusee.StepError):
+        await engine.run("d-1").result()
+    await engine.close()
+    assert _plain_hits(data) == []
+    assert any(b"card declined" in blob for blob in _files(data).values())
+    engine = await fusee.Engine.open(str(data), workflows=[declined], codec=codec)
+    with pytest.raises(fusee.StepError) as raised:
+        await engine.run("d-1").result()
+    assert raised.value.cause is not None and raised.value.cause.details == {"card": MARKER + "-card"}
+    await engine.close()
+
+
+async def test_a_run_sealed_with_a_missing_key_stops_only_itself(tmp_path: Path):
+    data = tmp_path / "data"
+    engine = await _open(data, fusee.aes_gcm({"k1": K1}))
+    await engine.start(secret, "p-1", MARKER)
+    await eventually(lambda: "p-1" not in engine.shard_of("p-1").runs, timeout=20, every=0.05)
+    shard = engine.shard_of("p-1").index
+    await engine.close()
+    engine = await _open(data, fusee.aes_gcm({"k2": K2}))  # k1 forgotten
+    with pytest.raises(fusee.CodecError, match="run 'p-1'.*'k1'"):
+        await engine.run("p-1").status()
+    # The shard goes on: a new run on it starts and runs.
+    other = next(f"n-{i}" for i in range(1000) if engine.shard_of(f"n-{i}").index == shard)
+    await engine.start(secret_child, other, "fresh")
+    assert await asyncio.wait_for(engine.run(other).result(), 10) == "fresh-child-step"
+    await engine.close()
+
+
+async def test_an_engine_without_the_codec_refuses_to_replay_ciphertext(tmp_path: Path):
+    data = tmp_path / "data"
+    engine = await _open(data, fusee.aes_gcm({"k1": K1}))
+    await engine.start(secret, "a-1", MARKER)
+    await asyncio.sleep(0.1)
+    engine.abandon()  # a crash: the run is recovered from the log at the next open
+    await engine.storage.abandon()
+    with pytest.raises(fusee.CodecError, match="encrypted with key 'k1'.*codec=fusee.aes_gcm"):
+        await _open(data, None)
+    engine = await _open(data, fusee.aes_gcm({"k1": K1}))  # nothing was lost by the refusal
+    await engine.run("a-1").signal(whisper, "late")
+    assert (await asyncio.wait_for(engine.run("a-1").result(), 20))["signal"] == "late"
+    await engine.close()

@@ -83,6 +83,20 @@ async def check(h: Harness, far: bool = False) -> None:
         await _check(h, far)
 
 
+async def _check_attributes(h: Harness, runs: dict[str, tuple[int, str, list[R.Rec]]]) -> None:
+    """A run whose journal holds search attributes is found by a listing filtered on them,
+    loaded, parked or finished (a stuck run's later records are not applied: skipped)."""
+    for wid, (run, status, journal) in runs.items():
+        merged = R.attributes_of(journal)
+        if not merged or status == "stuck" or "item" not in merged:
+            continue
+        found = [row.id async for row in h.t.engine.list(where={"item": merged["item"], "at": merged["at"]})]
+        if found != [wid]:
+            raise Violation(
+                "attributes", f"run {run} of '{wid}' has attributes {merged}; list(where=) found {found}"
+            )
+
+
 async def _check(h: Harness, far: bool) -> None:
     if h.loop_errors:
         raise Violation("documented-errors", f"an exception escaped into the event loop: {h.loop_errors[0]}")
@@ -123,6 +137,7 @@ async def _check(h: Harness, far: bool) -> None:
             raise Violation("progress", f"run {run} of '{wid}' ({TIMED_TYPE}, timeout=20 s) has no deadline")
     for wid, (run, _status, journal) in runs.items():
         _check_outcome(h, wid, run, journal)
+    await _check_attributes(h, runs)
     _check_acknowledged(h, runs, readings)
     _check_refusals(h, runs, readings)
     _check_steps(h, runs, readings)

@@ -57,7 +57,21 @@ FAR_MS = (
 
 ITEMS = st.one_of(
     st.sampled_from(
-        ["step", "step", "thread", "wait", "wait", "comp", "await", "all", "cas", "gate", "compg", "beat"]
+        [
+            "step",
+            "step",
+            "thread",
+            "wait",
+            "wait",
+            "comp",
+            "await",
+            "all",
+            "cas",
+            "gate",
+            "compg",
+            "beat",
+            "attr",
+        ]
     ),
     st.sampled_from(["fail:1", "fail:2", "fail:3"]),
     st.sampled_from(["sleep:300", "sleep:2000", "waitt:500", "waitt:5000"]),

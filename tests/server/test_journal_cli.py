@@ -100,7 +100,9 @@ async def test_export_from_a_directory_in_use_then_replay_check_before_a_deploy(
 
     same = cli("replay-check", sample, one, "--module", old)
     assert same.returncode == 0, same.stdout + same.stderr
-    assert same.stdout.splitlines()[-1] == "5 journals: 5 match the code, 0 would be stuck"
+    assert same.stdout.splitlines()[-1] == (
+        "5 journals: 5 match the code, 0 would be stuck, 0 ended runs differ, 0 unreadable"
+    )
 
     differs = cli("replay-check", sample, "--module", "flows_new", cwd=tmp_path)
     assert differs.returncode == 1, differs.stdout + differs.stderr
@@ -108,7 +110,22 @@ async def test_export_from_a_directory_in_use_then_replay_check_before_a_deploy(
     assert len(stuck) == 4
     assert "recorded step 'charge' here but the code called step 'authorize'" in stuck[0]
     assert "does not match" not in differs.stderr  # said once, on stdout
-    outcomes = Replayer([_load(changed)]).replay_dir(sample)
+    assert "The run waits" not in differs.stdout  # the engine's advice to a waiting run is not the tool's
+    assert "ctx.patched" in differs.stderr  # the ways out, said once
+
+    # A damaged row: named with its file, counted apart, the same given alone or in a directory.
+    broken = sample / "broken.fjnl"
+    document = json.loads(files[0].read_text())
+    del document["journal"][1]["name"]
+    broken.write_text(json.dumps(document))
+    for target in (broken, sample):
+        checked = cli("replay-check", target, "--module", old)
+        assert checked.returncode == 1, checked.stdout + checked.stderr
+        errors = [line for line in checked.stdout.splitlines() if line.startswith("ERROR")]
+        assert errors and str(broken) in errors[0] and "journal row 1" in errors[0], checked.stdout
+    shown_broken = cli("show", broken)
+    assert shown_broken.returncode == 2 and "journal row 1" in shown_broken.stderr
+    outcomes = [o for o in Replayer([_load(changed)]).replay_dir(sample) if o.readable]
     assert [o.ok for o in outcomes] == [False] * 4 and all("authorize" in (o.error or "") for o in outcomes)
 
 
@@ -128,6 +145,11 @@ async def test_a_finished_run_exports_with_its_end_and_replays(tmp_path: Path):
     assert done.returncode == 0, done.stderr
     checked = cli("replay-check", tmp_path / "o.fjnl", "--module", module)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+    # Under changed code an ended run differs: listed, not counted as stuck, exit 0.
+    changed = _module(tmp_path, "flows_done_v2", "authorize")
+    checked = cli("replay-check", tmp_path / "o.fjnl", "--module", changed)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout.startswith("DIFFERS  o-1 (ended terminated")
     missing = cli("export", data, "never-started")
     assert missing.returncode == 2 and "no workflow 'never-started'" in missing.stderr
 
@@ -159,6 +181,7 @@ def test_each_mistake_gets_one_line_naming_it(tmp_path: Path):
     data.mkdir()
     cases = [
         (("export", data, "x"), "not a Fusee data directory"),
+        (("export", "--sample", "2", data, "x", "-o", tmp_path / "j"), "not both"),
         (("export", tmp_path / "missing", "x"), "neither a data directory"),
         (("show", tmp_path / "none.fjnl"), "cannot read it"),
         (
