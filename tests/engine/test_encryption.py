@@ -183,7 +183,7 @@ async def test_a_run_sealed_with_a_missing_key_stops_only_itself(tmp_path: Path)
     shard = engine.shard_of("p-1").index
     await engine.close()
     engine = await _open(data, fusee.aes_gcm({"k2": K2}))  # k1 forgotten
-    with pytest.raises(fusee.CodecError, match="run 'p-1'.*'k1'"):
+    with pytest.raises(fusee.CodecError, match=r"run 'p-1'.*'k1'"):
         await engine.run("p-1").status()
     # The shard goes on: a new run on it starts and runs.
     other = next(f"n-{i}" for i in range(1000) if engine.shard_of(f"n-{i}").index == shard)
@@ -199,7 +199,7 @@ async def test_an_engine_without_the_codec_refuses_to_replay_ciphertext(tmp_path
     await asyncio.sleep(0.1)
     engine.abandon()  # a crash: the run is recovered from the log at the next open
     await engine.storage.abandon()
-    with pytest.raises(fusee.CodecError, match="encrypted with key 'k1'.*codec=fusee.aes_gcm"):
+    with pytest.raises(fusee.CodecError, match=r"encrypted with key 'k1'.*codec=fusee\.aes_gcm"):
         await _open(data, None)
     engine = await _open(data, fusee.aes_gcm({"k1": K1}))  # nothing was lost by the refusal
     await engine.run("a-1").signal(whisper, "late")
