@@ -226,6 +226,25 @@ class AttributesSet(Rec, tag=27):
     attrs: dict[str, Any]
 
 
+class StreamChunk(Rec, tag=28):
+    """A chunk appended to stream `stream` (docs/engine.md, *Streams*): by the function
+    of the step at `step`, or by the run's code (-1). No position: a stream's offsets are
+    its chunks' order in the journal."""
+
+    stream: str
+    step: int
+    value: bytes
+
+
+class StreamEnd(Rec, tag=29):
+    """Stream `stream` is complete: its writer closed it (`closed`), or the step that
+    wrote it, or the run, ended with `status`."""
+
+    stream: str
+    status: str
+    closed: bool = False
+
+
 # -- updates ------------------------------------------------------------------------
 
 
@@ -342,6 +361,8 @@ Record = (
     | CancelRequested
     | Patched
     | AttributesSet
+    | StreamChunk
+    | StreamEnd
     | UpdateAccepted
     | UpdateDone
     | ChildRequested

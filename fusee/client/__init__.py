@@ -547,6 +547,11 @@ class ClientRun(Generic[Out]):
         summary: RunSummary = await wait_started(self)
         return summary
 
+    def stream(self, name: str, *, from_: int = 0) -> ClientStreamReader:
+        """A reader of the run's stream through the server, as the engine's: an async
+        iterator of durable chunks; `offset` is where to reconnect, `status` how it ended."""
+        return ClientStreamReader(self, names.name(name, "stream name"), from_)
+
     async def describe(self) -> RunDescription:
         """The summary and the journal, as records (as the engine's)."""
         described = _described().decode(await self.client._answer("describe", self.shard, {"id": self.id}))
@@ -586,3 +591,57 @@ class ClientRun(Generic[Out]):
     async def resume(self) -> None:
         """The step paused out of retries runs again with a fresh set of attempts."""
         await self.client.call("resume", self.shard, id=self.id)
+
+
+class ClientStreamReader:
+    """`client.run(id).stream(name, from_=)`: long polls (`streamRead`) relayed to the
+    shard's holder, asked again across handbacks and reconnections, from the offset
+    reached: no chunk is missed or handed twice."""
+
+    def __init__(self, run: ClientRun[Any], name: str, from_: int) -> None:
+        self._run = run
+        self.name = name
+        self.offset = from_
+        self.status: str | None = None
+        self.closed = False
+        self._run_no: int | None = None
+        self._buffer: list[Any] = []
+        self._ending: dict[str, Any] | None = None
+
+    def __aiter__(self) -> ClientStreamReader:
+        return self
+
+    async def __anext__(self) -> Any:
+        client = self._run.client
+        pause = 0.05
+        while not self._buffer:
+            if self.status is not None:
+                raise StopAsyncIteration
+            args: dict[str, Any] = {
+                "id": self._run.id,
+                "name": self.name,
+                "from": self.offset,
+                "wait": 30_000,
+            }
+            if self._run_no is not None:
+                args["run"] = self._run_no
+            try:
+                batch = await client.call("streamRead", self._run.shard, **args)
+            except (NoHolderError, errors.ConnectionError):
+                if client.closed:
+                    raise
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 1.0)
+                continue
+            self._run_no = batch["run"]
+            self._buffer = [wire_in(client.codec, chunk) for chunk in batch["chunks"]]
+            end = batch.get("end")
+            if end is not None and not self._buffer:
+                self.status, self.closed = end["status"], bool(end["closed"])
+                raise StopAsyncIteration
+            self._ending = end
+        self.offset += 1
+        value = self._buffer.pop(0)
+        if not self._buffer and self._ending is not None:
+            self.status, self.closed = self._ending["status"], bool(self._ending["closed"])
+        return value

@@ -24,6 +24,7 @@ from typing import Protocol
 from fusee import journal as R
 from fusee.engine.durability import Durability
 from fusee.engine.run import RunState
+from fusee.engine.streams import StepStreamWriter
 from fusee.workflow.ctx import StepContext
 from fusee.workflow.ops import StepOp, StepState
 
@@ -81,6 +82,10 @@ class Beats:
 
     def progress(self) -> bytes | None:
         return self.latest if self.latest is not None else self.op.progress
+
+    def stream(self, context: StepContext, name: str) -> StepStreamWriter:
+        """`s.stream`: the attempt's writer of a stream of its step (fusee/engine/streams.py)."""
+        return StepStreamWriter(self.run, self.op, context, name, self._loop, self._thread)
 
     def _current(self, context: StepContext | None) -> bool:
         op = self.op

@@ -377,6 +377,23 @@ async def _describe(engine: ServedEngine, a: dict[str, Any]) -> Any:
     return await engine.run(a["id"]).describe()  # the summary and the journal's records
 
 
+async def _stream_read(engine: ServedEngine, a: dict[str, Any]) -> Any:
+    """A reader's long poll (`streamRead`): the durable chunks from `from`, waiting up to
+    `wait` ms (at most 30 s) for one."""
+    from fusee.engine.stream_reads import read
+
+    wait_ms = a.get("wait", 30_000)
+    if type(wait_ms) is not int or not 0 <= wait_ms <= 30_000:
+        raise RejectedError(f"streamRead: wait={wait_ms!r}: expected ms from 0 to 30,000")
+    shard = engine.run(a["id"])._shard
+    batch = await read(shard, a["id"], a["name"], a.get("from", 0), wait_ms / 1000, a.get("run"))
+    answer = batch.json()
+    if engine.codec is not None:  # each chunk leaves sealed, as any payload
+        answer["chunks"] = [wire_out(engine.codec, raw) for raw in batch.raw]
+        answer["bytes"] = []
+    return answer
+
+
 async def _cancel(engine: ServedEngine, a: dict[str, Any]) -> Any:
     await engine.run(a["id"]).cancel(a.get("reason"))
 
@@ -436,7 +453,7 @@ async def _page(rows: AsyncIterator[RunSummary], a: dict[str, Any]) -> list[dict
 
 # Calls that wait for the run rather than act on it: at a handback they are answered MOVED
 # and wait again at the next holder (an update's ID makes its second sending harmless).
-WAITS = frozenset({"result", "update"})
+WAITS = frozenset({"result", "update", "streamRead"})
 
 METHODS: dict[str, Callable[[ServedEngine, dict[str, Any]], Awaitable[Any]]] = {
     "start": _start,
@@ -448,6 +465,7 @@ METHODS: dict[str, Callable[[ServedEngine, dict[str, Any]], Awaitable[Any]]] = {
     "result": _result,
     "status": _status,
     "describe": _describe,
+    "streamRead": _stream_read,
     "cancel": _cancel,
     "terminate": _terminate,
     "reset": _reset,

@@ -25,9 +25,10 @@ from fusee._errors import (
     RejectedError,
     failure_from,
 )
-from fusee.engine import patches
+from fusee.engine import patches, streams
 from fusee.engine.run_records import APPLY, Stuck, child_watch_result, decode, maybe_await, update_done
 from fusee.engine.run_records import stop_step as stop_step  # shard.py's, from here
+from fusee.engine.streams import StreamState
 from fusee.journal import STATUS_OF, Status
 from fusee.workflow.definitions import Retry, Workflow
 from fusee.workflow.driver import current_step, inline_step
@@ -153,6 +154,12 @@ class RunState:
         # Search attributes (docs/engine.md, *Search attributes*): as the journal records
         # them, and as the code set them (the same live; a replay's calls are compared with
         # the journal's when it goes live, and the difference recorded).
+        # Streams (fusee/engine/streams.py): each one's chunks and end; on replay, what the
+        # journal holds of the code's (read first) and what the code wrote past it.
+        self.streams: dict[str, StreamState] = {}
+        self.streams_recorded: dict[str, int] = {}
+        self.streams_closed: set[str] = set()
+        self.streams_due: list[R.Rec] = []
         self.attrs: dict[str, Any] = {}
         self.code_attrs: dict[str, Any] = {}
         self.patches: dict[str, bool] | None = None
@@ -206,6 +213,11 @@ class RunState:
                 if self.patches is None:
                     self.patches = {}
                 self.patches[rec.id] = True
+            elif type(rec) is R.StreamChunk:
+                if rec.step == streams.RUN:
+                    self.streams_recorded[rec.stream] = self.streams_recorded.get(rec.stream, 0) + 1
+            elif type(rec) is R.StreamEnd:
+                self.streams_closed.add(rec.stream)
             elif type(rec) in _ENDS:
                 last = patches.ENDED
         self.replay_horizon = last + 1
@@ -234,6 +246,10 @@ class RunState:
             return
         if self.markers_due is not None:
             patches.record_due(self)
+        if self.streams_due:
+            streams.record_due(self)
+        self.streams_recorded.clear()
+        self.streams_closed.clear()
         if self.code_attrs != self.attrs:
             # Set by the code past the journal's end (the crash took the record), or set
             # again the same: only what differs is recorded.
@@ -444,6 +460,12 @@ class RunState:
         """What the run index keeps of it: its attributes (None: none) and start time."""
         return (dict(self.attrs) if self.attrs else None), self.started.now
 
+    def stream(self, name: str) -> streams.StreamWriter:
+        if self.final:
+            raise Stuck()
+        self._not_in_step("stream")
+        return streams.StreamWriter(self, name)
+
     def issued_record(self, seq: int) -> R.Rec | None:
         """On replay, what the journal recorded when the code called operation `seq`."""
         return self.issued.get(seq) if self.replaying else None
@@ -593,6 +615,8 @@ class RunState:
         if self.final:
             return
         self.shard.messages.prepare_end(self, rec)
+        if self.streams:
+            streams.end_run_streams(self, rec.status if isinstance(rec, R.Finished) else "continued")
         self.record(rec)
         self.ended(rec)
 

@@ -434,6 +434,14 @@ class Run(Generic[Out]):
         summary: RunSummary = await wait_started(self)
         return summary
 
+    def stream(self, name: str, *, from_: int = 0) -> Any:
+        """A reader of the run's stream `name` from offset `from_` (docs/engine.md,
+        *Streams*): `async for chunk in run.stream("tokens")`; `reader.offset` is where to
+        reconnect, `reader.status` how it ended."""
+        from fusee.engine.stream_reads import StreamReader
+
+        return StreamReader(lambda: self._shard, self.id, names.name(name, "stream name"), from_)
+
     async def describe(self) -> RunDescription:
         """The summary and the journal, as records."""
         shard = self._shard

@@ -20,6 +20,7 @@ from fusee import _codec as codec
 from fusee import _errors as errors
 from fusee import journal as R
 from fusee._errors import ChildError, CodecError, FuseeError, StepError, error_from
+from fusee.engine import streams
 from fusee.journal import Status
 from fusee.workflow.definitions import Workflow
 from fusee.workflow.driver import Driver
@@ -63,6 +64,7 @@ class AppliedRun(Driver, Protocol):
     pending_start: list[Op]
     inherited: dict[int, int]
     attrs: dict[str, Any]
+    streams: dict[str, streams.StreamState]
 
     @property
     def shard(self) -> _Shard: ...
@@ -324,6 +326,8 @@ APPLY: dict[type, Callable[[AppliedRun, Any], None]] = {
     R.CancelRequested: cancel_requested,
     R.Patched: patch_marker,
     R.AttributesSet: attributes_set,
+    R.StreamChunk: streams.chunk_applied,
+    R.StreamEnd: streams.end_applied,
     R.UpdateAccepted: update_accepted,
     R.UpdateDone: update_done,
     R.ChildRequested: issued,

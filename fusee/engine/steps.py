@@ -20,6 +20,7 @@ from fusee.engine.heartbeats import attempt_beats
 from fusee.engine.outbox import Outbox
 from fusee.engine.run import RunState
 from fusee.engine.run_records import stop_step
+from fusee.engine.streams import end_step_streams
 from fusee.engine.timers import Timers
 from fusee.engine.tokens import make_token
 from fusee.workflow.ctx import Completion, StepContext, step_key, takes_context
@@ -302,6 +303,8 @@ class Steps:
                 except CodecError as error:
                     # Every attempt would fail the same way: fail at once, no retries.
                     rec = R.StepFailed(op.seq, op.name, failure_from(error))
+                if run.streams:  # its streams complete just before its result's record
+                    end_step_streams(run, op.seq, "ok" if type(rec) is R.StepDone else "failed")
         else:
             failure = failure_from(exc, self.shard.engine.record_stacks)
             retry_at = self._retry_at(op, exc, failure)
@@ -318,6 +321,8 @@ class Steps:
                 )
             else:
                 rec = R.StepFailed(op.seq, op.name, failure)
+                if run.streams:
+                    end_step_streams(run, op.seq, "failed")
         op.state = _IDLE
         durability = self.shard.durability
         if durability.releasing:

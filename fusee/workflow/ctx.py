@@ -80,6 +80,14 @@ class StepContext:
         if self._beats is not None:
             self._beats.beat(self, codec.encode(progress, f"step '{self.step}' progress"))
 
+    def stream(self, name: str) -> Any:
+        """A stream of this step (or the run's stream of that name): `append(value)`,
+        `close()`, and `recorded()`: what earlier attempts of the step appended, so this
+        one continues after it. The step's result completes it."""
+        if self._beats is None:
+            raise RejectedError("s.stream: this step context has no engine behind it")
+        return self._beats.stream(self, name)
+
     def progress(self) -> Any:
         """The latest progress this step reported: in this process the newest heartbeat
         of any of its attempts, after a crash or a handback the last durable one; None
@@ -99,6 +107,7 @@ class StepBeats(Protocol):
 
     def beat(self, context: StepContext, progress: bytes) -> None: ...
     def progress(self) -> bytes | None: ...
+    def stream(self, context: StepContext, name: str) -> Any: ...
 
 
 class Completion(msgspec.Struct):
@@ -151,6 +160,13 @@ class Ctx:
         """The workflow version this run started with (`@fusee.workflow(version=)`, or a
         start's `version=`): recorded, so code can keep the old path for old runs."""
         return self._run.started.version
+
+    def stream(self, name: str) -> Any:
+        """A stream of the run (docs/engine.md, *Streams*): `append(value)` records a chunk
+        and returns at once, `close()` completes it (the run's end does otherwise). Its
+        readers (`run.stream(name, from_=)`) get each chunk once it is durable. On replay
+        the appends are matched to the recorded ones and nothing is recorded again."""
+        return self._run.stream(name)
 
     def set_attributes(self, attributes: dict[str, Any]) -> None:
         """Search attributes for listings (`engine.list(where=...)`, docs/engine.md,

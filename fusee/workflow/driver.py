@@ -41,6 +41,9 @@ class Driver(Protocol):
 
     def record(self, rec: R.Rec) -> None: ...
 
+    def stream(self, name: str) -> Any:
+        """`ctx.stream`: a writer of the run's stream (fusee/engine/streams.py)."""
+
     def set_attributes(self, changes: dict[str, Any]) -> None:
         """Search attributes (docs/engine.md, *Search attributes*)."""
 

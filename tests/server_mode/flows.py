@@ -301,7 +301,22 @@ async def tagged(ctx: fusee.Ctx, attrs: dict) -> int:
     return int(await ctx.wait_for(go))
 
 
+@fusee.workflow("streamer")
+async def streamer(ctx: fusee.Ctx, n: int) -> int:
+    """Appends 0..n-1 to stream "numbers", a durable 20 ms sleep after every tenth: a
+    worker killed meanwhile leaves the rest to the next holder, whose replay appends
+    nothing again."""
+    out = ctx.stream("numbers")
+    for i in range(n):
+        out.append(i)
+        if i % 10 == 9:
+            await ctx.sleep(f"z{i}", 20)
+    out.close()
+    return n
+
+
 WORKFLOWS = [
+    streamer,
     tagged,
     secret,
     secret_child,

@@ -216,6 +216,10 @@ def timeline(journal: list[dict[str, Any]]) -> Timeline:
             beat = step(record)
             beat.progress = show(record.get("progress"))
             row.summary = f"step {beat.name} progress {_short(record.get('progress'))}"
+        elif kind == "StreamChunk":
+            row.summary = f"stream {record.get('stream')}: {_short(record.get('value'))}"
+        elif kind == "StreamEnd":
+            row.summary = f"stream {record.get('stream')} complete ({record.get('status')})"
         elif kind == "AttributesSet":
             row.summary = "set attributes " + _short(record.get("attrs"))
         elif kind == "Patched":
