@@ -83,6 +83,30 @@ async def check(h: Harness, far: bool = False) -> None:
         await _check(h, far)
 
 
+async def _check_streams(h: Harness, runs: dict[str, tuple[int, str, list[R.Rec]]]) -> None:
+    """A run's stream "log" holds each chunk its code appended once, in order (a replay
+    appends nothing again), and a read hands over a prefix of it: durable chunks only."""
+    from fusee import _codec
+    from fusee.engine.stream_reads import read
+
+    for wid, (run, status, journal) in runs.items():
+        chunks = [_codec.decode(r.value) for r in journal if type(r) is R.StreamChunk and r.stream == "log"]
+        if not chunks:
+            continue
+        if len(chunks) != len(set(chunks)) or any(
+            chunks[k].endswith("b") != (k % 2 == 1) or chunks[k][:-1] != chunks[k - k % 2][:-1]
+            for k in range(len(chunks))
+        ):
+            raise Violation("streams", f"run {run} of '{wid}': stream 'log' recorded {chunks}")
+        if status == "stuck":
+            continue
+        batch = await read(h.t.engine.shard_of(wid), wid, "log", 0, 0.0, run)
+        if batch.chunks != chunks[: len(batch.chunks)]:
+            raise Violation(
+                "streams", f"run {run} of '{wid}': a read gave {batch.chunks}, the journal holds {chunks}"
+            )
+
+
 async def _check_attributes(h: Harness, runs: dict[str, tuple[int, str, list[R.Rec]]]) -> None:
     """A run whose journal holds search attributes is found by a listing filtered on them,
     loaded, parked or finished (a stuck run's later records are not applied: skipped)."""
@@ -138,6 +162,7 @@ async def _check(h: Harness, far: bool) -> None:
     for wid, (run, _status, journal) in runs.items():
         _check_outcome(h, wid, run, journal)
     await _check_attributes(h, runs)
+    await _check_streams(h, runs)
     _check_acknowledged(h, runs, readings)
     _check_refusals(h, runs, readings)
     _check_steps(h, runs, readings)

@@ -71,6 +71,7 @@ ITEMS = st.one_of(
             "compg",
             "beat",
             "attr",
+            "stream",
         ]
     ),
     st.sampled_from(["fail:1", "fail:2", "fail:3"]),

@@ -221,7 +221,12 @@ async def _item(ctx: fusee.Ctx, plan: Plan, i: int, prefix: str, comps: list[str
     if kind == "all":
         got, _ = await ctx.all([ctx.step(name, _counted()), ctx.sleep(f"{name}z", 200)])
         return int(got)
-    if kind == "attr":
+    if kind == "stream":
+        # Two chunks of the run's stream "log": a replay must not append them again.
+        out = ctx.stream("log")
+        out.append(f"{i}a")
+        out.append(f"{i}b")
+    elif kind == "attr":
         # Search attributes: positionless, so every code variant sets them the same way.
         ctx.set_attributes({"item": f"{ctx.workflow_id}:{ctx.run_number}:{i}", "at": i})
     elif kind == "draw":
