@@ -62,7 +62,7 @@ async def step_ms(dir: str | None, size: int, steps: int, codec: fusee.AesGcm | 
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()

@@ -48,7 +48,7 @@ def rows_floor_ms(count: int) -> float:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--runs", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=21)
     args = parser.parse_args()
