@@ -62,7 +62,7 @@ class Refused(Exception):
 # signal, update, cancel, terminate, complete, fail, and any method added later) is a
 # change, refused to a read token.
 READ_METHODS = frozenset(
-    {"list", "describe", "query", "result", "status", "invocations", "limits", "limit_usage"}
+    {"list", "describe", "query", "result", "status", "invocations", "limits", "limit_usage", "streamRead"}
 )
 # What a peer without the worker token may send once open: calls, and its pings.
 CLIENT_FRAMES = (m.Call, m.Ping)
@@ -80,6 +80,7 @@ RUN_METHODS = frozenset(
         "result",
         "status",
         "describe",
+        "streamRead",
         "cancel",
         "terminate",
         "reset",

@@ -70,6 +70,9 @@ from fusee_server.http_types import (
     StartBody,
     Started,
     StartOptions,
+    StreamBatch,
+    StreamEnding,
+    StreamString,
     UpdateBody,
     Updated,
 )
@@ -383,6 +386,42 @@ class RunsApi:
                 return self._ended(id, done.pop().result())
         return RunResult(id, False, status)
 
+    async def stream(self, asked: Asked) -> StreamBatch:
+        """Durable chunks of the run's stream from `from`, waiting up to `wait` ms for
+        one (docs/http-api.md, *Streams*; `Accept: text/event-stream` follows it)."""
+        id, name = _id(asked), names.name(asked.path["name"], "stream name")
+        query: StreamString = asked.query
+        args = {"id": id, "name": name, "from": query.from_, "wait": query.wait}
+        return _batch(await self._retried("streamRead", id, args))
+
+    async def stream_events(self, request: web.Request, asked: Asked) -> web.StreamResponse:
+        """Server-sent events: one `chunk` event per chunk (its `id` the next offset: a
+        reconnecting EventSource sends it back as Last-Event-ID), then an `end` event.
+        The first read comes before the response starts, so a refusal is a plain error."""
+        id, name = _id(asked), names.name(asked.path["name"], "stream name")
+        start = asked.query.from_
+        last = request.headers.get("Last-Event-ID", "")
+        if last.isdigit():
+            start = int(last)
+        batch = _batch(
+            await self._retried("streamRead", id, {"id": id, "name": name, "from": start, "wait": 0})
+        )
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"}
+        )
+        await response.prepare(request)
+        while True:
+            for offset, chunk in enumerate(batch.chunks, batch.from_):
+                data = _json.encode(chunk).decode()
+                await response.write(f"event: chunk\nid: {offset + 1}\ndata: {data}\n\n".encode())
+            start = batch.next
+            if batch.end is not None:
+                end = _json.encode(batch.end).decode()
+                await response.write(f"event: end\nid: {start}\ndata: {end}\n\n".encode())
+                return response
+            args = {"id": id, "name": name, "from": start, "wait": 30_000, "run": batch.run}
+            batch = _batch(await self._retried("streamRead", id, args))
+
     def _result_call(self, id: str) -> asyncio.Task[m.Answer]:
         _checked("result", {"id": id})  # each poll's own token, though polls share the call
         waiting = self.results.get(id)
@@ -451,8 +490,8 @@ class RunsApi:
         self.add_routes(app, [*ROUTES, openapi_route(ROUTES)])
         return app
 
-    def _endpoint(self, route: Route) -> Callable[[web.Request], Awaitable[web.Response]]:
-        async def endpoint(request: web.Request) -> web.Response:
+    def _endpoint(self, route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def endpoint(request: web.Request) -> web.StreamResponse:
             grant = self.grant_of(request)
             _grant.set(grant)  # this request's task alone: aiohttp runs each in its own
             try:
@@ -463,6 +502,8 @@ class RunsApi:
                     grant,
                     self.requester(request, grant),
                 )
+                if route.name == "stream" and "text/event-stream" in request.headers.get("Accept", ""):
+                    return await self.stream_events(request, asked)
                 answer = await route.handler(self, asked)
             except ApiError as error:
                 retry = {"Retry-After": "1"} if error.status == 503 else None
@@ -480,6 +521,15 @@ def _by(asked: Asked) -> str:
     """Who asked, as the records that audit keep it (`by`, docs/run-operations.md,
     *Audit*): the signed-in person, the token's kind, or `http`."""
     return asked.by
+
+
+def _batch(value: dict[str, Any]) -> StreamBatch:
+    chunks = [
+        base64.b64encode(chunk).decode() if isinstance(chunk, bytes) else chunk for chunk in value["chunks"]
+    ]
+    end = value.get("end")
+    ending = StreamEnding(end["status"], bool(end["closed"])) if end is not None else None
+    return StreamBatch(value["run"], value["from"], value["next"], chunks, value["bytes"], ending)
 
 
 def _checked(method: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -614,6 +664,8 @@ ROUTES = [
        query=DescribeString, errors=(400, 404)),
     _r("GET", "/v1/runs/{id}/result", "result", "Wait for a run's result (long poll)", RunResult,
        RunsApi.result, query=ResultString, errors=(400, 404)),
+    _r("GET", "/v1/runs/{id}/streams/{name}", "stream", "Read a run's stream: durable chunks (long poll)",
+       StreamBatch, RunsApi.stream, query=StreamString, errors=(400, 404)),
     _r("POST", "/v1/runs/{id}/signals/{name}", "signal", "Send a signal", Signalled, RunsApi.signal,
        body=SignalBody, errors=(400, 404)),
     _r("GET", "/v1/runs/{id}/queries/{name}", "query", "Ask a query", Queried, RunsApi.query,

@@ -214,6 +214,34 @@ class ResultString(Request):
     ] = 30_000
 
 
+class StreamString(Request):
+    from_: Annotated[int, msgspec.Meta(ge=0, description="The offset to read from.")] = msgspec.field(
+        default=0, name="from"
+    )
+    wait: Annotated[
+        int,
+        msgspec.Meta(ge=0, le=30_000, description="How long to wait for a chunk, in ms."),
+    ] = 30_000
+
+
+class StreamEnding(Answer):
+    status: str
+    closed: bool
+
+
+class StreamBatch(Answer):
+    """Durable chunks of a run's stream from `from`; `next` is where to read on; `end` is
+    set once the stream is complete and `next` is past its last chunk. `bytes` lists the
+    chunks that are bytes, each then base64."""
+
+    run: int
+    from_: int = msgspec.field(name="from")
+    next: int
+    chunks: list[Any]
+    bytes: list[int]
+    end: StreamEnding | None = None
+
+
 class RunResult(Answer):
     """`done` false: the run had not ended within `wait` (`status` says where it is);
     ask again. Once done, `status` is how it ended: `result` for `ok`, else `error`."""

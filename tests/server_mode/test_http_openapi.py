@@ -18,7 +18,13 @@ from tests.support.server_cli import base_url
 
 Call = Callable[[Http], Awaitable[tuple[int, Any]]]
 
+
 # One call per operation, in an order where each finds what it needs (a run to signal).
+async def _streamed(api: Http) -> tuple[int, Any]:
+    await api.post("/v1/runs", {"type": "streamer", "id": "doc-s", "input": 3})
+    return await api.get("/v1/runs/doc-s/streams/numbers", **{"from": "0", "wait": "10000"})
+
+
 CALLS: dict[str, Call] = {
     "openapi": lambda api: api.get("/v1/openapi.json"),
     "info": lambda api: api.get("/v1/info"),
@@ -29,6 +35,7 @@ CALLS: dict[str, Call] = {
     "signal": lambda api: api.post("/v1/runs/doc-1/signals/review", {"value": True}),
     "result": lambda api: api.get("/v1/runs/doc-1/result", wait="10000"),
     "describe": lambda api: api.get("/v1/runs/doc-1"),
+    "stream": lambda api: _streamed(api),
     "list": lambda api: api.get("/v1/runs", limit="1"),
     "cancel": lambda api: _started_then(api, "doc-2", "cancel"),
     "terminate": lambda api: _started_then(api, "doc-3", "terminate"),
