@@ -315,7 +315,24 @@ async def streamer(ctx: fusee.Ctx, n: int) -> int:
     return n
 
 
+@fusee.workflow("ticker")
+async def ticker(ctx: fusee.Ctx, x: dict) -> int:
+    """One step appending its clock (`time.time()`) to stream "ticks" every
+    `x["every_s"]`, `x["n"]` times: a reader's lateness is its own clock less the chunk
+    (bench/stream_latency.py)."""
+
+    async def tick(s: fusee.StepContext) -> int:
+        out = s.stream("ticks")
+        for _ in range(x["n"] - out.recorded_count):
+            out.append(time.time())
+            await asyncio.sleep(x["every_s"])
+        return x["n"]
+
+    return int(await ctx.step("tick", tick))
+
+
 WORKFLOWS = [
+    ticker,
     streamer,
     tagged,
     secret,
