@@ -39,6 +39,7 @@ from fusee import journal as R
 from fusee._errors import DOCS, FuseeError, RejectedError
 from fusee._sealing import ENCODED, SEALED
 from fusee.engine.tokens import parse_token
+from fusee.engine.where import Where
 from fusee.journal import FINAL
 from fusee.protocol import messages as m
 from fusee.workflow.durations import at_ms, to_ms
@@ -446,6 +447,13 @@ class RunsApi:
         query: ListString = asked.query
         after = _cursor(query.cursor) if query.cursor is not None else None
         args = {"type": query.type, "status": query.status, "prefix": query.prefix, "after": after}
+        if query.where is not None:
+            try:
+                where = msgspec.json.decode(query.where)
+            except msgspec.DecodeError as error:
+                raise RejectedError(f"where: not JSON text ({error})") from None
+            Where(where)  # refused here, naming what is wrong, before any worker is asked
+            args["where"] = where
         args = _checked("list", args | {"limit": query.limit + 1})  # a namespace's: its prefix
         answer = await self.calls.call("list", -1, args)
         if answer.code is not None:

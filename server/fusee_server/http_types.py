@@ -259,6 +259,12 @@ class ListString(Request):
     prefix: Annotated[str | None, msgspec.Meta(description="Only workflow IDs that start with it.")] = None
     limit: Annotated[int, msgspec.Meta(ge=1, le=LIMIT_MAX)] = 100
     cursor: Annotated[str | None, msgspec.Meta(description="`nextCursor` of the page before.")] = None
+    where: Annotated[
+        str | None,
+        msgspec.Meta(
+            description='A filter as JSON text, on search attributes and the run\'s fields: {"amount": {"gte": 100}}.'
+        ),
+    ] = None
 
 
 class RunList(Answer):
