@@ -196,3 +196,15 @@ async def test_shards_invocations_and_an_unknown_run(ui):
     assert response is not None and response.status == 404
     await expect(page.locator("#error")).to_contain_text("NotFound")
     assert not ui.errors
+
+
+async def test_a_runs_streams_show_on_its_page(ui):
+    await start(ui, "streamer", "st/1", 12)
+    assert (await ended(ui, "st/1"))["done"]
+    page = ui.page
+    await page.goto(f"{ui.url}/runs/{path_id('st/1')}")
+    heading = page.locator("section.stream h3")
+    await expect(heading).to_have_text("numbers · 12 chunks · complete (ok)")
+    text = await page.inner_text("pre.stream[data-stream='numbers']")
+    assert text.split() == [str(i) for i in range(12)]
+    assert not ui.errors

@@ -98,6 +98,9 @@ class Timeline:
     signals: list[dict[str, str]] = dataclasses.field(default_factory=list)
     updates: list[dict[str, str]] = dataclasses.field(default_factory=list)
     children: list[dict[str, str]] = dataclasses.field(default_factory=list)
+    # Each stream: its chunks as one text (strings joined, other values as JSON lines),
+    # how many, and how it ended ("" while it grows).
+    streams: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     audit: list[dict[str, str]] = dataclasses.field(default_factory=list)
     rows: list[Row] = dataclasses.field(default_factory=list)
 
@@ -217,8 +220,16 @@ def timeline(journal: list[dict[str, Any]]) -> Timeline:
             beat.progress = show(record.get("progress"))
             row.summary = f"step {beat.name} progress {_short(record.get('progress'))}"
         elif kind == "StreamChunk":
+            shown = out.streams.setdefault(str(record.get("stream")), {"text": "", "count": 0, "end": ""})
+            value = record.get("value")
+            if isinstance(value, dict) and set(value) == {"$encoded"}:
+                value = "(encrypted)"
+            shown["text"] += value if isinstance(value, str) else _short(value) + "\n"
+            shown["count"] += 1
             row.summary = f"stream {record.get('stream')}: {_short(record.get('value'))}"
         elif kind == "StreamEnd":
+            shown = out.streams.setdefault(str(record.get("stream")), {"text": "", "count": 0, "end": ""})
+            shown["end"] = str(record.get("status"))
             row.summary = f"stream {record.get('stream')} complete ({record.get('status')})"
         elif kind == "AttributesSet":
             row.summary = "set attributes " + _short(record.get("attrs"))
