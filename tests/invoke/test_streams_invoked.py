@@ -46,5 +46,6 @@ async def test_a_reader_gets_every_chunk_once_across_handbacks_and_kills(procs: 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 async def test_ten_thousand_chunks_across_ten_kills_and_ten_handbacks(procs: list[Proc], tmp_path: Path):
     await _read_through(procs, tmp_path, 10_000, 10)
