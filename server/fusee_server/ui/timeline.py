@@ -83,6 +83,8 @@ class Row:
     by: str = ""
     error: bool = False
     at: str = ""  # when, for the records that say (a start, a failed attempt)
+    stream: str = ""  # a StreamChunk's stream: chunks in a row are one line
+    chunks: int = 1
 
 
 @dataclasses.dataclass
@@ -220,6 +222,7 @@ def timeline(journal: list[dict[str, Any]]) -> Timeline:
             beat.progress = show(record.get("progress"))
             row.summary = f"step {beat.name} progress {_short(record.get('progress'))}"
         elif kind == "StreamChunk":
+            row.stream = str(record.get("stream"))
             shown = out.streams.setdefault(str(record.get("stream")), {"text": "", "count": 0, "end": ""})
             value = record.get("value")
             if isinstance(value, dict) and set(value) == {"$encoded"}:
@@ -239,6 +242,17 @@ def timeline(journal: list[dict[str, Any]]) -> Timeline:
             row.summary = f"sent signal {record.get('name')} to {record.get('target')}"
         else:
             row.summary = _short({k: v for k, v in record.items() if k != "kind"})
+        last = out.rows[-1] if out.rows else None
+        if (
+            kind == "StreamChunk"
+            and last is not None
+            and last.kind == "StreamChunk"
+            and last.stream == row.stream
+        ):
+            # A stream's chunks in a row are one line: a long answer is thousands of them.
+            last.chunks += 1
+            last.summary = f"stream {row.stream}: {last.chunks} chunks"
+            continue
         out.rows.append(row)
     return out
 
