@@ -85,7 +85,10 @@ class Beats:
 
     def stream(self, context: StepContext, name: str) -> StepStreamWriter:
         """`s.stream`: the attempt's writer of a stream of its step (fusee/engine/streams.py)."""
-        return StepStreamWriter(self.run, self.op, context, name, self._loop, self._thread)
+        return StepStreamWriter(self.run, self.op, context, name, self._loop, self._thread, self._progressed)
+
+    def _progressed(self) -> None:
+        self.shard.heartbeats += 1  # IDLE's progress count: a chunk, as a heartbeat
 
     def _current(self, context: StepContext | None) -> bool:
         op = self.op

@@ -167,7 +167,7 @@ class StepStreamWriter:
     """`s.stream(name)` inside a step's function: a stream of that step (or, if the run's
     code opened it, the run's). From a thread step too: appends go to the loop in order."""
 
-    __slots__ = ("_context", "_loop", "_op", "_run", "_state", "_thread", "name")
+    __slots__ = ("_context", "_counted", "_loop", "_op", "_run", "_state", "_thread", "name")
 
     def __init__(
         self,
@@ -177,6 +177,7 @@ class StepStreamWriter:
         name: str,
         loop: asyncio.AbstractEventLoop,
         thread: int,
+        counted: Any = None,
     ) -> None:
         self.name = _name(name)
         self._run = run
@@ -184,6 +185,9 @@ class StepStreamWriter:
         self._context = context
         self._loop = loop  # the engine's, and its thread: a thread step's appends go there
         self._thread = thread
+        # Called per chunk recorded: a step that streams through an invocation's budget
+        # made progress (its next attempt continues after it), as one that heartbeats.
+        self._counted = counted
         if threading.get_ident() == thread:
             self._state = _opened(run, name, op)
         else:
@@ -234,6 +238,8 @@ class StepStreamWriter:
         rec = R.StreamChunk(self.name, op.seq, data)
         run.record(rec)
         state.add(rec, run.last_lsn)
+        if self._counted is not None:
+            self._counted()
 
     def close(self) -> None:
         """Streams of a step complete with its result; an explicit close does it now."""

@@ -331,7 +331,26 @@ async def ticker(ctx: fusee.Ctx, x: dict) -> int:
     return int(await ctx.step("tick", tick))
 
 
+@fusee.workflow("scribe")
+async def scribe(ctx: fusee.Ctx, x: dict) -> int:
+    """One step writing 0..n-1 to stream "numbers" (a model's tokens, say), pausing
+    `x["pause_s"]` every 50: longer than a budget, so the step runs again in the next
+    invocation and continues after what it recorded."""
+    n = x["n"]
+
+    async def write(s: fusee.StepContext) -> int:
+        out = s.stream("numbers")
+        for i in range(out.recorded_count, n):
+            out.append(i)
+            if i % 50 == 49:
+                await asyncio.sleep(x["pause_s"])
+        return n
+
+    return int(await ctx.step("write", write))
+
+
 WORKFLOWS = [
+    scribe,
     ticker,
     streamer,
     tagged,
