@@ -294,9 +294,10 @@ def end_step_streams(run: StreamRun, seq: int, status: str) -> None:
 
 
 def end_run_streams(run: StreamRun, status: str) -> None:
-    """The run ends: every stream still open completes with the run's status."""
+    """The run ends: every stream a writer opened and left open completes with the run's
+    status (one only a reader waits on was never opened: nothing is recorded for it)."""
     for name, state in run.streams.items():
-        if state.end is None:
+        if state.end is None and state.owner is not None:
             rec = R.StreamEnd(name, status)
             run.record(rec)
             state.ended(rec, run.last_lsn)

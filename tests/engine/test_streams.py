@@ -136,3 +136,25 @@ async def test_a_reader_of_a_stream_never_opened_ends_with_the_run(kit):
     assert got == [] and end[0] == "ok" and end[1] is False
     with pytest.raises(fusee.NotFoundError):
         await _all(t, "never-ran")
+
+
+@fusee.workflow("waits_then_ends")
+async def waits_then_ends(ctx: fusee.Ctx) -> str:
+    await ctx.wait_for(more)
+    return "done"
+
+
+async def test_a_reader_waiting_on_a_stream_nobody_opened_records_nothing(kit):
+    t = await kit(waits_then_ends)
+    await t.start(waits_then_ends, "r-1")
+    await t.settle()
+    reader = t.engine.run("r-1").stream("ghost")
+    waiting = asyncio.ensure_future(reader.__anext__())
+    await asyncio.sleep(0.05)
+    await t.engine.run("r-1").signal(more, 1)
+    assert await t.result("r-1") == "done"
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(waiting, 10)
+    assert reader.status == "ok" and reader.closed is False
+    kinds = [row["kind"] for row in await t.journal("r-1")]
+    assert "StreamEnd" not in kinds  # a read writes nothing
