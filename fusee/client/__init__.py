@@ -45,6 +45,7 @@ from fusee.engine.coordinators.concurrency import cancel_queued, through_queue
 from fusee.engine.limits.handle import check_definition
 from fusee.engine.run_handle import RunDescription, RunSummary, listed_status
 from fusee.engine.schedules import ScheduleHandle, Schedules
+from fusee.engine.stream_reads import ChunkReader
 from fusee.engine.where import Where
 from fusee.protocol import messages as m
 from fusee.protocol.address import Address, parse
@@ -593,55 +594,29 @@ class ClientRun(Generic[Out]):
         await self.client.call("resume", self.shard, id=self.id)
 
 
-class ClientStreamReader:
+class ClientStreamReader(ChunkReader):
     """`client.run(id).stream(name, from_=)`: long polls (`streamRead`) relayed to the
     shard's holder, asked again across handbacks and reconnections, from the offset
     reached: no chunk is missed or handed twice."""
 
     def __init__(self, run: ClientRun[Any], name: str, from_: int) -> None:
-        self._run = run
-        self.name = name
-        self.offset = from_
-        self.status: str | None = None
-        self.closed = False
-        self._run_no: int | None = None
-        self._buffer: list[Any] = []
-        self._ending: dict[str, Any] | None = None
+        super().__init__(name, from_)
+        self._handle = run
 
-    def __aiter__(self) -> ClientStreamReader:
-        return self
-
-    async def __anext__(self) -> Any:
-        client = self._run.client
-        pause = 0.05
-        while not self._buffer:
-            if self.status is not None:
-                raise StopAsyncIteration
-            args: dict[str, Any] = {
-                "id": self._run.id,
-                "name": self.name,
-                "from": self.offset,
-                "wait": 30_000,
-            }
-            if self._run_no is not None:
-                args["run"] = self._run_no
+    async def _batch(self) -> tuple[int, list[Any], tuple[str, bool] | None]:
+        client, pause = self._handle.client, 0.05
+        args: dict[str, Any] = {"id": self._handle.id, "name": self.name, "from": self.offset, "wait": 30_000}
+        if self._run is not None:
+            args["run"] = self._run
+        while True:
             try:
-                batch = await client.call("streamRead", self._run.shard, **args)
+                batch = await client.call("streamRead", self._handle.shard, **args)
+                break
             except (NoHolderError, errors.ConnectionError):
                 if client.closed:
                     raise
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 1.0)
-                continue
-            self._run_no = batch["run"]
-            self._buffer = [wire_in(client.codec, chunk) for chunk in batch["chunks"]]
-            end = batch.get("end")
-            if end is not None and not self._buffer:
-                self.status, self.closed = end["status"], bool(end["closed"])
-                raise StopAsyncIteration
-            self._ending = end
-        self.offset += 1
-        value = self._buffer.pop(0)
-        if not self._buffer and self._ending is not None:
-            self.status, self.closed = self._ending["status"], bool(self._ending["closed"])
-        return value
+        end = batch.get("end")
+        chunks = [wire_in(client.codec, chunk) for chunk in batch["chunks"]]
+        return batch["run"], chunks, (end["status"], bool(end["closed"])) if end is not None else None

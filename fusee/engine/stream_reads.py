@@ -125,38 +125,51 @@ def _stored(journal: list[R.Rec], name: str, outcome: Any) -> tuple[list[bytes],
     return chunks, end
 
 
-class StreamReader:
-    """`run.stream(name, from_=)`: an async iterator of the stream's durable chunks.
-    `offset` is where to reconnect; `status` how it ended (None while it goes on)."""
+class ChunkReader:
+    """An async iterator over a stream's chunks, a batch at a time from `_batch` (the
+    engine's read, or a client's `streamRead`): `offset` is where to reconnect, `status`
+    and `closed` how it ended (None while it goes on)."""
 
-    def __init__(self, shard_of: Any, wid: str, name: str, from_: int = 0) -> None:
-        self._shard_of = shard_of
-        self.id = wid
+    def __init__(self, name: str, from_: int) -> None:
         self.name = name
         self.offset = from_
         self.status: str | None = None
         self.closed = False
-        self._run: int | None = None
+        self._run: int | None = None  # the run it began on: it stays on that one
         self._buffer: list[Any] = []
+        self._ending: tuple[str, bool] | None = None
 
-    def __aiter__(self) -> StreamReader:
+    async def _batch(self) -> tuple[int, list[Any], tuple[str, bool] | None]:
+        """(the run's number, the chunks from `offset`, the end once reached)."""
+        raise NotImplementedError
+
+    def __aiter__(self) -> ChunkReader:
         return self
 
     async def __anext__(self) -> Any:
         while not self._buffer:
             if self.status is not None:
                 raise StopAsyncIteration
-            batch = await read(self._shard_of(), self.id, self.name, self.offset, LONG_POLL_S, self._run)
-            self._run = batch.run
-            self._buffer = list(batch.chunks)
-            self._next = batch.next
-            if batch.end is not None and not self._buffer:
-                self.status, self.closed = batch.end
+            self._run, self._buffer, end = await self._batch()
+            if end is not None and not self._buffer:
+                self.status, self.closed = end
                 raise StopAsyncIteration
-            if batch.end is not None:
-                self._ending = batch.end
+            self._ending = end
         self.offset += 1
         value = self._buffer.pop(0)
-        if not self._buffer and getattr(self, "_ending", None) is not None:
+        if not self._buffer and self._ending is not None:
             self.status, self.closed = self._ending
         return value
+
+
+class StreamReader(ChunkReader):
+    """`run.stream(name, from_=)` on an engine."""
+
+    def __init__(self, shard_of: Any, wid: str, name: str, from_: int = 0) -> None:
+        super().__init__(name, from_)
+        self._shard_of = shard_of
+        self.id = wid
+
+    async def _batch(self) -> tuple[int, list[Any], tuple[str, bool] | None]:
+        batch = await read(self._shard_of(), self.id, self.name, self.offset, LONG_POLL_S, self._run)
+        return batch.run, list(batch.chunks), batch.end
