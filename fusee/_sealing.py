@@ -124,17 +124,11 @@ def keys_file(text: str, name: str) -> dict[str, str]:
 # -- records and messages -----------------------------------------------------------------
 
 _NOT_PAYLOADS = {R.Drawn}  # now, random, uuid: the engine's values, not the application's
-_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
 def payload_fields(cls: type) -> tuple[str, ...]:
-    """The fields of a record kind that hold payloads (bytes), read from its annotations."""
-    fields = _FIELDS.get(cls)
-    if fields is None:
-        hints = getattr(cls, "__annotations__", {})
-        fields = () if cls in _NOT_PAYLOADS else tuple(n for n, h in hints.items() if "bytes" in str(h))
-        _FIELDS[cls] = fields
-    return fields
+    """The payload fields encryption seals: every one but the engine's own values'."""
+    return () if cls in _NOT_PAYLOADS else R.payload_fields(cls)
 
 
 def _mapped(rec: Any, codec: AesGcm, sealing: bool) -> Any:

@@ -408,6 +408,20 @@ def op_of(rec: Any) -> tuple[str, str]:
     return (type(rec).__name__, str(getattr(rec, "seq", "")))
 
 
+def payload_fields(cls: type) -> tuple[str, ...]:
+    """The fields of a record kind (or `Msg`) that hold payloads (bytes: JSON, or raw),
+    read once from its annotations: what a journal shows decoded, and what encryption
+    seals (fusee/_sealing.py)."""
+    fields = _PAYLOAD_FIELDS.get(cls)
+    if fields is None:
+        hints = getattr(cls, "__annotations__", {})
+        fields = _PAYLOAD_FIELDS[cls] = tuple(n for n, h in hints.items() if "bytes" in str(h))
+    return fields
+
+
+_PAYLOAD_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
 def attributes_of(records: list[Any]) -> dict[str, Any]:
     """The merged search attributes a journal's `AttributesSet` records leave."""
     attrs: dict[str, Any] = {}

@@ -190,7 +190,7 @@ def journal_to_json(records: Sequence[R.Rec]) -> list[dict[str, Any]]:
     out = []
     for rec in records:
         row: dict[str, Any] = {"kind": type(rec).__name__}
-        payloads = _payload_fields(type(rec))
+        payloads = R.payload_fields(type(rec))
         for name in rec.__struct_fields__:
             value = getattr(rec, name)
             if name in payloads:
@@ -226,19 +226,6 @@ _NESTED: dict[str, Any] = {
 }
 
 
-def _payload_fields(cls: type[R.Rec]) -> frozenset[str]:
-    """The fields that hold payload bytes (JSON or raw), read from the annotations."""
-    cached = _PAYLOAD_CACHE.get(cls)
-    if cached is None:
-        cached = _PAYLOAD_CACHE[cls] = frozenset(
-            name for name, hint in cls.__annotations__.items() if "bytes" in str(hint)
-        )
-    return cached
-
-
-_PAYLOAD_CACHE: dict[type, frozenset[str]] = {}
-
-
 def journal_from_json(rows: Sequence[dict[str, Any]]) -> list[R.Rec]:
     """The inverse of `journal_to_json`. An exported journal is outside input: a row that
     is not a record of its kind, with fields of their types, is refused naming the row."""
@@ -269,7 +256,7 @@ def _record_of(row: Any) -> R.Rec:
     cls = _KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise FuseeError(f"unknown record kind {kind!r}")
-    payloads = _payload_fields(cls)
+    payloads = R.payload_fields(cls)
     fields: dict[str, Any] = {}
     for name, value in row.items():
         if name == "kind":
