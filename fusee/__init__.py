@@ -21,6 +21,7 @@ from fusee._errors import (
     NoHolderError,
     NotFoundError,
     RejectedError,
+    StaleVersionError,
     StepError,
     TerminatedError,
     TimeoutError,
@@ -29,11 +30,12 @@ from fusee._errors import (
 )
 from fusee._sealing import AesGcm, aes_gcm
 from fusee.engine.engine import Engine
+from fusee.engine.objects import ObjectRef
 from fusee.engine.run_handle import Run, RunDescription, RunSummary
 from fusee.engine.schedules import ScheduleHandle, ScheduleSpec
 from fusee.engine.schedules import flow as _schedule_flow
 from fusee.storage import Durability
-from fusee.workflow.ctx import ChildHandle, Completion, Ctx, StepContext
+from fusee.workflow.ctx import ChildHandle, Completion, Ctx, ObjectCtx, StepContext
 from fusee.workflow.definitions import (
     Concurrency,
     Query,
@@ -46,6 +48,7 @@ from fusee.workflow.definitions import (
     update,
     workflow,
 )
+from fusee.workflow.objects import ObjectType, State, object, shared
 
 if TYPE_CHECKING:  # loaded on first use (module __getattr__ below): not on a cold path
     from fusee.client import Client
@@ -79,6 +82,9 @@ __all__ = [
     "LeaseLostError",
     "NoHolderError",
     "NotFoundError",
+    "ObjectCtx",
+    "ObjectRef",
+    "ObjectType",
     "Query",
     "RejectedError",
     "Replayer",
@@ -89,6 +95,8 @@ __all__ = [
     "ScheduleHandle",
     "ScheduleSpec",
     "Signal",
+    "StaleVersionError",
+    "State",
     "StepContext",
     "StepError",
     "SystemClock",
@@ -102,8 +110,10 @@ __all__ = [
     "aes_gcm",
     "as_requester",
     "invocation_handler",
+    "object",
     "open_telemetry",
     "query",
+    "shared",
     "signal",
     "update",
     "workflow",

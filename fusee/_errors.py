@@ -60,6 +60,13 @@ class RejectedError(FuseeError):
     code = "Rejected"
 
 
+class StaleVersionError(RejectedError):
+    """An edit of an object's state with `if_version` that no longer holds: the state
+    changed since that version was read (HTTP 412)."""
+
+    code = "StaleVersion"
+
+
 class CodecError(FuseeError):
     code = "Codec"
     retryable = False
@@ -167,6 +174,7 @@ _PLAIN: dict[str, type[FuseeError]] = {
         AlreadyExistsError,
         UnknownWorkflowError,
         RejectedError,
+        StaleVersionError,
         ClosedError,
         BusyError,
         IoError,

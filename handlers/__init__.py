@@ -29,7 +29,7 @@ import math
 import os
 from typing import Any
 
-from fusee import FuseeError, Workflow, _secrets
+from fusee import FuseeError, ObjectType, Workflow, _secrets
 from fusee import _errors as errors
 from fusee.invoke import InvocationHandler
 from fusee.invoke._body import BODY_TIMEOUT_S, BODY_WAITS_MAX
@@ -146,17 +146,17 @@ def _secret(env: dict[str, str]) -> bytes:
         raise SettingError(str(error)) from None
 
 
-def import_workflows(setting: str, name_of_setting: str = "FUSEE_WORKFLOWS") -> list[Workflow[Any]]:
-    """The workflows FUSEE_WORKFLOWS' modules define (`setting`: comma-separated module
-    names), SettingError naming the module that cannot be imported or defines none.
-    examples/lambda/deploy.py calls it before building a zip; `fusee replay-check` too,
-    naming its `--module` option instead."""
+def import_workflows(setting: str, name_of_setting: str = "FUSEE_WORKFLOWS") -> list[Any]:
+    """The workflows and object types FUSEE_WORKFLOWS' modules define (`setting`:
+    comma-separated module names), SettingError naming the module that cannot be imported
+    or defines none. examples/lambda/deploy.py calls it before building a zip; `fusee
+    replay-check` too, naming its `--module` option instead."""
     names = [name.strip() for name in setting.split(",") if name.strip()]
     if not names:
         raise SettingError(
             f"{name_of_setting} is not set: the module(s) that define the workflows, e.g. app.flows"
         )
-    found: dict[str, Workflow[Any]] = {}
+    found: dict[str, Any] = {}
     for name in names:
         try:
             module = importlib.import_module(name)
@@ -164,11 +164,13 @@ def import_workflows(setting: str, name_of_setting: str = "FUSEE_WORKFLOWS") -> 
             raise SettingError(
                 f"{name_of_setting}: cannot import {name!r}: {type(error).__name__}: {error}"
             ) from error
-        mine = [value for value in vars(module).values() if isinstance(value, Workflow)]
+        mine = [value for value in vars(module).values() if isinstance(value, (Workflow, ObjectType))]
         if not mine:
-            raise SettingError(f"{name_of_setting}: module {name!r} defines no workflow (@fusee.workflow)")
+            raise SettingError(
+                f"{name_of_setting}: module {name!r} defines no workflow (@fusee.workflow) and no object type"
+            )
         for wf in mine:
             known = found.setdefault(wf.name, wf)
-            if known.fn is not wf.fn:
+            if known is not wf and (isinstance(wf, ObjectType) or known.fn is not wf.fn):
                 raise SettingError(f"{name_of_setting}: two workflows are named {wf.name!r} (in {name!r})")
     return list(found.values())

@@ -383,8 +383,10 @@ class Client:
         id_policy: dict[str, str] | None = None,
         timeout: Duration | None = None,
         update_id: str | None = None,
+        accepted: bool = False,
     ) -> tuple[ClientRun[Out], Any]:
         u = update_of(update)
+        extra = {"accepted": True} if accepted else {}
         value = await self.call(
             "update_with_start",
             self.shard_of(id),
@@ -398,6 +400,7 @@ class Client:
             # Drawn here, not by the worker: a call moved to the shard's next holder (a
             # handback) or sent again is then the same update, applied once.
             update_id=update_id if update_id is not None else uuid.uuid4().hex,
+            **extra,
         )
         return ClientRun(self, id, wf), _typed(value, u.result, f"update '{u.name}' result", self.codec)
 

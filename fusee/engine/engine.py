@@ -29,6 +29,7 @@ from fusee.engine.coordinators.concurrency import from_outside
 from fusee.engine.idle import IdleReport
 from fusee.engine.limits import Limits
 from fusee.engine.limits.handle import WORKFLOW as LIMIT_WORKFLOW
+from fusee.engine.objects import ObjectRef, Objects
 from fusee.engine.run import RunState
 from fusee.engine.run_handle import Run, RunSummary, list_runs
 from fusee.engine.schedules import ScheduleHandle, Schedules
@@ -49,6 +50,7 @@ from fusee.workflow.definitions import (
     update_of,
 )
 from fusee.workflow.durations import Duration, at_ms, to_ms
+from fusee.workflow.objects import ObjectType
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
@@ -71,7 +73,7 @@ class Engine:
     def __init__(
         self,
         storage: Storage,
-        workflows: Sequence[Workflow[Any]],
+        workflows: Sequence[Workflow[Any] | ObjectType],
         clock: Clock,
         park_after_ms: int,
         retention_ms: int,
@@ -105,7 +107,9 @@ class Engine:
         # when retried). Given the shard and how long it may take.
         self.before_leave: Callable[[int, float | None], Awaitable[None]] | None = None
         self._step_threads = StepThreads()
-        self.register(*workflows)
+        # Objects: each type a built-in workflow, one run per key (docs/objects.md).
+        self.object_calls = Objects(self)
+        self.register(*workflows, *self.object_calls.builtin())
         # Schedules are runs of a built-in workflow bound to this engine (docs/schedules.md).
         self.schedules = Schedules(self)
         self.register(self.schedules.workflow())
@@ -126,6 +130,7 @@ class Engine:
         dir: str | None = None,
         *,
         workflows: Sequence[Workflow[Any]] = (),
+        objects: Sequence[ObjectType] = (),
         shards: int | None = None,
         durability: str = "memory",
         park_after: Duration = "1s",
@@ -161,7 +166,7 @@ class Engine:
             shard_ids = granted if shard_ids is None else shard_ids
         engine = cls(
             storage,
-            workflows,
+            [*workflows, *objects],  # type: ignore[list-item]  # register() takes both
             clock or SystemClock(),
             to_ms(park_after, "park_after"),
             to_ms(retention, "retention"),
@@ -243,10 +248,11 @@ class Engine:
         await asyncio.gather(*(self.before_leave(index, share) for index in indexes))
         return None if deadline is None else max(0.0, deadline - (loop.time() - began))
 
-    def register(self, *workflows: Workflow[Any]) -> None:
-        """Add workflow code. Runs of these types that were waiting for their code (opened
-        by an engine that lacked it) resume."""
-        for wf in registry.added(self.workflows, workflows):
+    def register(self, *workflows: Workflow[Any] | ObjectType) -> None:
+        """Add workflow code and object types. Runs of these types that were waiting for
+        their code (opened by an engine that lacked it) resume."""
+        code = [Objects.workflow_of(w) if isinstance(w, ObjectType) else w for w in workflows]
+        for wf in registry.added(self.workflows, code):
             self.workflows[wf.name] = wf
             if not self.closed:
                 for shard in self.shards:
@@ -283,6 +289,7 @@ class Engine:
         self.permits.close()
         await self.schedules.close()
         await self.coordinators.close()
+        await self.object_calls.close()
         await self.storage.close()
         if error is not None:
             raise error
@@ -554,6 +561,25 @@ class Engine:
         run: Run[Any] = await self.coordinators.batch(wf, key, event, **options)
         return run
 
+    def object(self, type: str | ObjectType, key: str | None = None) -> Any:
+        """`engine.object("cart")`: a new object type, registered (add its handlers with
+        `@cart.exclusive` and `@cart.shared`); `engine.object("cart", key)`: that key's
+        `ObjectRef` (docs/objects.md)."""
+        if key is not None:
+            return self.object_ref(type.name if isinstance(type, ObjectType) else type, key)
+        ot = type if isinstance(type, ObjectType) else ObjectType(type)
+        self.register(ot)
+        return ot
+
+    def object_ref(self, type: str, key: str) -> ObjectRef:
+        """One key of an object type: `call`, `send`, `state`, `inspect`, `delete`, and
+        the edits `set_state`, `patch_state`, `clear_state`, `edit_state`."""
+        return self.object_calls.ref(type, key)
+
+    def objects(self, type: str, limit: int | None = None) -> AsyncIterator[str]:
+        """The keys of an object type that exist."""
+        return self.object_calls.keys(type, limit)
+
     async def signal_with_start(
         self,
         wf: Workflow[Out] | str,
@@ -585,9 +611,11 @@ class Engine:
         id_policy: dict[str, str] | None = None,
         timeout: Duration | None = None,
         update_id: str | None = None,
+        accepted: bool = False,
     ) -> tuple[Run[Out], Any]:
         """Start `id` with the update in its start record (so the two never come apart),
-        or send the update to the running run."""
+        or send the update to the running run. With `accepted`, the answer is None once
+        the update is accepted (durable), not its result."""
         u = update_of(update)
         names.name(u.name, "update name")
         data = codec.convert(arg, u.arg, f"update '{u.name}' argument")[0]
@@ -595,8 +623,11 @@ class Engine:
         policy = {"running": "use-existing", **(id_policy or {})}
         run, state = await self._start(wf, id, input, policy, timeout, None, (update_id, u.name, data))
         if isinstance(state, RunState) and state.started.update_id == update_id:
+            if accepted:
+                await self.shard_of(id).durable_at(state.last_lsn)
+                return run, None
             return run, await run._await_update(state, u, update_id)
-        return run, await run.update(u, arg, id=update_id)
+        return run, await run.update(u, arg, id=update_id, accepted=accepted)
 
     # -- completions -----------------------------------------------------------------------
 

@@ -102,6 +102,7 @@ class ServedEngine(Protocol):
         id_policy: Any = ...,
         timeout: Any = ...,
         update_id: Any = ...,
+        accepted: bool = ...,
     ) -> tuple[object, Any]: ...
     async def complete(self, token: str, value: Any = ...) -> None: ...
     async def fail(self, token: str, failure: BaseException | str | Failure) -> None: ...
@@ -349,6 +350,7 @@ async def _update_with_start(engine: ServedEngine, a: dict[str, Any]) -> Any:
         id_policy=a.get("id_policy"),
         timeout=a.get("timeout"),
         update_id=a.get("update_id"),
+        accepted=a.get("accepted") is True,
     )
     return value
 

@@ -14,9 +14,11 @@ from fusee import _codec as codec
 from fusee import journal as R
 from fusee._errors import DeterminismError, Failure, FuseeError
 from fusee._sealing import ENCODED, SEALED, AesGcm, open_rec
+from fusee.engine.objects import Objects
 from fusee.engine.run import RunState
 from fusee.journal import Status
 from fusee.workflow.definitions import DEFAULT_RETRY, Workflow
+from fusee.workflow.objects import ObjectType
 
 
 class _Sandbox:
@@ -45,8 +47,9 @@ class _Sandbox:
 class Replayer:
     """Replays journals against the registered code."""
 
-    def __init__(self, workflows: Sequence[Workflow[Any]], codec: AesGcm | None = None) -> None:
-        self.workflows = {wf.name: wf for wf in workflows}
+    def __init__(self, workflows: Sequence[Workflow[Any] | ObjectType], codec: AesGcm | None = None) -> None:
+        code = [Objects.workflow_of(w) if isinstance(w, ObjectType) else w for w in workflows]
+        self.workflows = {wf.name: wf for wf in code}
         self.codec = codec  # opens journals exported encrypted (through a server, say)
 
     def replay(self, records: Sequence[R.Rec], wid: str = "replay", run_no: int = 1) -> None:

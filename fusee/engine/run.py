@@ -68,6 +68,8 @@ class RunSettings(Protocol):
     def telemetry(self) -> Telemetry | None: ...
     @property
     def codec(self) -> AesGcm | None: ...  # what seals its payloads in storage (fusee/_sealing.py)
+    @property
+    def object_calls(self) -> Any: ...  # object calls from workflow code (fusee/engine/objects/)
 
 
 class _TimerAdd(Protocol):
@@ -279,6 +281,9 @@ class RunState:
 
     def workflow_named(self, name: str) -> Workflow[Any] | None:
         return self.shard.engine.workflows.get(name)
+
+    def objects(self) -> Any:
+        return self.shard.engine.object_calls
 
     def record(self, rec: R.Rec) -> None:
         self.journal.append(rec)

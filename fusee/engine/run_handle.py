@@ -294,9 +294,17 @@ class Run(Generic[Out]):
                 "which this engine does not have registered"
             )
 
-    async def update(self, update: Update[Any, Any] | str, arg: Any = None, *, id: str | None = None) -> Any:
+    async def update(
+        self,
+        update: Update[Any, Any] | str,
+        arg: Any = None,
+        *,
+        id: str | None = None,
+        accepted: bool = False,
+    ) -> Any:
         """Run an update's handler in the workflow. The validator runs first (a refusal
-        records nothing); the same update ID gets the recorded result."""
+        records nothing); the same update ID gets the recorded result. With `accepted`,
+        None once the update is accepted and durable (its handler runs on)."""
         u = update_of(update)
         names.name(u.name, "update name")
         update_id = names.name(id, "update ID") if id is not None else str(uuid.uuid4())
@@ -309,16 +317,19 @@ class Run(Generic[Out]):
                 (r for r in finished.journal if isinstance(r, R.UpdateDone) and r.id == update_id), None
             )
             if done:
-                return _update_result(u, done)
+                return None if accepted else _update_result(u, done)
             await self._refuse(shard, NotFoundError(f"no running workflow '{self.id}'", workflow_id=self.id))
         assert state is not None
         done = _recorded_update(state, update_id)
         if done is not None:
             await shard.durable_at(state.last_lsn)
-            return _update_result(u, done)
+            return None if accepted else _update_result(u, done)
         if state.final:
             await self._refuse(shard, NotFoundError(f"no running workflow '{self.id}'", workflow_id=self.id))
         if update_id in state.updates_accepted:
+            if accepted:
+                await shard.durable_at(state.last_lsn)
+                return None
             return _update_result(u, await self._update_waiter(shard, update_id))
         try:
             self._check_answerable(shard, state, f"update '{u.name}'")
@@ -350,6 +361,10 @@ class Run(Generic[Out]):
                 await self._refuse(
                     shard, RejectedError(f"update '{u.name}' refused: {verdict or 'the validator said no'}")
                 )
+        if accepted:
+            state.event(R.UpdateAccepted(update_id, u.name, data))
+            await shard.durable_at(state.last_lsn)
+            return None
         fut = self._update_waiter(shard, update_id)
         state.event(R.UpdateAccepted(update_id, u.name, data))
         return _update_result(u, await fut)

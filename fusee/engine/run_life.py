@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from fusee import journal as R
-from fusee._errors import AlreadyExistsError, Failure
+from fusee._errors import AlreadyExistsError, Failure, RejectedError
 from fusee.engine.callers import Callers
 from fusee.engine.index import RunIndex, key_of
 from fusee.engine.run import RunHost, RunSettings, RunState
@@ -74,6 +74,14 @@ class RunLife:
             running = existing.status not in FINAL
             rule = (policy or {}).get("running" if running else "finished", "fail" if running else "allow")
             if rule == "use-existing":
+                if update is not None and existing.type != type_:
+                    # An object's call (or any update-with-start) reaches only a run of the
+                    # type it names: an ID held by another type's run refuses it.
+                    raise RejectedError(
+                        f"workflow '{wid}' is a run of '{existing.type}', not of '{type_}': "
+                        "update-with-start reaches only a run of the type it names",
+                        workflow_id=wid,
+                    )
                 return existing, False
             if running:
                 if rule != "terminate-existing":

@@ -375,6 +375,8 @@ class Shard(RunLife):
                 and not run.updates_running
                 and not self._loads_soon(run, now)
             ):
+                if self._compacts(run):
+                    continue
                 self.park(run)
                 parked = True
         if parked and len(self.runs) * 4 < self.runs_peak:
@@ -398,6 +400,20 @@ class Shard(RunLife):
                 # Every run parked or ended: a checkpoint now lets a crash recover from
                 # the index instead of replaying every run since the last one.
                 self.spawn(self.checkpoint())
+
+    @staticmethod
+    def _compacts(run: RunState) -> bool:
+        """A run whose workflow compacts before it parks (an object's key) and that grew
+        since its start is sent its compaction update instead (it continues as new, and
+        its next run parks as one record); once per run."""
+        wf = run.workflow
+        if wf is None or wf.compact_update is None or len(run.journal) <= 1:
+            return False
+        update_id = f"{wf.compact_update}/{run.run_no}"
+        if update_id in run.updates_accepted:
+            return False
+        run.event(R.UpdateAccepted(update_id, wf.compact_update, b"null"))
+        return True
 
     @staticmethod
     def _loads_soon(run: RunState, now: int) -> bool:

@@ -27,6 +27,7 @@ from fusee.workflow.definitions import (
 )
 from fusee.workflow.driver import current_step, inline_step
 from fusee.workflow.durations import Duration, at_ms, to_ms
+from fusee.workflow.objects import ObjectCalls, State
 from fusee.workflow.ops import (
     AllOp,
     CancelOp,
@@ -448,6 +449,11 @@ class Ctx:
             op.recorded = True
         return op
 
+    def object(self, type: str, key: str) -> ObjectCalls:
+        """Calls to an object's key (docs/objects.md): `call(handler, arg)` waits for the
+        handler's result, `send(handler, arg)` returns at once; both run exactly once."""
+        return ObjectCalls(self, type, key)
+
     # -- queries and updates ------------------------------------------------------------
 
     def on_query(self, query: Query[Any, Any] | str, handler: Callable[[Any], Any]) -> None:
@@ -562,3 +568,16 @@ def _patch_id(id: Any) -> str:
     if not isinstance(id, str) or not id:
         raise RejectedError(f"a patch ID is a non-empty string, not {id!r}")
     return id
+
+
+class ObjectCtx(Ctx):
+    """An object handler's `ctx` (docs/objects.md): the key's run's workflow context, plus
+    the key's `state` as this handler sees it, `object_key` and `object_type`."""
+
+    __slots__ = ("object_key", "object_type", "state")
+
+    def __init__(self, run: Driver, type_name: str, key: str, state: State) -> None:
+        super().__init__(run)
+        self.object_type = type_name
+        self.object_key = key
+        self.state = state

@@ -44,6 +44,7 @@ class Workflow(Generic[Out]):
     from the function's annotations."""
 
     __slots__ = (
+        "compact_update",
         "concurrency",
         "fn",
         "input_type",
@@ -86,6 +87,9 @@ class Workflow(Generic[Out]):
         if concurrency is not None and not isinstance(concurrency, Concurrency):
             raise RejectedError(f"workflow '{self.name}': concurrency= takes a fusee.Concurrency")
         self.concurrency = concurrency
+        # The update a shard sends the run instead of parking it once its journal has grown
+        # past its start: an object's key compacts before it parks (docs/objects.md).
+        self.compact_update: str | None = None
 
     def __repr__(self) -> str:
         return f"<fusee.Workflow {self.name!r} v{self.version}>"

@@ -66,6 +66,9 @@ class Driver(Protocol):
 
     def workflow_named(self, name: str) -> Workflow[Any] | None: ...
 
+    def objects(self) -> Any:
+        """What `ctx.object(...).call` steps send through (fusee/engine/objects/)."""
+
 
 # The step whose function runs: a context variable for step functions on tasks and
 # threads, a plain slot for synchronous ones (they run on the loop, one at a time).

@@ -578,6 +578,7 @@ CODES = {
     fusee.TerminatedError: "Terminated",
     fusee.DeterminismError: "Determinism",
     fusee.RejectedError: "Rejected",
+    fusee.StaleVersionError: "StaleVersion",
     fusee.CodecError: "Codec",
     fusee.ConnectionError: "Connection",
     fusee.IoError: "Io",
@@ -613,9 +614,9 @@ def test_public_names_are_pinned():
     pinned = """
         AesGcm AlreadyExistsError BusyError CancelledError ChildError ChildHandle Client ClosedError CodecError
         Completion Concurrency ConnectionError Ctx DeterminismError Durability Engine Failure Fatal FuseeError
-        IoError LeaseLostError NoHolderError NotFoundError Query RejectedError Replayer Retry Run RunDescription RunSummary
-        ScheduleHandle ScheduleSpec Signal StepContext StepError SystemClock TerminatedError TimeoutError UnknownWorkflowError Update
-        VirtualClock Workflow WorkflowError aes_gcm as_requester invocation_handler open_telemetry query signal update workflow
+        IoError LeaseLostError NoHolderError NotFoundError ObjectCtx ObjectRef ObjectType Query RejectedError Replayer Retry Run RunDescription RunSummary
+        ScheduleHandle ScheduleSpec Signal StaleVersionError State StepContext StepError SystemClock TerminatedError TimeoutError UnknownWorkflowError Update
+        VirtualClock Workflow WorkflowError aes_gcm as_requester invocation_handler object open_telemetry query shared signal update workflow
     """.split()
     assert sorted(fusee.__all__) == pinned
     namespace: dict[str, object] = {}

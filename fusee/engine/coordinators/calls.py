@@ -15,15 +15,28 @@ from fusee._errors import NotFoundError, RejectedError
 ATTEMPTS = 20
 
 
-async def send(target: Any, kind: str, cid: str, state: dict[str, Any], update: str, arg: Any) -> Any:
-    """Update-with-start on coordinator `cid`, sent again while the coordinator it reaches
-    is ending; the update's result."""
+async def send(
+    target: Any,
+    kind: str,
+    cid: str,
+    state: dict[str, Any],
+    update: str,
+    arg: Any,
+    *,
+    update_id: str | None = None,
+    accepted: bool = False,
+) -> Any:
+    """Update-with-start on coordinator (or object key) `cid`, sent again while the run it
+    reaches is ending; the update's result (None with `accepted`: once it is accepted)."""
     # One update ID for every send: a send whose reply was lost, sent again to the same
     # coordinator run, gets the recorded receipt instead of adding the event twice.
-    update_id = uuid.uuid4().hex
+    update_id = update_id or uuid.uuid4().hex
+    extra = {"accepted": True} if accepted else {}
     for attempt in range(ATTEMPTS):
         try:
-            _, receipt = await target.update_with_start(kind, cid, state, update, arg, update_id=update_id)
+            _, receipt = await target.update_with_start(
+                kind, cid, state, update, arg, update_id=update_id, **extra
+            )
         except (RejectedError, NotFoundError) as error:
             # The coordinator ended as the event reached it: refused before its handler
             # ran, so the event is in no window; the next send starts the key's next
