@@ -1,6 +1,6 @@
 """Fusee: durable workflows in plain async Python."""
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fusee._audit import as_requester
 from fusee._clock import SystemClock, VirtualClock
@@ -120,18 +120,18 @@ __all__ = [
 ]
 
 
-async def _schedule_client(address: object) -> object:
+async def _schedule_client(address: Any) -> Any:
     # A worker's schedules reach runs on any shard through a client of its server; the
     # engine package may not import the client's, so the way is handed to it from here.
     from fusee.client import Client
 
-    return await Client.at(address)  # type: ignore[arg-type]
+    return await Client.at(address)
 
 
 _schedule_flow.connect_client = _schedule_client
 
 
-def __getattr__(name: str) -> object:
+def __getattr__(name: str) -> Any:
     # The client loads the wire (and ssl) only when asked for: not on a worker's cold path.
     if name == "Client":
         from fusee.client import Client

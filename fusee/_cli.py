@@ -20,7 +20,7 @@ from types import ModuleType
 from typing import Any
 
 import fusee
-from fusee import _cli_journal, _cli_runs
+from fusee import _cli_journal, _cli_objects, _cli_runs
 from fusee._cli_common import ADDRESS_HELP, EXIT_DAMAGED, EXIT_OK
 from fusee._cli_common import Stop as _Stop
 from fusee._cli_common import seconds as _seconds
@@ -117,6 +117,7 @@ def _parser() -> argparse.ArgumentParser:
     schedules.set_defaults(run=_run_schedules)
 
     _cli_runs.register(commands)
+    _cli_objects.register(commands)
     _cli_journal.register(commands)
 
     # Its options belong to the fusee-server distribution, which parses them itself.

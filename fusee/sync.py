@@ -99,6 +99,16 @@ class Client:
     def run(self, id: str, wf: Workflow[Out] | None = None) -> Run[Out]:
         return Run(self, self.inner.run(id, wf))
 
+    def object_ref(self, type: str, key: str) -> ObjectRef:
+        """See `fusee.Client.object_ref` (docs/objects.md)."""
+        return ObjectRef(self, self.inner.object_ref(type, key))
+
+    def objects(self, type: str, limit: int | None = None) -> list[str]:
+        async def keys() -> list[str]:
+            return [key async for key in self.inner.objects(type, limit)]
+
+        return self._wait(keys())
+
     def limit(self, name: str, *, concurrent: int | None = None, per_second: float | None = None) -> None:
         """See `fusee.Client.limit` (docs/limits.md)."""
         self._wait(self.inner.limit(name, concurrent=concurrent, per_second=per_second))
@@ -291,3 +301,27 @@ class Schedule:
 
     def delete(self) -> None:
         self.client._wait(self.inner.delete())
+
+
+class ObjectRef:
+    """A key of an object type, its calls blocking (see `fusee.ObjectRef`)."""
+
+    def __init__(self, client: Client, inner: Any) -> None:
+        self._client = client
+        self.inner = inner
+        self.type, self.key, self.id = inner.type, inner.key, inner.id
+
+    def __repr__(self) -> str:
+        return f"<fusee.sync.ObjectRef {self.id!r}>"
+
+    def __getattr__(self, name: str) -> Any:
+        # Every method of the asyncio ref (call, send, state, inspect, describe, delete and
+        # the edits), each run on the client's loop and waited for.
+        method = getattr(self.inner, name)
+        if not callable(method) or name.startswith("_"):
+            raise AttributeError(name)
+
+        def blocking(*args: Any, **kwargs: Any) -> Any:
+            return self._client._wait(method(*args, **kwargs))
+
+        return blocking

@@ -43,6 +43,7 @@ from fusee.engine.coordinators import Coordinators
 from fusee.engine.coordinators.calls import wait_started
 from fusee.engine.coordinators.concurrency import cancel_queued, through_queue
 from fusee.engine.limits.handle import check_definition
+from fusee.engine.objects import ObjectRef, Objects
 from fusee.engine.run_handle import RunDescription, RunSummary, listed_status
 from fusee.engine.schedules import ScheduleHandle, Schedules
 from fusee.engine.stream_reads import ChunkReader
@@ -172,6 +173,7 @@ class Client:
         self.address = link.address
         self.schedules = Schedules(self)  # the same handles as an engine's (docs/schedules.md)
         self.coordinators = Coordinators(self)  # debounce and batch (docs/coordinators.md)
+        self.object_calls = Objects(self)  # objects' keys (docs/objects.md)
 
     @classmethod
     async def connect(
@@ -342,6 +344,14 @@ class Client:
         """`in_use` (permits held) and `waiting` (steps queued) of limit `name`."""
         used: dict[str, int] = await self.call("limit_usage", {"name": names.name(name, "limit name")})
         return used
+
+    def object_ref(self, type: str, key: str) -> ObjectRef:
+        """One key of an object type, reached through the server (docs/objects.md)."""
+        return self.object_calls.ref(type, key)
+
+    def objects(self, type: str, limit: int | None = None) -> AsyncIterator[str]:
+        """The keys of an object type that exist."""
+        return self.object_calls.keys(type, limit)
 
     def run(self, id: str, wf: Workflow[Out] | None = None) -> ClientRun[Out]:
         """A handle; makes no call. `wf` types its result."""

@@ -166,7 +166,7 @@ class Engine:
             shard_ids = granted if shard_ids is None else shard_ids
         engine = cls(
             storage,
-            [*workflows, *objects],  # type: ignore[list-item]  # register() takes both
+            [*workflows, *objects],  # register() takes both
             clock or SystemClock(),
             to_ms(park_after, "park_after"),
             to_ms(retention, "retention"),

@@ -41,6 +41,7 @@ from typing import Any
 from fusee import _secrets as secrets_
 from fusee._errors import RejectedError
 from fusee._log import RateLimit, rate_limited, trace_enabled
+from fusee.engine.objects import Objects
 from fusee.invoke import _request as request_
 from fusee.invoke._body import BODY_TIMEOUT_S, BODY_WAITS_MAX, Bodies, Refused
 from fusee.invoke._invocation import Trace, Unavailable, run
@@ -48,6 +49,7 @@ from fusee.protocol import signature
 from fusee.protocol.address import Address
 from fusee.protocol.address import parse as parse_address
 from fusee.workflow.definitions import Workflow
+from fusee.workflow.objects import ObjectType
 
 logger = logging.getLogger("fusee.invoke")
 
@@ -352,11 +354,13 @@ def check_files(address: Address) -> None:
             ) from None
 
 
-def _workflows(workflows: Sequence[Workflow[Any]]) -> list[Workflow[Any]]:
-    if isinstance(workflows, Workflow) or not isinstance(workflows, Sequence):
-        raise TypeError("workflows= takes a list of workflows made with @fusee.workflow")
+def _workflows(workflows: Sequence[Workflow[Any] | ObjectType]) -> list[Workflow[Any]]:
+    """The workflows, object types as their built-in workflows (docs/objects.md)."""
+    if isinstance(workflows, (Workflow, ObjectType)) or not isinstance(workflows, Sequence):
+        raise TypeError("workflows= takes a list of workflows made with @fusee.workflow (and object types)")
     by_name: dict[str, Workflow[Any]] = {}
-    for wf in workflows:
+    for item in workflows:
+        wf = Objects.workflow_of(item) if isinstance(item, ObjectType) else item
         if not isinstance(wf, Workflow):
             raise TypeError(f"workflows= takes workflows made with @fusee.workflow, not {wf!r}")
         known = by_name.setdefault(wf.name, wf)

@@ -152,7 +152,7 @@ class State:
     def keys(self) -> list[str]:
         return list(self._view)
 
-    def __contains__(self, key: object) -> bool:
+    def __contains__(self, key: Any) -> bool:
         return key in self._view
 
     def __iter__(self) -> Iterator[str]:
@@ -190,7 +190,8 @@ class ObjectCalls:
         async def send_call(s: Any) -> Any:
             return await run.objects().call_from_code(target, key, handler, data, s.key)
 
-        return self._ctx.step(f"{target}.{handler}", send_call)
+        op: StepOp = self._ctx.step(f"{target}.{handler}", send_call)
+        return op
 
     def send(self, handler: str, arg: Any = None) -> ChildOp:
         """Deliver the call without waiting for its result: returns at once (awaiting it
@@ -198,7 +199,8 @@ class ObjectCalls:
         ctx = self._ctx
         wid = f"fusee.object.send/{ctx.workflow_id}/{ctx.run_number}/{ctx.journal_size()}"
         value = {"type": self.type, "key": self.key, "handler": handler, "arg": arg}
-        return ctx.start_child(SEND_WORKFLOW, wid, value, parent_close="abandon")
+        op: ChildOp = ctx.start_child(SEND_WORKFLOW, wid, value, parent_close="abandon")
+        return op
 
 
 SEND_WORKFLOW = "fusee.object.send"

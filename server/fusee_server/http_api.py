@@ -37,6 +37,7 @@ from prometheus_client.registry import Collector
 from fusee.engine.shard_metrics import DOCS
 from fusee_server.access import Tokens
 from fusee_server.http_guard import Guard, is_loopback
+from fusee_server.http_objects import OBJECT_ROUTES
 from fusee_server.http_runs import RelayCalls, RunsApi
 from fusee_server.ui import WebUi, server_shards
 
@@ -269,7 +270,7 @@ class HttpApi:
         self.guard = Guard(tokens, tls, identity_header)
         self.calls = RelayCalls(server.relay, server.shards)
         self.runs = RunsApi(self.calls, invoker=lambda: server.invoker is not None)
-        app = self.runs.app(self.guard)
+        app = self.runs.app(self.guard, OBJECT_ROUTES)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
         WebUi(self.runs, server_shards(server), codec_url=codec_url).add_to(app, self.guard)

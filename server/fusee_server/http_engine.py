@@ -19,6 +19,7 @@ from fusee.engine.remote_calls import ServedEngine, answer_here
 from fusee.protocol import messages as m
 from fusee_server.access import Tokens
 from fusee_server.http_guard import Guard, is_loopback
+from fusee_server.http_objects import OBJECT_ROUTES
 from fusee_server.http_runs import RunsApi
 from fusee_server.ui import WebUi, engine_shards
 
@@ -60,7 +61,7 @@ async def serve(engine: Any, host: str = "127.0.0.1", port: int = 7601, token: s
     tokens = Tokens(_secrets.given(token, "token=") if token is not None else None)
     guard = Guard(tokens, tls=False)
     runs = RunsApi(EngineCalls(engine, engine.shard_count))
-    app = runs.app(guard)
+    app = runs.app(guard, OBJECT_ROUTES)
     WebUi(runs, engine_shards(engine.shard_count)).add_to(app, guard)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_S)
     await runner.setup()

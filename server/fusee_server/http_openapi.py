@@ -50,6 +50,7 @@ ERROR_WORDS = {
     403: "The token, the Origin or the Host may not make this request",
     404: "No such run",
     409: "Taken: the ID policy refused, or the code does not match the run's journal",
+    412: "The object's state changed since the version in If-Match; nothing was changed",
     413: "The body is too large",
     422: "A recorded failure (an update's handler raised)",
     503: "No worker could answer in time; retry",
@@ -95,7 +96,7 @@ def document(routes: Sequence[Route]) -> dict[str, Any]:
         "info": {
             "title": "Fusee HTTP API",
             "version": fusee.__version__,
-            "description": "Start, signal, query, update and read durable workflow runs (docs/http-api.md).",
+            "description": "Start, signal, query, update and read durable workflow runs; call and edit objects (docs/http-api.md).",
         },
         "paths": paths,
         "components": {

@@ -26,7 +26,7 @@ import itertools
 import re
 import uuid
 import zlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -89,6 +89,7 @@ STATUS_OF = {
     "AlreadyExists": 409,
     "Determinism": 409,
     "Rejected": 400,
+    "StaleVersion": 412,
     "Codec": 400,
     "UnknownWorkflow": 400,
     "Io": 500,
@@ -202,6 +203,7 @@ class Asked:
     body: Any
     grant: Grant | None
     by: str  # who asked, as audited records keep it (Guard.requester)
+    if_match: str | None = None  # the version an edit of an object's state was read at
 
 
 @dataclasses.dataclass(frozen=True)
@@ -490,12 +492,14 @@ class RunsApi:
         for route in routes:
             app.router.add_route(route.method, route.path, self._endpoint(route))
 
-    def app(self, guard: Guard) -> web.Application:
-        """An aiohttp app with the `/v1` routes (the document's too) behind `guard`."""
+    def app(self, guard: Guard, more: Sequence[Route] = ()) -> web.Application:
+        """An aiohttp app with the `/v1` routes and `more` (the objects' routes:
+        http_objects.py), and the document of them all, behind `guard`."""
         app = web.Application(middlewares=[guard.middleware], client_max_size=BODY_BYTES_MAX)
         self.grant_of = guard.grant_of
         self.requester = guard.requester
-        self.add_routes(app, [*ROUTES, openapi_route(ROUTES)])
+        routes = [*ROUTES, *more]
+        self.add_routes(app, [*routes, openapi_route(routes)])
         return app
 
     def _endpoint(self, route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
@@ -509,6 +513,7 @@ class RunsApi:
                     await _decoded_body(request, route.body),
                     grant,
                     self.requester(request, grant),
+                    request.headers.get("If-Match"),
                 )
                 if route.name == "stream" and "text/event-stream" in request.headers.get("Accept", ""):
                     return await self.stream_events(request, asked)
@@ -655,7 +660,8 @@ async def _decoded_body(request: web.Request, type_: Any) -> Any:
         raise ApiError(413, "Rejected", f"the body is over {BODY_BYTES_MAX:,} bytes") from None
     try:
         # No body: the defaults of a body's fields, or null for a body that is a value.
-        return msgspec.json.decode(data or (b"null" if type_ is CompletionValue else b"{}"), type=type_)
+        struct = isinstance(type_, type) and issubclass(type_, msgspec.Struct)
+        return msgspec.json.decode(data or (b"{}" if struct else b"null"), type=type_)
     except (msgspec.ValidationError, msgspec.DecodeError) as error:
         raise RejectedError(f"the body: {error}") from None
 

@@ -209,6 +209,9 @@ async def test_edits_from_outside_commit_as_exclusive_calls(kit):
     assert (await ref.state())["history"] == [4, 99, 1]
     await ref.clear_state()
     assert await ref.state() == {}
+    await ref.edit_state({"set": {"a": 1}}, by="cli:ana")
+    accepted = [r for r in (await t.engine.run(ref.id).describe()).journal if isinstance(r, R.UpdateAccepted)]
+    assert b'"by":"cli:ana"' in accepted[-1].arg  # who asked, kept in the call's record
     await t.check()
 
 
@@ -251,7 +254,9 @@ async def test_calls_from_workflow_code_run_once_across_crashes(kit):
 async def test_crash_everywhere_covers_an_object_handler():
     def build() -> Case:
         _reset()
-        return Case([account, payroll], payroll, "pay", ["ana", "bob", "ana"], effects=lambda: sorted(ledger.values()))
+        return Case(
+            [account, payroll], payroll, "pay", ["ana", "bob", "ana"], effects=lambda: sorted(ledger.values())
+        )
 
     steps = await crash_everywhere(build)
     assert "ledger" in steps and "account.deposit" in steps

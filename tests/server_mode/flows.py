@@ -349,7 +349,40 @@ async def scribe(ctx: fusee.Ctx, x: dict) -> int:
     return int(await ctx.step("write", write))
 
 
+ledger = fusee.object("ledger")
+
+
+@ledger.exclusive
+async def append(ctx: fusee.ObjectCtx, entry: str) -> int:
+    """Appends `entry` to the key's log; its position (1-based) is the result. The
+    `pending` field is written first and cleared before the handler returns: a shared
+    call that ever sees it saw uncommitted state."""
+    ctx.state.set("pending", entry)
+    await ctx.step("stamp", lambda: _note(ctx.workflow_id, ctx.journal_size(), entry))
+    log = ctx.state.get("log") or []
+    log.append(entry)
+    ctx.state.set("log", log)
+    ctx.state.clear("pending")
+    return len(log)
+
+
+@ledger.shared
+async def peek(ctx: fusee.ObjectCtx) -> dict:
+    return {"n": len(ctx.state.get("log") or []), "pending": ctx.state.get("pending")}
+
+
+@fusee.workflow("bookkeeper")
+async def bookkeeper(ctx: fusee.Ctx, keys: list) -> list:
+    """Calls `ledger` keys from workflow code: each call once, whatever crashes."""
+    out = []
+    for key in keys:
+        out.append(await ctx.object("ledger", key).call("append", f"{ctx.workflow_id}:{key}"))
+    return out
+
+
 WORKFLOWS = [
+    ledger,
+    bookkeeper,
     scribe,
     ticker,
     streamer,

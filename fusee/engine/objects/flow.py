@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from fusee import _codec as codec
-from fusee._errors import Failure, error_from, failure_from
+from fusee._errors import Failure, RejectedError, error_from, failure_from
 from fusee.engine.coordinators.flow import Wake
 from fusee.engine.objects.edit import apply_edit, version_of
 from fusee.workflow.ctx import ObjectCtx
@@ -105,6 +105,20 @@ class Key:
         ctx.on_update(COMPACT, self._on_compact)
         ctx.on_query(STATE, self._state)
         ctx.on_query(INSPECT, self._inspect)
+        # A first call to a handler the type lacks rode in the start record: refused here
+        # (a workflow's update may wait for a handler its code registers later; an
+        # object's handlers are all registered above).
+        for name in list(ctx._run.pending_updates):
+            ctx.on_update(name, self._unknown(name))
+
+    def _unknown(self, name: str) -> Any:
+        def refuse(_arg: Any = None) -> None:
+            raise RejectedError(
+                f"object type '{self.ot.name}' has no handler '{name}' "
+                f"(handlers: {', '.join(sorted(self.ot.handlers)) or 'none'})"
+            )
+
+        return refuse
 
     async def serve(self) -> None:
         ctx = self.ctx
