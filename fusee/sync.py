@@ -154,10 +154,19 @@ class Client:
         id_policy: dict[str, str] | None = None,
         timeout: Duration | None = None,
         update_id: str | None = None,
+        accepted: bool = False,
     ) -> tuple[Run[Out], Any]:
         run, value = self._wait(
             self.inner.update_with_start(
-                wf, id, input, update, arg, id_policy=id_policy, timeout=timeout, update_id=update_id
+                wf,
+                id,
+                input,
+                update,
+                arg,
+                id_policy=id_policy,
+                timeout=timeout,
+                update_id=update_id,
+                accepted=accepted,
             )
         )
         return Run(self, run), value
@@ -225,8 +234,15 @@ class Run(Generic[Out]):
     def query(self, query: Query[Any, Any] | str, arg: Any = None) -> Any:
         return self.client._wait(self.inner.query(query, arg))
 
-    def update(self, update: Update[Any, Any] | str, arg: Any = None, *, id: str | None = None) -> Any:
-        return self.client._wait(self.inner.update(update, arg, id=id))
+    def update(
+        self,
+        update: Update[Any, Any] | str,
+        arg: Any = None,
+        *,
+        id: str | None = None,
+        accepted: bool = False,
+    ) -> Any:
+        return self.client._wait(self.inner.update(update, arg, id=id, accepted=accepted))
 
     def status(self) -> RunSummary:
         return self.client._wait(self.inner.status())

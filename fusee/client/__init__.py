@@ -537,7 +537,14 @@ class ClientRun(Generic[Out]):
         value = await self.client.call("query", self.shard, id=self.id, name=name, arg=arg)
         return _typed(value, q.result, f"query '{q.name}' answer", self.client.codec)
 
-    async def update(self, update: Update[Any, Any] | str, arg: Any = None, *, id: str | None = None) -> Any:
+    async def update(
+        self,
+        update: Update[Any, Any] | str,
+        arg: Any = None,
+        *,
+        id: str | None = None,
+        accepted: bool = False,
+    ) -> Any:
         u = update_of(update)
         name = names.name(u.name, "update name")
         arg = _payload(arg, u.arg, f"update '{u.name}' argument", self.client.codec)
@@ -548,6 +555,7 @@ class ClientRun(Generic[Out]):
             name=name,
             arg=arg,
             update_id=id if id is not None else uuid.uuid4().hex,  # see update_with_start
+            **({"accepted": True} if accepted else {}),
         )
         return _typed(value, u.result, f"update '{u.name}' result", self.client.codec)
 

@@ -364,7 +364,9 @@ async def _query(engine: ServedEngine, a: dict[str, Any]) -> Any:
 
 
 async def _update(engine: ServedEngine, a: dict[str, Any]) -> Any:
-    return await engine.run(a["id"]).update(a["name"], a.get("arg"), id=a.get("update_id"))
+    return await engine.run(a["id"]).update(
+        a["name"], a.get("arg"), id=a.get("update_id"), accepted=a.get("accepted") is True
+    )
 
 
 async def _result(engine: ServedEngine, a: dict[str, Any]) -> Any:

@@ -154,6 +154,25 @@ async def test_an_idle_key_is_parked_as_one_record(kit):
     assert await ref.state() == {"balance": 3, "history": [0, 1, 2]}
 
 
+async def test_a_key_idle_for_a_minute_leaves_nothing_in_memory_but_its_index_entry(kit):
+    import gc
+    import weakref
+
+    _reset()
+    t = await kit(account, park_after="1s")
+    ref = t.engine.object("account", "ana")
+    await ref.call("deposit", 1)
+    shard = t.engine.shard_of(ref.id)
+    held = weakref.ref(shard.runs[ref.id])  # the key's run as it was loaded
+    await t.advance("60s")
+    assert ref.id not in shard.runs and shard.index_entries.get(ref.id) is not None
+    gc.collect()
+    assert held() is None  # no run object, fibers or state left anywhere
+    for run in shard.runs.values():
+        assert not run.wid.startswith("account/")  # not its compacted run either
+    assert await ref.state() == {"balance": 1, "history": [1]}  # loaded again when read
+
+
 async def test_a_busy_key_compacts_every_128_operations(kit):
     _reset()
     t = await kit(account)

@@ -39,6 +39,7 @@ from .checks import check, check_progress
 from .features import EVENT_IDS, KEYS, LIMITED_IDS, SCHEDULES, Features
 from .harness import FAULT_TOTALS, IDS, POLICIES, UPDATES, WIDS, model_settings
 from .known import AVOID
+from .object_moves import OBJECT_KEYS, ObjectMoves
 
 # "faulty": memory storage whose durability comes a loop turn later, wrapped by
 # fusee.testing.faults.FaultyStorage (late and bursty durable positions, slow reads, and
@@ -94,12 +95,14 @@ class EngineModel(RuleBasedStateMachine):
     mode = "instant"
     flow = False  # FlowModel: with the flow-control moves
     f: Features | None
+    objects: ObjectMoves | None
 
     def __init__(self) -> None:
         super().__init__()
         self.h = Calls(self.mode)
         self.h.note = note
         self.f = Features(self.h) if self.flow else None
+        self.objects = ObjectMoves(self.h) if self.flow else None
 
     @initialize()
     def open(self) -> None:
@@ -115,6 +118,8 @@ class EngineModel(RuleBasedStateMachine):
                 self.h.run(check(self.h))
                 if self.f is not None:
                     self.h.run(self.f.check())
+                if self.objects is not None:
+                    self.h.run(self.objects.check())
             except AssertionError:
                 note("# the program, as Python:\n" + self.h.program())
                 raise
@@ -216,6 +221,8 @@ class EngineModel(RuleBasedStateMachine):
                 self.h.run(check_progress(self.h))
                 if self.f is not None:
                     self.h.run(self.f.check(far=True))
+                if self.objects is not None:
+                    self.h.run(self.objects.check())
         except AssertionError:
             note("# the program, as Python:\n" + self.h.program())
             raise
@@ -308,6 +315,28 @@ class FlowModel(EngineModel):
     )
     def send_event_then_crash(self, kind: str, key: str, eid: str | None, turns: int) -> None:
         self.h.run(self.f.send_then_crash(kind, key, eid, turns))
+
+    # -- objects (object_moves.py) -------------------------------------------------------------
+
+    @rule(key=st.sampled_from(OBJECT_KEYS), with_id=st.booleans())
+    def object_call(self, key: str, with_id: bool) -> None:
+        self.h.run(self.objects.call(key, with_id))
+
+    @rule(key=st.sampled_from(OBJECT_KEYS), turns=st.integers(1, 8))
+    def object_call_then_crash(self, key: str, turns: int) -> None:
+        self.h.run(self.objects.call_then_crash(key, turns))
+
+    @rule(key=st.sampled_from(OBJECT_KEYS), acked=st.booleans())
+    def object_call_again(self, key: str, acked: bool) -> None:
+        self.h.run(self.objects.again(key, acked))
+
+    @rule(key=st.sampled_from(OBJECT_KEYS))
+    def object_edit(self, key: str) -> None:
+        self.h.run(self.objects.edit(key))
+
+    @rule(key=st.sampled_from(OBJECT_KEYS))
+    def object_peek(self, key: str) -> None:
+        self.h.run(self.objects.peek(key))
 
 
 class FaultyModel(EngineModel):

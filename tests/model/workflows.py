@@ -398,11 +398,30 @@ async def _limited(ctx: fusee.Ctx, job: dict[str, Any]) -> int:
 TAKE = fusee.workflow(TAKE_TYPE)(_take)
 LIMITED = fusee.workflow(LIMITED_TYPE)(_limited)
 
+
+# The object type of the object moves (object_moves.py): a key's log of entries, and the
+# `pending` field its exclusive handler writes first and clears before it returns.
+async def _tally_add(ctx: fusee.ObjectCtx, entry: int) -> int:
+    ctx.state.set("pending", entry)  # never committed: cleared before the handler returns
+    await ctx.step("rec", lambda: entry)  # a journal position: a crash may land mid-handler
+    log = ctx.state.get("log") or []
+    log.append(entry)
+    ctx.state.set("log", log)
+    ctx.state.clear("pending")
+    return len(log)
+
+
+async def _tally_peek(ctx: fusee.ObjectCtx) -> Any:
+    return ctx.state.get("pending")
+
+
+TALLY = fusee.object("tally", {"add": _tally_add, "peek": fusee.shared(_tally_peek)})
+
 CODE = {
-    "right": [PLAN, TIMED, TAKE, LIMITED],
-    "changed": [PLAN_CHANGED, TIMED_CHANGED, TAKE, LIMITED],
-    "patched": [PLAN_PATCHED, TIMED_PATCHED, TAKE, LIMITED],
-    "absent": [PLAN, TAKE, LIMITED],  # model.timed has no code
+    "right": [PLAN, TIMED, TAKE, LIMITED, TALLY],
+    "changed": [PLAN_CHANGED, TIMED_CHANGED, TAKE, LIMITED, TALLY],
+    "patched": [PLAN_PATCHED, TIMED_PATCHED, TAKE, LIMITED, TALLY],
+    "absent": [PLAN, TAKE, LIMITED, TALLY],  # model.timed has no code
 }
 
 # The step-name prefixes each code records: the patched code's steps are "p" on the new

@@ -98,7 +98,17 @@ async def test_one_scenario_against_the_engine_and_the_client(api: Api) -> None:
         await run.signal(review, False)
 
 
-SHARED = ["start", "run", "signal_with_start", "update_with_start", "complete", "fail", "list"]
+SHARED = [
+    "start",
+    "run",
+    "signal_with_start",
+    "update_with_start",
+    "complete",
+    "fail",
+    "list",
+    "objects",
+    "object_ref",
+]
 RUN = [
     "signal",
     "query",

@@ -44,6 +44,13 @@ CALLS: dict[str, Call] = {
     "fail": lambda api: _awaiting_then(api, "doc-x", "fail", "declined"),
     "retry": lambda api: _flaky_then(api, "doc-f", "failed", "retry"),
     "resume": lambda api: _flaky_then(api, "doc-p", "paused", "resume"),
+    "objectCall": lambda api: api.post("/v1/objects/ledger/doc-k/calls/append", {"arg": "a", "id": "c-1"}),
+    "objectState": lambda api: api.get("/v1/objects/ledger/doc-k/state"),
+    "objectSetField": lambda api: api.request("PUT", "/v1/objects/ledger/doc-k/state/note", "hi"),
+    "objectClearField": lambda api: api.request("DELETE", "/v1/objects/ledger/doc-k/state/note", headers={"X-Fusee-Action": "1"}),
+    "objectPatch": lambda api: api.request("PATCH", "/v1/objects/ledger/doc-k/state", [{"op": "add", "path": "/n", "value": 1}]),
+    "objectEdit": lambda api: api.post("/v1/objects/ledger/doc-k/state", {"set": {"m": 2}}),
+    "objectClear": lambda api: api.request("DELETE", "/v1/objects/ledger/doc-k/state", headers={"X-Fusee-Action": "1"}),
 }  # fmt: skip
 
 
