@@ -39,7 +39,7 @@ from fusee.workflow.ops import StepOp, StepState
 from .harness import STOPPED, Harness, Violation
 from .journal import FINAL, Reading, live_due, read, wakeable
 from .known import AVOID
-from .workflows import CODE_PREFIXES, LEDGER, LIMITED_TYPE, TIMED_TYPE
+from .workflows import CODE_PREFIXES, LEDGER, LIMITED_TYPE, TALLY, TIMED_TYPE
 
 
 def patch_order(journal: list[R.Rec]) -> str | None:
@@ -492,6 +492,8 @@ async def check_progress(h: Harness) -> None:
         await _check_child_results(h, wid, run, reading)
         if type_ == LIMITED_TYPE and not h.limit_defined:
             continue  # its steps wait for a limit nobody defined
+        if type_ == TALLY.name:
+            continue  # an object's key waits for calls, and never ends (object_moves.py)
         # (a live timer not yet due: a plan's never is, a minute on; a coordinator keeps
         # one for the event IDs it remembers)
         if not wakeable(reading) and not reading.timers and not _gated_now(h, wid):

@@ -403,7 +403,7 @@ LIMITED = fusee.workflow(LIMITED_TYPE)(_limited)
 # `pending` field its exclusive handler writes first and clears before it returns.
 async def _tally_add(ctx: fusee.ObjectCtx, entry: int) -> int:
     ctx.state.set("pending", entry)  # never committed: cleared before the handler returns
-    await ctx.step("rec", lambda: entry)  # a journal position: a crash may land mid-handler
+    await ctx.step("rec", _counted())  # a journal position: a crash may land mid-handler
     log = ctx.state.get("log") or []
     log.append(entry)
     ctx.state.set("log", log)
