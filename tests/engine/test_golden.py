@@ -38,9 +38,10 @@ from tests.support.golden import (
     g_pay,
     g_repair,
     g_retry,
+    g_tab,
 )
 
-WORKFLOWS = [g_retry, g_approval, g_child, g_parent, g_pay, g_repair, g_patch]
+WORKFLOWS = [g_retry, g_approval, g_child, g_parent, g_pay, g_repair, g_patch, g_tab]
 FILES = sorted(GOLDEN.glob("*.json"))
 DETERMINISTIC = [path for path in FILES if path.name != NONDETERMINISTIC]
 
@@ -56,6 +57,7 @@ def test_the_golden_set_is_there():
         "child.json",
         "repair.json",
         "patched.json",
+        "object.json",
         NONDETERMINISTIC,
     }
     for path in FILES:
@@ -88,6 +90,14 @@ def test_the_goldens_cover_the_operations():
     patched = _load(GOLDEN / "patched.json")["journal"]
     assert [row["id"] for row in patched if row["kind"] == "Patched"] == ["express"]
     assert [row["name"] for row in patched if row["kind"] == "StepDone"] == ["pack", "ship-express"]
+    tab = _load(GOLDEN / "object.json")["journal"]
+    assert tab[0]["update_name"] == "order"  # the first call rides in the start record
+    assert [row["name"] for row in tab if row["kind"] == "UpdateAccepted"] == [
+        "order",
+        "fusee.state.edit",
+        "total",
+    ]
+    assert [row["name"] for row in tab if row["kind"] == "StepDone"] == ["price", "price"]
     attempts = [r for r in _load(GOLDEN / "retry_sleep.json")["journal"] if r["kind"] == "Attempt"]
     assert [r["attempt"] for r in attempts] == [1, 2]
     assert all("card network down" in r["failure"]["message"] for r in attempts)
@@ -256,10 +266,34 @@ async def _write_patched() -> None:
     await t.close()
 
 
+async def _write_object() -> None:
+    """object.json: the run of a g_tab key: two calls, an edit from outside, a shared read."""
+    from fusee.testing import TestEngine
+
+    t = await TestEngine.open(workflows=[g_tab], park_after="1h")
+    ref = t.engine.object("g_tab", "table-4")
+    assert await ref.call("order", "tea", id="o-1") == 1
+    assert await ref.call("order", "cake", id="o-2") == 2
+    with fusee.as_requester("cli:ana"):
+        await ref.set_state(
+            "note",
+            "window seat",
+        )
+    assert await ref.call("total") == 7
+    journal = _strip_stacks(await t.journal(ref.id))
+    document = {"id": ref.id, "workflow": "g_tab", "journal": journal}
+    (GOLDEN / "object.json").write_text(json.dumps(document, indent=1) + "\n")
+    print(f"wrote {GOLDEN / 'object.json'} ({len(journal)} records)")
+    await t.close()
+
+
 if __name__ == "__main__" and "--write" in sys.argv:
     asyncio.run(_write())
     asyncio.run(_write_patched())
+    asyncio.run(_write_object())
+elif __name__ == "__main__" and "--write-object" in sys.argv:  # only the file added last
+    asyncio.run(_write_object())
 elif __name__ == "__main__" and "--write-repair" in sys.argv:
     asyncio.run(_write_repair())
-elif __name__ == "__main__" and "--write-patched" in sys.argv:  # only the file added last
+elif __name__ == "__main__" and "--write-patched" in sys.argv:
     asyncio.run(_write_patched())

@@ -95,3 +95,22 @@ async def g_patch(ctx: fusee.Ctx, parcel: str) -> str:
     else:
         shipped = await ctx.step("ship", lambda: "standard")
     return f"{packed}/{shipped}"
+
+
+g_tab = fusee.object("g_tab")
+
+
+@g_tab.exclusive
+async def order(ctx: fusee.ObjectCtx, item: str) -> int:
+    """An object key's calls (docs/objects.md): its golden run holds two calls, one with a
+    step, an edit from outside and a shared read."""
+    price = await ctx.step("price", lambda: len(item))
+    items = ctx.state.get("items") or []
+    items.append([item, price])
+    ctx.state.set("items", items)
+    return len(items)
+
+
+@g_tab.shared
+async def total(ctx: fusee.ObjectCtx) -> int:
+    return sum(price for _, price in ctx.state.get("items") or [])

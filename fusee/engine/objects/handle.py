@@ -9,7 +9,9 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from fusee import _codec as codec
 from fusee import _names as names
+from fusee._audit import requester
 from fusee._errors import NotFoundError, RejectedError
 from fusee.engine.coordinators.calls import send
 from fusee.engine.objects.edit import check_edit, version_of
@@ -84,11 +86,7 @@ class _Raw:
 
 
 def _arg(arg: Any) -> Any:
-    if isinstance(arg, _Raw):
-        from fusee import _codec as codec
-
-        return codec.decode(arg.data, Any, "object call argument")
-    return arg
+    return codec.decode(arg.data, Any, "object call argument") if isinstance(arg, _Raw) else arg
 
 
 class ObjectRef:
@@ -200,7 +198,8 @@ class ObjectRef:
         if if_version is not None:
             edit["if_version"] = if_version
         check_edit(edit)
-        answer: dict[str, Any] = await self.call(EDIT, edit, id=id, by=by)
+        # Who asked: given, or named for this task (`fusee.as_requester`), as run operations do.
+        answer: dict[str, Any] = await self.call(EDIT, edit, id=id, by=by or requester())
         return answer
 
     async def _query(self, name: str) -> Any:
