@@ -6,10 +6,11 @@
   the same run): a call's result is released after one flush.
 - The same in memory (no disk): the engine's own cost of a call, against an update of a
   plain workflow (`run.update` with an `on_update` handler), the mechanism a call is.
-- Idle keys: `--keys` keys (default 10,000) called once each, then left idle past their
-  compaction and parking; the memory the engine still holds for them (tracemalloc, per
-  key), against one index entry as the run index holds it; and the run store frame of a
-  parked key (bytes).
+- Idle keys: `--keys` keys (default 10,000) on a data directory, called once each, then
+  left idle past their compaction and parking; the memory the engine still holds for them
+  (tracemalloc, per key: Python's allocations; the log and the run store are on disk),
+  against one index entry as the run index holds it; and the run store frame of a parked
+  key (bytes).
 """
 
 from __future__ import annotations
@@ -80,10 +81,11 @@ async def updates(engine: fusee.Engine, count: int) -> list[float]:
     return out
 
 
-async def idle_keys(keys: int) -> tuple[float, float, int, int]:
+async def idle_keys(keys: int, scratch: Path) -> tuple[float, float, float, int, int]:
     """(bytes the engine holds per idle key, bytes of one index entry, keys still in
-    memory, a parked key's store frame in bytes)."""
-    engine = await fusee.Engine.open(objects=[counter], shards=4, park_after="100ms")
+    memory, a parked key's store frame in bytes), on a data directory: the run store and
+    the log are on disk, so what Python still holds is the engine's."""
+    engine = await fusee.Engine.open(str(scratch / "idle"), objects=[counter], shards=4, park_after="100ms")
     await engine.object("counter", "warm").call("bump", 1)
     await asyncio.sleep(1.0)
     gc.collect()
@@ -109,10 +111,13 @@ async def idle_keys(keys: int) -> tuple[float, float, int, int]:
     entry_bytes = sum(
         sys.getsizeof(t) + sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in t.items()) for t in tables
     )
+    # The local store keeps the last checkpoint it wrote (the index, encoded) in memory.
+    kept = [getattr(s.store, "last_checkpoint", None) for s in engine.shards]
+    checkpoint_bytes = sum(len(k[1]) for k in kept if k is not None)
     described = await engine.run("counter/k1").describe()
     frame = len(sealed_frame(None, "counter/k1", described.summary.run, described.journal))
     await engine.close()
-    return (after - before) / keys, entry_bytes / entries, loaded, frame
+    return (after - before) / keys, entry_bytes / entries, checkpoint_bytes / keys, loaded, frame
 
 
 async def main() -> None:
@@ -125,11 +130,11 @@ async def main() -> None:
         engine = await fusee.Engine.open(str(Path(scratch) / "data"), objects=[counter], shards=4)
         disk = spread(await calls(engine, args.calls // 4))
         await engine.close()
+        per_key, entry, checkpoint, loaded, frame = await idle_keys(args.keys, Path(scratch))
     engine = await fusee.Engine.open(objects=[counter], workflows=[plain], shards=4)
     memory = spread(await calls(engine, args.calls))
     plain_update = spread(await updates(engine, args.calls))
     await engine.close()
-    per_key, entry, loaded, frame = await idle_keys(args.keys)
     print(f"floor: one durable flush {floor:.3f} ms (disk-check p50)")
     print(
         f"a call on a data directory: p50 {disk[0]:.3f} ms, p90 {disk[1]:.3f} ms "
@@ -140,8 +145,10 @@ async def main() -> None:
         f"a plain workflow's update {plain_update[0] * 1000:.0f} us ({memory[0] / plain_update[0]:.1f}x)"
     )
     print(
-        f"{args.keys:,} idle keys: {loaded} still in memory; {per_key:.0f} B held per key "
-        f"(an index entry as the run index holds it: {entry:.0f} B); a parked key's journal {frame} B"
+        f"{args.keys:,} idle keys: {loaded} still in memory; {per_key:.0f} B held per key: its index entry "
+        f"{entry:.0f} B, the store's copy of its last checkpoint {checkpoint:.0f} B, the rest "
+        f"{per_key - entry - checkpoint:.0f} B (the cache of ID hashes, at most 4,096 IDs); "
+        f"a parked key's journal {frame} B"
     )
 
 
