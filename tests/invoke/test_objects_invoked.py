@@ -5,7 +5,9 @@ serving `handlers.asgi:app`, four client processes (tests/invoke/object_client.p
 Every acknowledged call must be in its key's log exactly once, at the position its answer
 named, and each task's calls to a key in the order the task made them (each waits for the
 previous one's answer); no shared call may ever see the exclusive handler's uncommitted
-`pending` field. The full size (10,000 calls, 10 kills) is behind --run-slow."""
+`pending` field. Each invocation's budget is one second, so keys are also handed back
+between invocations at budget ends. The full size (10,000 calls, 10 kills) is behind
+--run-slow."""
 
 from __future__ import annotations
 
@@ -80,7 +82,7 @@ async def test_four_clients_call_100_keys_through_handler_kills_each_call_once_i
 ):
     cluster = Cluster(tmp_path, procs=procs)
     cluster.start_handler()
-    cluster.start_invoked()
+    cluster.start_invoked_config(budgetMs=1000)  # budget ends hand keys back between kills
     client = await cluster.client()
     await quiet(client)
     clients = start_clients(cluster, procs, calls, seed=3)
@@ -111,6 +113,11 @@ async def test_four_clients_call_100_keys_through_handler_kills_each_call_once_i
     peeks = [line.split() for proc in clients for line in list(proc.lines) if line.startswith("peek ")]
     assert peeks and all(pending == "-" for _, _, _, pending in peeks), "a shared call saw uncommitted state"
     retries = sum(1 for proc in clients for line in list(proc.lines) if line.startswith("retry "))
-    print(f"{4 * calls} calls to 100 keys, {kills} handler kills, {retries} sent again, {len(peeks)} peeks")
+    assert cluster.server is not None
+    ends = sum(1 for line in list(cluster.server.lines) if "released by" in line)
+    print(
+        f"{4 * calls} calls to 100 keys, {kills} handler kills, {ends} budget handbacks, "
+        f"{retries} sent again, {len(peeks)} peeks"
+    )
     assert not cluster.problems(), cluster.problems()
     await client.close()
