@@ -79,6 +79,12 @@ def _json_arg(text: str) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    if os.path.isdir(args.address):
+        raise Stop(
+            f"{args.address} is a directory: fusee objects takes a server's address (host:port). "
+            "Reading or editing a key replays its handlers, which only the application's code can do: "
+            "read and edit it there, with engine.object(type, key)"
+        )
     with fusee.as_requester(requester()):
         answer = with_client(args.address, lambda client: _act(client, args))
     if answer is not None:

@@ -306,7 +306,8 @@ def _install_requirement(
     if not requirement.specifier.contains(dist.version, prereleases=True):
         raise LookupError(f"{requirement}: this environment has {dist.version}")
     image.installed.add(name)
-    tops = {file.parts[0] for file in dist.files or [] if file.parts[0] != ".."}
+    # A one-module distribution (jsonpatch.py) lists its bytecode under the shared __pycache__.
+    tops = {file.parts[0] for file in dist.files or [] if file.parts[0] not in ("..", "__pycache__")}
     for top in sorted(tops):
         (image.site / top).symlink_to(Path(str(dist.locate_file(top))))
     for entry in dist.entry_points:

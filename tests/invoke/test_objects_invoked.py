@@ -121,3 +121,23 @@ async def test_four_clients_call_100_keys_through_handler_kills_each_call_once_i
     )
     assert not cluster.problems(), cluster.problems()
     await client.close()
+
+
+async def test_a_workflow_calls_keys_from_its_code_on_invoked_workers(procs, tmp_path: Path):
+    """`ctx.object(...).call` from a run on an invoked worker: each call's step reaches its
+    key through the server (whichever shard holds it), and runs once."""
+    cluster = Cluster(tmp_path, procs=procs)
+    cluster.start_handler()
+    cluster.start_invoked()
+    client = await cluster.client()
+    await quiet(client)
+    keys = [f"w{i}" for i in range(6)]
+    run = await client.start("bookkeeper", "bk-inv", keys)
+    assert await asyncio.wait_for(run.result(), 60) == [1] * 6
+    again = await client.start("bookkeeper", "bk-inv-2", keys)
+    assert await asyncio.wait_for(again.result(), 60) == [2] * 6
+    for key in keys:
+        state = await client.object_ref("ledger", key).state()
+        assert state["log"] == [f"bk-inv:{key}", f"bk-inv-2:{key}"]
+    assert not cluster.problems(), cluster.problems()
+    await client.close()
