@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 from fusee._errors import NotFoundError, RejectedError
+from fusee.engine.schedules.flow import Starter
 
 # Sends to one key before giving up: each retry follows a coordinator that ended as the
 # event reached it, and the next one is started by the retry itself.
@@ -46,6 +47,28 @@ async def send(
             continue
         return receipt
     raise AssertionError("unreachable")
+
+
+class Reaching:
+    """What reaches a run on any shard for an engine or a client (`target`): the
+    coordinators' and the objects' calls. A key's run may be on a shard another worker
+    holds: an engine on a worker of a server reaches it through a client of that server,
+    as a schedule's steps reach their runs (an engine alone, or a client, calls it itself)."""
+
+    def __init__(self, target: Any) -> None:
+        self._target = target
+        self._reach = Starter(target) if hasattr(target, "storage") else None
+
+    async def via(self) -> Any:
+        """The engine or client that reaches a run on any shard."""
+        if self._reach is None:
+            return self._target
+        await self._reach.route()
+        return self._reach.target
+
+    async def close(self) -> None:
+        if self._reach is not None:
+            await self._reach.close()
 
 
 def _ended(error: Exception) -> bool:

@@ -12,7 +12,7 @@ from fusee import _codec as codec
 from fusee import _names as names
 from fusee._errors import RejectedError
 from fusee.engine.coordinators import concurrency
-from fusee.engine.coordinators.calls import send
+from fusee.engine.coordinators.calls import Reaching, send
 from fusee.engine.coordinators.concurrency import enqueue
 from fusee.engine.coordinators.flow import (
     BATCH,
@@ -23,31 +23,12 @@ from fusee.engine.coordinators.flow import (
     make_workflow,
     new_state,
 )
-from fusee.engine.schedules.flow import Starter
 from fusee.workflow.definitions import Workflow
 from fusee.workflow.durations import Duration, to_ms
 
 
-class Coordinators:
+class Coordinators(Reaching):
     """`debounce` and `batch` for an engine or a client (`target`)."""
-
-    def __init__(self, target: Any) -> None:
-        self._target = target
-        # A key's coordinator may be on a shard another worker holds: an engine on a
-        # worker of a server reaches it through a client of that server, as a schedule's
-        # steps reach their runs (an engine alone, or a client, calls it itself).
-        self._reach = Starter(target) if hasattr(target, "storage") else None
-
-    async def via(self) -> Any:
-        """The engine or client that reaches a run on any shard."""
-        if self._reach is None:
-            return self._target
-        await self._reach.route()
-        return self._reach.target
-
-    async def close(self) -> None:
-        if self._reach is not None:
-            await self._reach.close()
 
     def workflows(self) -> list[Workflow[Any]]:
         return [make_workflow(DEBOUNCE), make_workflow(BATCH), *concurrency.workflows()]

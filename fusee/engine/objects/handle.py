@@ -13,34 +13,16 @@ from fusee import _codec as codec
 from fusee import _names as names
 from fusee._audit import requester
 from fusee._errors import NotFoundError, RejectedError
-from fusee.engine.coordinators.calls import send
+from fusee.engine.coordinators.calls import Reaching, send
 from fusee.engine.objects.edit import check_edit, version_of
 from fusee.engine.objects.flow import EDIT, INSPECT, STATE, make_workflow, object_id, send_workflow
-from fusee.engine.schedules.flow import Starter
 from fusee.journal import FINAL
 from fusee.workflow.definitions import Workflow
 from fusee.workflow.objects import ObjectType
 
 
-class Objects:
+class Objects(Reaching):
     """An engine's or a client's object calls (`target`)."""
-
-    def __init__(self, target: Any) -> None:
-        self._target = target
-        # A key may be on a shard another worker holds: an engine on a worker of a server
-        # reaches it through a client of that server (as the coordinators do).
-        self._reach = Starter(target) if hasattr(target, "storage") else None
-
-    async def via(self) -> Any:
-        """The engine or client that reaches a run on any shard."""
-        if self._reach is None:
-            return self._target
-        await self._reach.route()
-        return self._reach.target
-
-    async def close(self) -> None:
-        if self._reach is not None:
-            await self._reach.close()
 
     def builtin(self) -> list[Workflow[Any]]:
         """The workflows every engine registers for objects (`fusee.object.send`)."""
