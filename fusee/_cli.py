@@ -20,10 +20,11 @@ from types import ModuleType
 from typing import Any
 
 import fusee
-from fusee import _cli_journal, _cli_objects, _cli_runs
+from fusee import _cli_backup, _cli_doctor, _cli_journal, _cli_objects, _cli_runs, _cli_tools
 from fusee._cli_common import ADDRESS_HELP, EXIT_DAMAGED, EXIT_OK
 from fusee._cli_common import Stop as _Stop
 from fusee._cli_common import seconds as _seconds
+from fusee._cli_common import size as _size
 from fusee._cli_common import table as _table
 from fusee._cli_common import with_client as _with_client
 
@@ -119,6 +120,9 @@ def _parser() -> argparse.ArgumentParser:
     _cli_runs.register(commands)
     _cli_objects.register(commands)
     _cli_journal.register(commands)
+    _cli_tools.register(commands)
+    _cli_backup.register(commands)
+    _cli_doctor.register(commands)
 
     # Its options belong to the fusee-server distribution, which parses them itself.
     server = commands.add_parser(
@@ -286,7 +290,19 @@ def _native() -> ModuleType:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
-    root: Path = args.dir
+    raw, report = inspect_report(args.dir)
+    if args.json:
+        print(raw)
+    else:
+        print("\n".join(_inspect_lines(report)))
+    # Damage the scrub found in padding is a WARNING: the directory opens, nothing is lost.
+    return EXIT_DAMAGED if report.get("error") is not None else EXIT_OK
+
+
+def inspect_report(root: Path) -> tuple[str, dict[str, Any]]:
+    """The native report of `root` (its JSON, and parsed), for `inspect` and `doctor`. Reads
+    only; a missing directory, or one that is no Fusee data directory, is the command's
+    one-line failure."""
     if not root.is_dir():
         what = "does not exist" if not root.exists() else "is not a Fusee data directory (no fusee.meta)"
         raise _Stop(f"{root} {what}")
@@ -298,22 +314,25 @@ def _run_inspect(args: argparse.Namespace) -> int:
     except OSError as error:
         raise _Stop(f"{root}: {error}") from None
     report: dict[str, Any] = json.loads(raw)
-    if args.json:
-        print(raw)
-    else:
-        print("\n".join(_inspect_lines(report)))
-    return EXIT_DAMAGED if report.get("error") is not None else EXIT_OK
+    return raw, report
 
 
 def _inspect_lines(report: dict[str, Any]) -> list[str]:
     log: dict[str, Any] = report["log"]
     lines = [f"{report['dir']}: {report['shards']} shards"]
     error = report.get("error")
-    if error is not None:
+    if error is not None and "`fusee " in error:
+        # Not damage: an earlier release's format, or a tool's swap to finish.
+        lines += [
+            "  REFUSED until a tool runs (nothing is damaged); opening this directory fails with:",
+            *textwrap.wrap(error, 96, initial_indent="    ", subsequent_indent="    "),
+        ]
+    elif error is not None:
         lines += [
             "  DAMAGED: acknowledged records are lost or unreadable; opening this directory fails with:",
             *textwrap.wrap(error, 96, initial_indent="    ", subsequent_indent="    "),
         ]
+    lines += _cli_doctor.scrub_warnings(report.get("scrub"))
     lines += ["", "log (wal/)"]
     if log.get("error") is not None:
         lines.append("  the chain cannot be followed (see above)")
@@ -326,6 +345,7 @@ def _inspect_lines(report: dict[str, Any]) -> list[str]:
             f"ends at offset {log['end_offset']}: {TAILS[log['tail']]}; "
             f"{_count(log['spares'], 'spare segment', 'spare segments')}",
             *_per_shard("  records per shard: ", log["records_per_shard"]),
+            *_cli_doctor.scrub_summary(report.get("scrub")),
         ]
         if log["unsealed"]:
             lines.append(
@@ -383,13 +403,6 @@ def _per_shard(prefix: str, counts: list[int]) -> list[str]:
 
 def _count(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}".replace(".0 ", " ")
-    return f"{n} B"
 
 
 # -- disk-check -------------------------------------------------------------------------

@@ -63,3 +63,11 @@ def seconds(text: str) -> float:
     if not (math.isfinite(value) and 0 < value <= 3600):
         raise argparse.ArgumentTypeError(f"{text}: give a duration above 0 and at most 3600 seconds")
     return value
+
+
+def size(n: int) -> str:
+    """Bytes in the largest binary unit they reach: `1.5 MiB`, `4 KiB`, `12 B`."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}".replace(".0 ", " ")
+    return f"{n} B"

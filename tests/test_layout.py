@@ -26,7 +26,19 @@ ALLOWED: dict[str, set[str]] = {
     "client": {"base", "workflow", "protocol", "engine"},
     "invoke": {"base", "workflow", "storage", "protocol", "engine"},
 }
-TOP = {"__init__", "__main__", "_cli", "_cli_common", "_cli_journal", "_cli_objects", "_cli_runs", "sync"}
+TOP = {
+    "__init__",
+    "__main__",
+    "_cli",
+    "_cli_backup",
+    "_cli_common",
+    "_cli_doctor",
+    "_cli_journal",
+    "_cli_objects",
+    "_cli_runs",
+    "_cli_tools",
+    "sync",
+}
 
 
 def unit_of(module: str) -> str:

@@ -145,6 +145,7 @@ class Engine:
         address: str | None = None,
         telemetry: Telemetry | None = None,
         codec: AesGcm | None = None,
+        backup: str | None = None,
     ) -> Engine:
         """Open an engine. `durability="memory"` keeps nothing; a directory (local mode)
         needs the `fusee-server` distribution's disk path; `durability="server"` (or
@@ -155,14 +156,15 @@ class Engine:
         takes its shards back (docs/server.md, *Reconnecting*). `telemetry=
         fusee.open_telemetry()` traces runs through OpenTelemetry (docs/telemetry.md).
         `codec=fusee.aes_gcm(keys)` encrypts every payload before it is stored or leaves
-        the process (docs/engine.md, *Payload encryption*)."""
+        the process (docs/engine.md, *Payload encryption*). `backup="s3://bucket/prefix"`
+        (or a directory) backs a data directory up continuously (docs/backup.md)."""
         if shards is not None and shards < 1:
             raise RejectedError(f"shards={shards}: need at least 1")
         on_exhausted = check_on_exhausted(on_exhausted, "Engine.open(on_exhausted=)")
         if codec is not None and not isinstance(codec, AesGcm):
             raise RejectedError(f"codec={codec!r}: expected fusee.aes_gcm(keys) (or None)")
         if storage is None:
-            storage, granted = await opening.storage_for(dir, shards, durability, address)
+            storage, granted = await opening.storage_for(dir, shards, durability, address, backup)
             shard_ids = granted if shard_ids is None else shard_ids
         engine = cls(
             storage,

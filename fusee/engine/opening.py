@@ -36,7 +36,7 @@ class OpeningEngine(ShardHost, Protocol):
 
 
 async def storage_for(
-    dir: str | None, shards: int | None, durability: str, address: str | None
+    dir: str | None, shards: int | None, durability: str, address: str | None, backup: str | None = None
 ) -> tuple[Storage, list[int] | None]:
     """The storage `Engine.open(dir, shards=, durability=, address=)` names: a directory is
     local mode, "server" (or FUSEE_URL set, for an `open()` without arguments) a `fusee
@@ -44,8 +44,13 @@ async def storage_for(
     it connected (None: every shard of the storage)."""
     if dir is None and durability == "memory" and address is None and os.environ.get("FUSEE_URL"):
         durability = "server"
+    if backup is not None and dir is None:
+        raise RejectedError(
+            f"backup={backup!r}: a continuous backup is of a data directory: Engine.open(dir, backup=...) "
+            "(a server's: fusee server --backup)"
+        )
     if dir is not None:
-        return await _local_storage(dir, shards), None
+        return await _local_storage(dir, shards, backup), None
     if durability == "server":
         remote = await _remote_storage(address)
         return remote, remote.initial_shards
@@ -106,7 +111,7 @@ async def attach(engine: OpeningEngine, index: int) -> None:
     engine.attached(shard)
 
 
-async def _local_storage(dir: str, shards: int | None) -> Storage:
+async def _local_storage(dir: str, shards: int | None, backup: str | None = None) -> Storage:
     """Local mode needs the disk path of the fusee-server distribution."""
     try:
         from fusee_server.store import LocalStorage
@@ -115,7 +120,7 @@ async def _local_storage(dir: str, shards: int | None) -> Storage:
             "local mode (Engine.open(dir)) needs the fusee-server distribution, which holds the "
             "disk path: pip install fusee-server (in this repository: pip install ./server)"
         ) from None
-    return await LocalStorage.open(dir, shards)
+    return await LocalStorage.open(dir, shards, backup=backup)
 
 
 async def _remote_storage(address: str | None) -> RemoteStorage:

@@ -61,10 +61,13 @@ class Disk:
         self.counts = [zeros() for _ in shards]
 
     @classmethod
-    async def open(cls, root: str, shards: int | None, failed: Callable[[], None]) -> Disk:
+    async def open(
+        cls, root: str, shards: int | None, failed: Callable[[], None], backup: str | None = None
+    ) -> Disk:
         """Open (or create) the directory and recover its log; every shard's files are
-        checked and held open for the server's life."""
-        storage = await LocalStorage.open(root, shards)
+        checked and held open for the server's life. With `backup`, a continuous backup to
+        that target (docs/backup.md)."""
+        storage = await LocalStorage.open(root, shards, backup=backup)
         loop = asyncio.get_running_loop()
         opened = []
         try:
@@ -269,7 +272,7 @@ class Disk:
         finally:
             shard.writing.discard(writing)
         shard.checkpoint_bytes = len(data)
-        covered = [s.files.covered() for s in self.shards]
+        covered = self.storage.held([s.files.covered() for s in self.shards])
         await loop.run_in_executor(self.storage.executor, self.log.retire, covered, False)
 
     async def close(self) -> None:

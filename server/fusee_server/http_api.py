@@ -21,7 +21,7 @@ from __future__ import annotations
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram
@@ -111,6 +111,9 @@ class StateCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         yield from self._server()
         yield from self._shards()
+        backup = self.server.disk.storage.backup
+        if backup is not None:
+            yield from self._backup(backup.status())
         if self.server.invoker is not None:
             yield from self._invoker(self.server.invoker)
 
@@ -134,6 +137,23 @@ class StateCollector(Collector):
             for index, due in enumerate(invoker.due):
                 family.add_metric([str(index)], due.steps)
             yield family
+
+    def _backup(self, status: dict[str, Any]) -> Iterator[Metric]:
+        """The continuous backup (docs/backup.md): how far behind the log it is."""
+        yield GaugeMetricFamily(
+            "fusee_backup_lag_seconds",
+            "Seconds since the newest restore point, while the log holds records past it (0: caught up).",
+            value=status["lag_s"],
+        )
+        yield GaugeMetricFamily(
+            "fusee_backup_failing", "1 while uploads to the backup target fail.", value=int(status["failing"])
+        )
+        yield CounterMetricFamily(
+            "fusee_backup_uploads", "Objects uploaded to the backup target.", status["uploads"]
+        )
+        yield CounterMetricFamily(
+            "fusee_backup_uploaded_bytes", "Bytes uploaded to the backup target.", status["uploaded_bytes"]
+        )
 
     def _server(self) -> Iterator[Metric]:
         server = self.server

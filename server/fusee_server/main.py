@@ -16,7 +16,7 @@ import stat
 import sys
 from pathlib import Path
 
-from fusee._errors import FuseeError, SettingError
+from fusee._errors import FuseeError, RejectedError, SettingError
 from fusee.protocol import handshake
 from fusee_server import endpoints
 from fusee_server.http_api import HttpApi
@@ -30,6 +30,12 @@ logger = logging.getLogger("fusee.server")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dir", type=Path, required=True, help="the server's data directory")
+    parser.add_argument(
+        "--backup",
+        metavar="URL",
+        help="back the directory up continuously to s3://bucket/prefix[?region=...&endpoint=...] or a "
+        "directory (docs/backup.md)",
+    )
     parser.add_argument(
         "--listen", metavar="HOST:PORT", help="TCP address to listen on (port 0: any free port, printed)"
     )
@@ -152,6 +158,16 @@ def _codec_url(given: str | None) -> str | None:
     if not url.startswith(("http://", "https://")) or any(c in url for c in " '\";"):
         raise SettingError(f"--codec-url {given}: expected an http:// or https:// URL")
     return url
+
+
+def _check_backup(url: str) -> None:
+    """A target URL that cannot work fails the start, naming the setting."""
+    from fusee_server.backup.targets import target
+
+    try:
+        target(url)
+    except RejectedError as error:
+        raise SettingError(f"--backup {url}: {error}") from None
 
 
 def _public_url(given: str | None, http: tuple[str, int] | None, tls: bool) -> str | None:
@@ -277,7 +293,9 @@ async def serve(args: argparse.Namespace) -> int:
     if args.unix is not None:
         _clear_unix(args.unix)
     http_sockets = _bind_tcp(http, f"--http {args.http}") if http is not None else []
-    server = await Server.open(str(args.dir), args.shards)
+    if args.backup is not None:
+        _check_backup(args.backup)
+    server = await Server.open(str(args.dir), args.shards, args.backup)
     server.callback_url = public_url
     loop = asyncio.get_running_loop()
     unix_inode = None

@@ -52,10 +52,11 @@ class Server:
         self.callback_url: str | None = None  # --public-url: workers build `cb.url` on it
 
     @classmethod
-    async def open(cls, root: str, shards: int | None) -> Server:
-        """Open (or create) the directory and recover its log (`Disk.open`)."""
+    async def open(cls, root: str, shards: int | None, backup: str | None = None) -> Server:
+        """Open (or create) the directory and recover its log (`Disk.open`), with a
+        continuous backup to `backup` if named."""
         stopped = asyncio.Event()
-        return cls(await Disk.open(root, shards, stopped.set), stopped)
+        return cls(await Disk.open(root, shards, stopped.set, backup), stopped)
 
     @property
     def invoker(self) -> Invoker | None:

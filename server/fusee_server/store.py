@@ -26,6 +26,9 @@ from fusee.journal import Ack, Msg
 from fusee.storage import PAGE_BYTES, Durability, Receive, Report
 from fusee.storage.relay import Relay
 from fusee_server import _native
+from fusee_server.backup.continuous import Backup
+from fusee_server.backup.continuous import Options as BackupOptions
+from fusee_server.backup.targets import target as backup_target
 
 logger = logging.getLogger("fusee.local")
 
@@ -58,6 +61,7 @@ class LocalStorage:
         self.notify_fd = -1
         self.failed: BaseException | None = None
         self.released = False  # closed or abandoned: its native objects are let go
+        self.backup: Backup | None = None  # continuous backup (docs/backup.md)
 
     @classmethod
     async def open(
@@ -68,12 +72,16 @@ class LocalStorage:
         direct_io: bool = True,
         segment_bytes_min: int = 1 << 20,
         segment_bytes_max: int = 64 << 20,
+        backup: str | None = None,
+        backup_options: BackupOptions | None = None,
     ) -> LocalStorage:
         """Lock the directory, check its meta and shard count (or create it: its log
         first, the meta last), and recover its log (on the log's thread: recovery reads
         every segment). Damage that loses acknowledged records refuses with IoError
         naming the file."""
         root = Path(root)
+        # A target that cannot work refuses before the directory is touched.
+        to = backup_target(backup) if backup is not None else None
         try:
             directory = _native.Directory(root, shards, segment_bytes_min)
         except _native.DirectoryError as error:
@@ -98,6 +106,14 @@ class LocalStorage:
             executor.shutdown(wait=False)
             raise IoError(f"{root}: {error}") from None
         storage = cls(root, directory, log, executor)
+        if to is not None:
+            # Before anything can retire a segment: the backup holds what it lacks.
+            try:
+                storage.backup = Backup(root, log, directory.shards, to, backup_options or BackupOptions())
+            except BaseException:
+                await storage.abandon()
+                raise
+            storage.backup.start()
         storage.start_writer()
         return storage
 
@@ -177,9 +193,13 @@ class LocalStorage:
         clean close, `fresh`: move to an empty segment first when they cover it all)."""
         if len(self.stores) < self.shards:
             return  # a shard this process does not hold may still need any segment
-        covered = [self.stores[i].files.covered() for i in range(self.shards)]
+        covered = self.held([self.stores[i].files.covered() for i in range(self.shards)])
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self.executor, self.log.retire, covered, fresh)
+
+    def held(self, covered: list[int]) -> list[int]:
+        """The positions retirement may pass: with a backup, none past what it holds."""
+        return covered if self.backup is None else self.backup.hold(covered)
 
     async def abandon(self) -> None:
         """Stop as a crash would (the test kit's `crash()`): nothing more is written; a
@@ -188,6 +208,8 @@ class LocalStorage:
         if self.released:
             return  # closed or abandoned already
         self.failed = RuntimeError("abandoned")
+        if self.backup is not None:
+            self.backup.abandon()  # as a crash: no last upload
         self._stop_writer()
         self._shutdown()
         self._release_files()
@@ -216,6 +238,9 @@ class LocalStorage:
             return  # closed or abandoned already
         self._stop_writer()  # lets a write under way finish
         self._written()
+        if self.backup is not None:
+            # The last upload of everything, so the segments can go at the retirement below.
+            await asyncio.get_running_loop().run_in_executor(None, self.backup.stop)
         if self.failed is None and len(self.stores) == self.shards:
             await self.retire(fresh=True)
         self._shutdown()

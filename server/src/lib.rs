@@ -11,6 +11,7 @@ pub mod meta;
 pub mod recovery;
 pub mod ring;
 pub mod runstore;
+pub mod scrub;
 pub mod stall;
 pub mod tools;
 pub mod writer;

@@ -8,6 +8,7 @@ use crate::format::{
 };
 use crate::io::{sync_dir, LogFile};
 use crate::recovery::{recover, Chain, RecoveryError, SegmentImage, ShardBounds, Tail};
+use crate::scrub::{scrub, warn_at_open, Scope};
 use crate::stall::StallHook;
 use std::fs;
 use std::io;
@@ -193,6 +194,9 @@ impl SharedLog {
     pub fn open(wal: &Path, shards: usize, options: LogOptions) -> Result<SharedLog, LogError> {
         let (images, spares) = read_wal(wal)?;
         let chain = recover(&images, shards).map_err(LogError::Recovery)?;
+        // Damage in a batch's padding refuses nothing (no record lies there), but it is
+        // said now: the bytes are in memory already, so this costs checksums, no read.
+        warn_at_open(wal, &scrub(&images, &chain, Scope::Padding));
         let (catalog, records, mut report) = index_chain(wal, &images, &chain, shards)?;
         let segments = &catalog.segments;
         // A roll cut short between the new header and the seal: write the seal now, so

@@ -35,6 +35,9 @@ pub enum DirError {
     Shards(u32),
     /// The meta is damaged, missing beside written data, or of another format.
     Damaged(String),
+    /// Intact, but a tool must run first: `fusee upgrade` (an earlier release's format)
+    /// or `fusee reshard`/`upgrade` again (a swap a crash interrupted).
+    NeedsTool(String),
 }
 
 impl std::fmt::Display for DirError {
@@ -49,12 +52,12 @@ impl std::fmt::Display for DirError {
             DirError::ShardCount { have, asked } => write!(
                 f,
                 "the directory has {have} shards and was opened with shards={asked}: open it with shards={have} (or \
-                 without shards=); the shard count of a directory is fixed when it is created"
+                 without shards=), or change the count of the closed directory with `fusee reshard <dir> --shards {asked}`"
             ),
             DirError::Shards(count) => {
                 write!(f, "shards={count}: a directory has between 1 and {SHARDS_MAX} shards")
             }
-            DirError::Damaged(why) => write!(f, "{why}"),
+            DirError::Damaged(why) | DirError::NeedsTool(why) => write!(f, "{why}"),
         }
     }
 }
@@ -73,7 +76,18 @@ pub struct DirLock {
 
 /// The meta's text: `key=value` lines, the last one a CRC-32C of the lines before it.
 pub fn encode_meta(shards: u32) -> String {
-    let body = format!("format={DIR_FORMAT}\nshards={shards}\nlog_format={LOG_FORMAT}\n");
+    with_checksum(format!("format={DIR_FORMAT}\nshards={shards}\nlog_format={LOG_FORMAT}\n"))
+}
+
+/// The meta `fusee reshard` and `fusee upgrade` write while they swap the directory's
+/// folders for the ones they built (docs/operations.md, *Swapping folders*): no build
+/// opens it, so nothing reads a directory that is half old, half new. `tool` is the
+/// command that finishes the swap when run again.
+pub fn encode_swap_meta(tool: &str, shards: u32) -> String {
+    with_checksum(format!("format=swap\ntool={tool}\nshards={shards}\nlog_format={LOG_FORMAT}\n"))
+}
+
+fn with_checksum(body: String) -> String {
     let crc = crc32c::crc32c(body.as_bytes());
     format!("{body}checksum={crc:08x}\n")
 }
@@ -86,6 +100,13 @@ pub fn parse_meta(text: &str) -> Result<u32, DirError> {
              {WHAT_TO_DO}"
         ))
     };
+    // Format 1 (the first release) wrote no checksum: its meta is whole if it parses.
+    if text.lines().any(|line| line == "format=1") && !text.contains("checksum=") {
+        return Err(DirError::NeedsTool(format!(
+            "{META} is of directory format 1, written by an earlier release (log format 3): convert it with `fusee \
+             upgrade <dir>` while nothing has it open; this build reads format {DIR_FORMAT}"
+        )));
+    }
     let body_len = text.rfind("checksum=").ok_or_else(|| damaged("no checksum line"))?;
     let (body, sum) = text.split_at(body_len);
     let sum = sum.strip_prefix("checksum=").unwrap_or_default().trim_end_matches('\n');
@@ -101,6 +122,13 @@ pub fn parse_meta(text: &str) -> Result<u32, DirError> {
             Some(("shards", v)) => shards = v.parse::<u32>().ok(),
             _ => {}
         }
+    }
+    if body.lines().any(|line| line == "format=swap") {
+        let tool = body.lines().find_map(|line| line.strip_prefix("tool=")).unwrap_or("reshard");
+        return Err(DirError::NeedsTool(format!(
+            "{META} says `fusee {tool}` was interrupted while it swapped the directory's folders for the ones it \
+             built: run `fusee {tool} <dir>` again to finish it; nothing opens the directory until then"
+        )));
     }
     match (format, shards) {
         (Some(DIR_FORMAT), Some(s)) if (1..=SHARDS_MAX as u32).contains(&s) => Ok(s),

@@ -324,6 +324,19 @@ fn disk_check(py: Python<'_>, dir: PathBuf, seconds: f64) -> PyResult<(Vec<u64>,
     py.detach(|| crate::tools::disk_check(&dir, seconds)).map_err(io_err)
 }
 
+/// Replace `<root>/fusee.meta` durably: the final one (`swapping` None) or the marker of a
+/// swap in progress that `fusee <swapping>` finishes (docs/operations.md). Only `fusee
+/// reshard` and `fusee upgrade` call it, holding the directory's lock.
+#[pyfunction]
+#[pyo3(signature = (root, shards, swapping=None))]
+fn write_meta(py: Python<'_>, root: PathBuf, shards: u32, swapping: Option<String>) -> PyResult<()> {
+    let text = match swapping {
+        None => crate::meta::encode_meta(shards),
+        Some(tool) => crate::meta::encode_swap_meta(&tool, shards),
+    };
+    py.detach(|| crate::io::write_file_durably(&root.join(crate::meta::META), text.as_bytes())).map_err(io_err)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Log>()?;
@@ -331,6 +344,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Directory>()?;
     m.add_function(wrap_pyfunction!(inspect, m)?)?;
     m.add_function(wrap_pyfunction!(disk_check, m)?)?;
+    m.add_function(wrap_pyfunction!(write_meta, m)?)?;
     m.add("CorruptionError", m.py().get_type::<CorruptionError>())?;
     m.add("DirectoryError", m.py().get_type::<DirectoryError>())?;
     m.add("StoppedError", m.py().get_type::<StoppedError>())?;

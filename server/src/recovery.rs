@@ -93,6 +93,9 @@ pub struct Chain {
     /// Rolls whose seal never landed (the chain went on by the next header): (live
     /// index, offset, seal). Writing them makes a later loss of that segment detectable.
     pub unsealed: Vec<(usize, u64, Seal)>,
+    /// The seals the chain went through: (live index, offset, seal); the scrub checks
+    /// their blocks (`scrub.rs`).
+    pub seals: Vec<(usize, u64, Seal)>,
     /// Segment files (`<id>.wal`) without a readable header: an interrupted roll or
     /// retirement, or damage. Named in refusals that a lost segment may explain.
     pub unreadable: Vec<String>,
@@ -196,7 +199,7 @@ pub fn recover(images: &[SegmentImage], shards: usize) -> Result<Chain, Recovery
         }
     }
     let walk = walk(images, &live)?;
-    let Walk { batches, end, unsealed } = walk;
+    let Walk { batches, end, unsealed, seals } = walk;
     let (end_index, _) = &live[end.segment];
     let end_file = images[*end_index].name.clone();
     prove_nothing_lost(images, &live, &end, &end_file)?;
@@ -210,18 +213,20 @@ pub fn recover(images: &[SegmentImage], shards: usize) -> Result<Chain, Recovery
         });
     }
     let bounds = bounds(images, &live, &batches, shards);
-    Ok(Chain { live, batches, end, unsealed, unreadable, bounds })
+    Ok(Chain { live, batches, end, unsealed, seals, unreadable, bounds })
 }
 
 struct Walk {
     batches: Vec<Located>,
     end: End,
     unsealed: Vec<(usize, u64, Seal)>,
+    seals: Vec<(usize, u64, Seal)>,
 }
 
 fn walk(images: &[SegmentImage], live: &[(usize, SegmentHeader)]) -> Result<Walk, RecoveryError> {
     let mut batches = Vec::new();
     let mut unsealed = Vec::new();
+    let mut seals = Vec::new();
     let mut expect_seq = live[0].1.first_seq;
     let mut expect_prev = live[0].1.first_prev;
     let mut k = 0usize;
@@ -260,6 +265,7 @@ fn walk(images: &[SegmentImage], live: &[(usize, SegmentHeader)]) -> Result<Walk
                         offset: off as u64,
                     });
                 }
+                seals.push((k, off as u64, seal));
                 k += 1;
                 off = SEGMENT_HEADER;
             }
@@ -280,7 +286,7 @@ fn walk(images: &[SegmentImage], live: &[(usize, SegmentHeader)]) -> Result<Walk
                 let stale_until = stale_until(bytes, off, expect_seq) as u64;
                 let end =
                     End { segment: k, offset: off as u64, next_seq: expect_seq, prev: expect_prev, tail, stale_until };
-                return Ok(Walk { batches, end, unsealed });
+                return Ok(Walk { batches, end, unsealed, seals });
             }
         }
     }

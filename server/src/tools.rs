@@ -1,12 +1,14 @@
-//! `fusee inspect` and `fusee disk-check`: read-only views of a directory, and the flush
-//! latency of the disk under it.
+//! `fusee inspect` and `fusee disk-check`: read-only views of a directory (its chain, the
+//! scrub of every sector of it, its checkpoints), and the flush latency of the disk under
+//! it. `fusee doctor` is built from both.
 
-use crate::format::{SegmentHeader, BLOCK};
+use crate::format::{SegmentHeader, BLOCK, SECTOR};
 use crate::io::LogFile;
 use crate::log::read_wal;
 use crate::meta::{read_meta, written_data, META};
 use crate::recovery::{recover, Chain, SegmentImage, Tail, WHAT_TO_DO};
 use crate::runstore::{decode_checkpoint, parse_checkpoint_name, shard_dir_name, verify_shard};
+use crate::scrub::{scrub, Finding, Holder, Scope, Scrub};
 use std::fmt::Write as _;
 use std::fs;
 use std::io;
@@ -99,6 +101,14 @@ pub fn inspect(root: &Path) -> io::Result<String> {
             None
         }
     };
+    // Every sector of the chain, padding included: damage there refuses nothing, but it
+    // is reported (and `fusee doctor` fails on it). Null when there is no chain to check.
+    let scrubbed = chain.as_ref().map(|chain| {
+        let began = Instant::now();
+        let found = scrub(&images, chain, Scope::Whole);
+        scrub_json(&found, began.elapsed())
+    });
+    let _ = write!(out, ",\"scrub\":{}", scrubbed.as_deref().unwrap_or("null"));
     let _ = write!(out, ",\"checkpoints\":[");
     for shard in 0..shards as u32 {
         let shard_error = match &chain {
@@ -170,6 +180,35 @@ fn write_chain(out: &mut String, images: &[SegmentImage], chain: &Chain, shards:
         unsealed.join(","),
         unreadable.join(","),
     );
+}
+
+/// The scrub's report: sectors (and bytes) checked, its time, and each sector found wrong
+/// (damage apart from a crash's unwritten padding, which is no damage).
+fn scrub_json(found: &Scrub, took: Duration) -> String {
+    let list = |findings: &mut dyn Iterator<Item = &Finding>| {
+        let items: Vec<String> = findings
+            .map(|f| {
+                format!(
+                    "{{\"file\":{},\"offset\":{},\"seq\":{},\"seal\":{},\"padding\":{},\"what\":{}}}",
+                    json_str(&f.file),
+                    f.offset,
+                    f.seq(),
+                    matches!(f.holder, Holder::Seal(_)),
+                    f.padding,
+                    json_str(&f.what())
+                )
+            })
+            .collect();
+        items.join(",")
+    };
+    format!(
+        "{{\"sectors\":{},\"bytes\":{},\"ms\":{:.3},\"damaged\":[{}],\"unwritten\":[{}]}}",
+        found.sectors,
+        found.sectors * SECTOR as u64,
+        took.as_secs_f64() * 1000.0,
+        list(&mut found.damaged()),
+        list(&mut found.unwritten()),
+    )
 }
 
 /// Every checkpoint file of a shard, each decoded (inspect reads them all).

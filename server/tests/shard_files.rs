@@ -226,6 +226,25 @@ fn options() -> LogOptions {
 }
 
 #[test]
+fn a_meta_a_tool_must_finish_first_names_the_tool() {
+    use fusee_disk::meta::{encode_swap_meta, parse_meta};
+    for (text, tool) in [
+        (encode_swap_meta("reshard", 8), "`fusee reshard <dir>` again"),
+        (encode_swap_meta("upgrade", 3), "`fusee upgrade <dir>` again"),
+        ("format=1\nshards=3\nlog_format=3\n".to_string(), "`fusee upgrade <dir>`"),
+    ] {
+        match parse_meta(&text) {
+            Err(e @ DirError::NeedsTool(_)) => assert!(e.to_string().contains(tool), "{e}"),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    // A flipped byte in a swap meta is damage, not a swap.
+    let mut damaged = encode_swap_meta("reshard", 8).into_bytes();
+    damaged[20] ^= 1;
+    assert!(matches!(parse_meta(&String::from_utf8(damaged).unwrap()), Err(DirError::Damaged(_))));
+}
+
+#[test]
 fn the_directory_refuses_another_shard_count_and_a_second_opener() {
     let dir = tempfile::tempdir().unwrap();
     let (lock, shards) = open_dir(dir.path(), Some(3), 16 * 1024).unwrap();
@@ -233,7 +252,10 @@ fn the_directory_refuses_another_shard_count_and_a_second_opener() {
     drop(lock);
     match open_dir(dir.path(), Some(5), 16 * 1024) {
         Err(e @ DirError::ShardCount { have: 3, asked: 5 }) => {
-            assert!(e.to_string().contains("shards=3") && !e.to_string().contains("reshard"), "{e}")
+            assert!(
+                e.to_string().contains("shards=3") && e.to_string().contains("fusee reshard <dir> --shards 5"),
+                "{e}"
+            )
         }
         other => panic!("unexpected {:?}", other.err()),
     }

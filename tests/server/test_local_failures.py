@@ -61,8 +61,8 @@ async def test_another_shard_count_is_refused_naming_what_to_do(tmp_path: Path) 
         await engine.start(napper, "n-1", 1)
     with pytest.raises(fusee.RejectedError) as refused:
         await fusee.Engine.open(str(data), workflows=[napper], shards=3)
-    # It names what to do, and no command that does not exist.
-    assert "shards=2" in str(refused.value) and "reshard" not in str(refused.value)
+    # It names what to do: the directory's count, or the command that changes it.
+    assert "shards=2" in str(refused.value) and "`fusee reshard <dir> --shards 3`" in str(refused.value)
     # Without a count, the directory's own is used; nothing was changed by the refusal.
     async with await fusee.Engine.open(str(data), workflows=[napper]) as engine:
         assert len(engine.shards) == 2

@@ -1,0 +1,1 @@
+"""Continuous backup of a data directory, and restoring it (docs/backup.md)."""
