@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import fusee
-from fusee._cli_common import EXIT_DAMAGED, EXIT_OK, Stop
+from fusee._cli_common import EXIT_DAMAGED, EXIT_OK, SERVER_MISSING, Stop
 from fusee._cli_common import table as _table
 
 TARGET_HELP = "s3://bucket/prefix[?region=...&endpoint=...], file:///path or a directory"
@@ -64,10 +64,7 @@ def _server() -> Any:
     try:
         from fusee_server.backup import restore, targets
     except ImportError:
-        raise Stop(
-            "this command needs the fusee-server distribution (pip install fusee-server; in the Fusee "
-            "repository: pip install ./server)"
-        ) from None
+        raise Stop(SERVER_MISSING) from None
     return restore, targets
 
 

@@ -17,6 +17,10 @@ EXIT_DAMAGED = 1  # inspect: the directory would refuse to open (acknowledged re
 EXIT_PARTIAL = 1  # runs bulk: some runs were refused (each named on stderr)
 EXIT_USAGE = 2  # bad arguments, not a data directory, fusee-server missing, I/O error, refused call
 
+SERVER_MISSING = (
+    "this command needs the fusee-server distribution (pip install fusee-server; in the Fusee repository: "
+    "pip install ./server)"
+)
 ADDRESS_HELP = "the server's address, with its options (host:port?token-file=...)"
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import fusee
-from fusee._cli_common import EXIT_OK, Stop
+from fusee._cli_common import EXIT_OK, SERVER_MISSING, Stop
 
 
 def register(commands: Any) -> None:
@@ -59,10 +59,7 @@ def _tool(root: Path, name: str, *args: Any) -> Any:
     try:
         module = importlib.import_module(f"fusee_server.{name}")
     except ImportError:
-        raise Stop(
-            "this command needs the fusee-server distribution (pip install fusee-server; in the Fusee "
-            "repository: pip install ./server)"
-        ) from None
+        raise Stop(SERVER_MISSING) from None
     try:
         return getattr(module, name)(*args)
     except (fusee.FuseeError, OSError) as error:

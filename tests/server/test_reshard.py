@@ -18,7 +18,7 @@ from fusee_server import reshard as reshard_module
 from fusee_server import swap
 
 import fusee
-from tests.server.formats.checks import check_runs
+from tests.server.formats.checks import check_runs, power_cut_after
 from tests.server.formats.flows import WORKFLOWS
 
 MAKE = Path(__file__).parent / "formats" / "make.py"
@@ -135,33 +135,20 @@ def test_a_build_a_crash_cut_short_is_thrown_away(data: Path) -> None:
 
 
 def test_a_crash_at_every_step_of_the_swap_is_finished_by_running_again(
-    written: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    written: Path, tmp_path: Path
 ) -> None:
     # Renames in the swap: 4 old folders and the log out, 2 new folders and the log in,
     # 2 old shards a shrink drops out; then the final meta. A crash after each of them.
-    real_rename = os.rename
     steps = 0
     for crash_after in range(20):
         root = tmp_path / f"data-{crash_after}"
         shutil.copytree(written, root)
-        done = 0
-
-        def rename(
-            src: str | os.PathLike[str], dst: str | os.PathLike[str], crash_after: int = crash_after
-        ) -> None:
-            nonlocal done
-            if done == crash_after:
-                raise OSError("the power went out")
-            done += 1
-            real_rename(src, dst)
-
-        monkeypatch.setattr(swap.os, "rename", rename)
         try:
-            reshard_module.reshard(root, 2)
+            with power_cut_after(crash_after):
+                reshard_module.reshard(root, 2)
             finished = True
         except OSError:
             finished = False
-        monkeypatch.setattr(swap.os, "rename", real_rename)
         if finished:
             steps = crash_after
             break

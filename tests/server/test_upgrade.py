@@ -15,11 +15,10 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from fusee_server import swap
 from fusee_server import upgrade as upgrade_module
 
 import fusee
-from tests.server.formats.checks import check_runs
+from tests.server.formats.checks import check_runs, power_cut_after
 
 FORMATS = Path(__file__).parent / "formats"
 # Per fixture: the release's formats (directory, log) and its shard count.
@@ -87,30 +86,14 @@ def test_upgrade_keeps_every_run_and_they_go_on(old: tuple[Path, int]) -> None:
     assert cli("reshard", root, "--shards", "5").returncode == 0
 
 
-def test_a_crash_at_every_step_is_finished_by_running_again(
-    old: tuple[Path, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_crash_at_every_step_is_finished_by_running_again(old: tuple[Path, int], tmp_path: Path) -> None:
     written, shards = old
-    real_rename = os.rename
     renames = 2 * (shards + 1)  # each old folder (the shards' and the log) out, its new one in
     for crash_after in range(renames):
         root = tmp_path / f"crash-{crash_after}"
         shutil.copytree(written, root)
-        done = 0
-
-        def rename(
-            src: str | os.PathLike[str], dst: str | os.PathLike[str], crash_after: int = crash_after
-        ) -> None:
-            nonlocal done
-            if done == crash_after:
-                raise OSError("the power went out")
-            done += 1
-            real_rename(src, dst)
-
-        monkeypatch.setattr(swap.os, "rename", rename)
-        with pytest.raises(OSError, match="power"):
+        with pytest.raises(OSError, match="power"), power_cut_after(crash_after):
             upgrade_module.upgrade(root)
-        monkeypatch.setattr(swap.os, "rename", real_rename)
         again = cli("upgrade", root)
         assert again.returncode == 0, again.stderr
         assert not (root / "upgrade.old").exists() and not (root / "upgrade.new").exists()

@@ -5,6 +5,9 @@ go on: parked runs still parked, waiting runs finishing once signalled, due time
 from __future__ import annotations
 
 import asyncio
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import fusee
@@ -37,3 +40,24 @@ async def check_runs(
         for wid, n in waiters:
             assert await asyncio.wait_for(engine.run(wid).result(), 10) == f"{n}:now"
         return placed
+
+
+@contextmanager
+def power_cut_after(renames: int) -> Iterator[None]:
+    """The process "loses power" at the rename after the first `renames` (an OSError
+    raised instead, nothing renamed): a crash at that step of a tool's swap."""
+    real = os.rename
+    done = 0
+
+    def rename(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        nonlocal done
+        if done == renames:
+            raise OSError("the power went out")
+        done += 1
+        real(src, dst)
+
+    os.rename = rename  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        os.rename = real
