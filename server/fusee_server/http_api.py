@@ -272,7 +272,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class HttpApi:
-    """The HTTP site: `/v1` (http_runs.py), `/metrics` and `/healthz`, behind the guard
+    """The HTTP site: `/v1` (http_runs.py), `/metrics`, `/backup` and `/healthz`, behind the guard
     (http_guard.py). It is closed after the server stops, so `/healthz` answers 503
     while the stop flushes and closes the log rather than refusing connections."""
 
@@ -293,6 +293,7 @@ class HttpApi:
         app = self.runs.app(self.guard, OBJECT_ROUTES)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/backup", self._backup)
         WebUi(self.runs, server_shards(server), codec_url=codec_url).add_to(app, self.guard)
         # No access log: a line per scrape every few seconds would bury the lease events.
         self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_S)
@@ -315,6 +316,19 @@ class HttpApi:
     async def _metrics(self, request: web.Request) -> web.Response:
         body, content_type = self.metrics.exposition(request.headers.get("Accept", ""))
         return web.Response(body=body, headers={"Content-Type": content_type})
+
+    async def _backup(self, request: web.Request) -> web.Response:
+        """The continuous backup's status (docs/backup.md): its target and timeline, the
+        lag, whether uploads fail and why. 404 when the server has none."""
+        backup = self.server.disk.storage.backup
+        if backup is None:
+            return web.json_response(
+                {"error": "no backup configured (fusee server --backup URL)"}, status=404
+            )
+        status = backup.status()
+        if status["lag_s"] == float("inf"):
+            status["lag_s"] = None  # JSON has no infinity: no restore point yet
+        return web.json_response(status)
 
     async def _healthz(self, request: web.Request) -> web.Response:
         # `stopped` is set by SIGTERM and by a failed log write: from then on the log

@@ -8,6 +8,7 @@ catches up once it answers again."""
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
 import subprocess
 import sys
@@ -157,8 +158,6 @@ async def test_kill_then_restore_latest_and_a_point_in_the_middle(s3, start_serv
     # A point from the middle of the run: exactly the runs acknowledged by then (those
     # sent before it and acknowledged after it may be either side).
     listing = cli("backups", url(s3), "--json")
-    import json
-
     points = [p["atMs"] for p in json.loads(listing.stdout)["points"]]
     middle = min(points, key=lambda at: abs(at / 1000 - (began + 3.0)))
     back = tmp_path / "middle"
@@ -211,6 +210,9 @@ async def test_an_unreachable_target_slows_no_step_and_is_caught_up(
             during = await timed(outage_s)
             assert lag() > outage_s / 2, "the lag must show while the target is away"
             server.wait_for(r"backup to .* is failing")
+            with urllib.request.urlopen(f"http://127.0.0.1:{http}/backup", timeout=5) as answer:
+                status = json.loads(answer.read())
+            assert status["failing"] and status["error"], status
         finally:
             await relay.up()
         deadline = time.time() + 60
@@ -218,6 +220,9 @@ async def test_an_unreachable_target_slows_no_step_and_is_caught_up(
             await asyncio.sleep(0.5)
         assert lag() == 0, "the backup did not catch up"
         server.wait_for(r"backup to .* caught up")
+        with urllib.request.urlopen(f"http://127.0.0.1:{http}/backup", timeout=5) as answer:
+            status = json.loads(answer.read())
+        assert status["lag_s"] == 0 and not status["failing"] and status["uploads"] > 0, status
     finally:
         await client.close()
     # The write path never waits for the backup: the median start is the same.
