@@ -83,3 +83,28 @@ def start_worker(procs: list[Proc]) -> Callable[..., Worker]:
         return worker
 
     return start
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Any]:
+    """A private PostgreSQL cluster for the whole run (tests/support/postgres.py). Missing
+    PostgreSQL fails the tests in CI, where scripts/setup installs it, and skips them
+    elsewhere, saying why."""
+    import os
+
+    from tests.support.postgres import Postgres, missing
+
+    why = missing()
+    if why is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI runs the PostgreSQL tests: {why}")
+        pytest.skip(why)
+    cluster = Postgres().init(fsync="on", synchronous_commit="on", wal_level="replica").start()
+    yield cluster
+    cluster.remove()
+
+
+@pytest.fixture
+def pg_url(postgres: Any) -> str:
+    """A fresh database of the session's cluster, for one test."""
+    return str(postgres.database())

@@ -24,6 +24,8 @@ from fusee._errors import IoError
 from fusee.engine.shard_metrics import zeros
 from fusee.protocol import messages as m
 from fusee_server import _native
+from fusee_server.backup.continuous import Backup
+from fusee_server.limits import DefinitionsFile
 from fusee_server.store import LocalStorage
 
 if TYPE_CHECKING:
@@ -54,7 +56,9 @@ class Disk:
         self.storage = storage
         self.log = storage.log
         self.shards = shards
+        self.shard_count = len(shards)
         self.failed = failed  # the log stopped after a failed write: the server stops
+        self.definitions = DefinitionsFile(storage.root)
         self.readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="fusee-read")
         # Per shard, what the server sees of it (`/metrics`, fusee_<counter>{shard="N"}):
         # the records its holders append, their flushes, its checkpoints.
@@ -81,6 +85,19 @@ class Disk:
             await storage.abandon()
             raise IoError(f"{root}: {error}") from None
         return cls(storage, opened, failed)
+
+    @property
+    def backup(self) -> Backup | None:
+        return self.storage.backup
+
+    def appended(self, index: int) -> int:
+        return self.log.appended(index)
+
+    def dues(self) -> list[int | None]:
+        return [None] * self.shard_count  # a restarted server hears every shard once
+
+    def set_due(self, index: int, due_ms: int) -> None:
+        pass  # kept in the invoker's memory only: one server, and a restart hears them all
 
     # -- writes ---------------------------------------------------------------------------
 

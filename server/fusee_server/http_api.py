@@ -111,7 +111,7 @@ class StateCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         yield from self._server()
         yield from self._shards()
-        backup = self.server.disk.storage.backup
+        backup = self.server.store.backup
         if backup is not None:
             yield from self._backup(backup.status())
         if self.server.invoker is not None:
@@ -122,7 +122,7 @@ class StateCollector(Collector):
         (docs/telemetry.md, *Metrics per shard*): what its holders appended and flushed,
         its checkpoints, and the steps its invoked holders reported. Untyped, so that each
         is exposed under its own name (a counter would gain `_total`)."""
-        counts = self.server.disk.counts
+        counts = self.server.store.counts
         invoker = self.server.invoker
         names = ["records", "bytes", "flushes", "flushed_records", "flush_us", "checkpoints"]
         for name in names:
@@ -320,7 +320,7 @@ class HttpApi:
     async def _backup(self, request: web.Request) -> web.Response:
         """The continuous backup's status (docs/backup.md): its target and timeline, the
         lag, whether uploads fail and why. 404 when the server has none."""
-        backup = self.server.disk.storage.backup
+        backup = self.server.store.backup
         if backup is None:
             return web.json_response(
                 {"error": "no backup configured (fusee server --backup URL)"}, status=404

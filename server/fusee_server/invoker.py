@@ -24,6 +24,7 @@ import logging
 import math
 import secrets
 import ssl
+import time
 from collections import Counter, deque
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -268,6 +269,12 @@ class Shards(Protocol):
 
     def fail_waiting(self, index: int, before: float, why: str) -> None: ...
 
+    def dues(self) -> list[int | None]:
+        """What the store kept of each shard's due time (seam.py, `Store.dues`)."""
+        ...
+
+    def set_due(self, index: int, due_ms: int) -> None: ...
+
 
 class Invoker:
     def __init__(self, server: Shards, endpoints: list[Endpoint]) -> None:
@@ -288,10 +295,17 @@ class Invoker:
             _trace.info("fusee invoke: %s %s", event, " ".join(f"{k}={v}" for k, v in fields.items()))
 
     def start(self) -> None:
-        """A starting server invokes every shard once: their due times lived in the
-        memory of the server that last heard them."""
-        for index in range(self.server.shards):
-            self.make_due(index, Reason.RECOVERY)
+        """A starting server invokes the shards that are due by what its store kept:
+        every shard once on a data directory (their due times lived in the memory of the
+        server that last heard them); on a PostgreSQL store, those held when the last
+        server went, those due by now, and the others at their time (docs/postgresql.md)."""
+        now, wall_ms = self.loop.time(), time.time() * 1000
+        for index, due_ms in enumerate(self.server.dues()):
+            if due_ms is None or due_ms == 0:
+                self.make_due(index, Reason.RECOVERY)
+            elif due_ms > 0:
+                lead = self._choose(self.due[index]).lead_s()
+                self.make_due(index, Reason.TIMER, at=now + max(0.0, (due_ms - wall_ms) / 1000 - lead))
 
     # -- what makes a shard due -----------------------------------------------------------
 
@@ -368,6 +382,7 @@ class Invoker:
                 stalled_s,
             )
             self.make_due(index, Reason.HANDBACK)
+            self.server.set_due(index, 0)
             return
         due.backoff.reset()
         if report.steps:
@@ -375,9 +390,13 @@ class Invoker:
         if report.budget_ended or report.work_left:
             self.counts["handbacks"] += 1
             self.make_due(index, Reason.HANDBACK)
+            self.server.set_due(index, 0)
         elif report.next_due_ms is not None:
             lead = self._choose(due).lead_s()
             self.make_due(index, Reason.TIMER, at=now + max(0.0, report.next_due_ms / 1000 - lead))
+            self.server.set_due(index, int(time.time() * 1000) + report.next_due_ms)
+        else:
+            self.server.set_due(index, -1)
         if (
             report.types_without_code
             and invocation is not None
@@ -385,6 +404,7 @@ class Invoker:
         ):
             # Runs this endpoint has no code for go to the endpoint that lists their type.
             self.make_due(index, Reason.CODE)
+            self.server.set_due(index, 0)
 
     # -- invocations ----------------------------------------------------------------------
 

@@ -1,7 +1,10 @@
 """The lease table: which connection holds each shard, under which epoch, and who waits.
 
 Each shard has its own epoch, drawn from a counter that starts at the server's start time
-in microseconds, so epochs only grow, across restarts too. A worker gets every free shard
+in microseconds, so epochs only grow, across restarts too. On a PostgreSQL store the
+counter counts up from the store's epoch of the shard (shifted by EPOCH_SHIFT), which
+grows with every server that owns it: a worker's epochs then grow across servers as well,
+whatever their clocks say. A worker gets every free shard
 up to its `max-shards` when it connects and waits as a standby for the others; a shard
 let go of (its holder released it, closed, or went silent) goes to the first standby with
 room. Every write names its shard's epoch and is refused unless the connection holds that
@@ -15,6 +18,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from fusee.protocol import messages as m
@@ -26,6 +30,7 @@ logger = logging.getLogger("fusee.server")
 
 PING_S = 1.0
 SILENCE_S = 5.0  # a holder silent this long (or not reading our writes) loses its leases
+EPOCH_SHIFT = 32  # a store's epoch of a shard, in the high bits of its workers' epochs
 
 
 def _level(conn: ServerConnection) -> int:
@@ -63,14 +68,15 @@ class LeaseEvents(Protocol):
 class Leases:
     """The table, the connections it hands leases to, and their liveness."""
 
-    def __init__(self, shards: int, events: LeaseEvents) -> None:
+    def __init__(self, shards: int, events: LeaseEvents, base: Callable[[int], int] | None = None) -> None:
         self.table = [Lease(index) for index in range(shards)]
         self.shards = shards
         self.events = events
         self.workers: list[ServerConnection] = []  # in the order they connected: standbys in line
         self.connections: set[ServerConnection] = set()
         self.sessions: dict[bytes, ServerConnection] = {}  # workers by session: their pingers find them
-        self.epochs = itertools.count(time.time_ns() // 1000)
+        self.epochs = itertools.count(1 if base is not None else time.time_ns() // 1000)
+        self.base = base  # a shard's lowest epoch (a PostgreSQL store's), else 0
         self.silence_s = SILENCE_S
         self.ping_s = PING_S
 
@@ -81,7 +87,7 @@ class Leases:
         return not conn.closed and (conn.max_shards is None or len(conn.held) < conn.max_shards)
 
     def grant(self, lease: Lease, conn: ServerConnection) -> int:
-        lease.epoch = next(self.epochs)
+        lease.epoch = next(self.epochs) + (self.base(lease.index) if self.base is not None else 0)
         lease.holder = conn
         lease.refused = None
         conn.held.add(lease.index)

@@ -23,7 +23,7 @@ import json
 import logging
 import os
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from fusee.engine.limits.handle import check_definition
 from fusee.engine.limits.local import Limiter, Permit
 from fusee.protocol import messages as m
 from fusee_server.listener import ServerConnection
+from fusee_server.seam import Definitions
 
 logger = logging.getLogger("fusee.server")
 
@@ -44,9 +45,32 @@ Kind = tuple[str, int, str | None]  # (limit, priority, key): asks that are serv
 RESERVE_MS = 10_000  # a permit reserved for a shard and never taken goes back after this
 
 
-class ServerLimits:
+class DefinitionsFile:
+    """The definitions of a data directory's server: `limits.json`, rewritten whole."""
+
     def __init__(self, root: Path) -> None:
         self.path = Path(root) / FILE
+
+    def load(self) -> bytes | None:
+        return self.path.read_bytes() if self.path.exists() else None
+
+    def save(self, data: bytes) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # the rename itself survives a power cut
+        finally:
+            os.close(fd)
+
+
+class ServerLimits:
+    def __init__(self, definitions: Definitions) -> None:
+        self.definitions = definitions
         self.clock = SystemClock()
         self.limiter = Limiter(self.clock)
         self.defs: dict[str, dict[str, Any]] = {}
@@ -61,8 +85,9 @@ class ServerLimits:
         self.withdrawn: Counter[str] = Counter()
         # Called when a permit is reserved for a shard (the server makes it due).
         self.wake: Callable[[int], None] = lambda _shard: None
-        if self.path.exists():
-            self.defs = {d["name"]: d for d in json.loads(self.path.read_text())}
+        saved = definitions.load()
+        if saved is not None:
+            self.defs = {d["name"]: d for d in json.loads(saved)}
             wait_out = self.clock.now_ms() + m.PERMIT_LEASE_MS
             for spec in self.defs.values():
                 limit = self.limiter.get(spec["name"])
@@ -71,21 +96,42 @@ class ServerLimits:
 
     # -- definitions, through CALL ----------------------------------------------------------
 
-    def call(self, call: m.Call) -> m.Answer:
+    def call(self, call: m.Call) -> m.Answer | Awaitable[m.Answer]:
+        """The answer, or (a definition saved to a database) an awaitable of it."""
         try:
             args = m.decode_value(call.args) if call.args else {}
-            value = self._call(call.method, args if isinstance(args, dict) else {})
+            args = args if isinstance(args, dict) else {}
+            if call.method == "limit":
+                return self._define(call, args)
+            value = self._call(call.method, args)
         except FuseeError as error:
             return m.Answer(call.rid, code=error.code, message=str(error))
         return m.Answer(call.rid, m.encode_value(value))
 
-    def _call(self, method: str, args: dict[str, Any]) -> Any:
-        if method == "limit":
-            spec = check_definition(args.get("name"), args.get("concurrent"), args.get("per_second"))  # type: ignore[arg-type]
-            self.defs[spec["name"]] = spec
-            self._persist()  # before it applies: what is enforced is what a restart reads
+    def _define(self, call: m.Call, args: dict[str, Any]) -> m.Answer | Awaitable[m.Answer]:
+        spec = check_definition(args.get("name"), args.get("concurrent"), args.get("per_second"))  # type: ignore[arg-type]
+        defs = {**self.defs, spec["name"]: spec}
+        # Saved before it applies: what is enforced is what a restart reads.
+        saving = self.definitions.save(json.dumps(list(defs.values()), sort_keys=True).encode())
+
+        def apply() -> m.Answer:
+            self.defs = defs
             self.limiter.get(spec["name"]).define(spec["concurrent"], spec["per_second"])
-            return None
+            return m.Answer(call.rid, m.encode_value(None))
+
+        if saving is None:
+            return apply()
+
+        async def saved() -> m.Answer:
+            try:
+                await saving
+            except FuseeError as error:
+                return m.Answer(call.rid, code=error.code, message=str(error))
+            return apply()
+
+        return saved()
+
+    def _call(self, method: str, args: dict[str, Any]) -> Any:
         if method == "limits":
             return [{**d, **self.usage(d["name"])} for _, d in sorted(self.defs.items())]
         return self.usage(str(args.get("name")))
@@ -95,20 +141,6 @@ class ServerLimits:
         if limit is None:
             return {"in_use": 0, "waiting": 0}
         return {"in_use": limit.in_use, "waiting": limit.queue.count - self.withdrawn[name]}
-
-    def _persist(self) -> None:
-        data = json.dumps(list(self.defs.values()), sort_keys=True).encode()
-        tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # the rename itself survives a power cut
-        finally:
-            os.close(fd)
 
     # -- permits, from workers ---------------------------------------------------------------
 

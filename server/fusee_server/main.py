@@ -16,12 +16,16 @@ import stat
 import sys
 from pathlib import Path
 
-from fusee._errors import FuseeError, RejectedError, SettingError
+from fusee._errors import FuseeError, IoError, RejectedError, SettingError
 from fusee.protocol import handshake
 from fusee_server import endpoints
 from fusee_server.http_api import HttpApi
 from fusee_server.invoker import Invoker
 from fusee_server.listener import ServerConnection
+from fusee_server.postgres import database
+from fusee_server.postgres.database import check_url
+from fusee_server.postgres.ownership import Ownership, wait_to_own
+from fusee_server.postgres.store import PgStore
 from fusee_server.security import Security
 from fusee_server.server import Server
 
@@ -29,7 +33,13 @@ logger = logging.getLogger("fusee.server")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dir", type=Path, required=True, help="the server's data directory")
+    parser.add_argument("--dir", type=Path, help="the server's data directory (one server, on this disk)")
+    parser.add_argument(
+        "--store",
+        metavar="URL",
+        help="postgresql://USER@HOST[:PORT]/DATABASE: keep every shard in PostgreSQL instead, shared by "
+        "any number of servers, one owning the shards and the others standing by (docs/postgresql.md)",
+    )
     parser.add_argument(
         "--backup",
         metavar="URL",
@@ -271,6 +281,10 @@ def _bind_tcp(address: tuple[str, int], option: str) -> list[socket.socket]:
 
 
 async def serve(args: argparse.Namespace) -> int:
+    if (args.dir is None) == (args.store is None):
+        raise SettingError(
+            "give --dir DIR (a data directory) or --store postgresql://... (a database), not both"
+        )
     if args.listen is None and args.unix is None:
         raise SettingError("give --listen HOST:PORT, --unix PATH, or both")
     if args.shards is not None and args.shards < 1:
@@ -279,24 +293,92 @@ async def serve(args: argparse.Namespace) -> int:
         raise SettingError("--tls-cert and --tls-key go together")
     if args.tls_ca is not None and args.tls_cert is None:
         raise SettingError("--tls-ca needs --tls-cert and --tls-key (mutual TLS is TLS)")
+    if args.store is not None:
+        check_url(args.store)
+        if args.backup is not None:
+            raise SettingError("--backup backs up a data directory; a --store database has its own backups")
     listen = _host_port(args.listen, "--listen") if args.listen is not None else None
     http = _host_port(args.http, "--http") if args.http is not None else None
-    unix_mode = _unix_mode(args.unix_mode)
-    invoked = endpoints.from_args(args)
-    public_url = _public_url(args.public_url, http, args.tls_cert is not None)
-    codec_url = _codec_url(args.codec_url)
-    if codec_url is not None and http is None:
+    start = Start(args, listen, http)
+    start.unix_mode = _unix_mode(args.unix_mode)
+    start.invoked = endpoints.from_args(args)
+    start.public_url = _public_url(args.public_url, http, args.tls_cert is not None)
+    start.codec_url = _codec_url(args.codec_url)
+    if start.codec_url is not None and http is None:
         raise SettingError("--codec-url is for the web UI: it needs --http")
-    security = Security(args)
-    tls = security.tls
-    _warn_exposed(listen, http, security.tokens.worker is not None, tls is not None)
+    start.security = Security(args)
+    _warn_exposed(listen, http, start.security.tokens.worker is not None, start.security.tls is not None)
     if args.unix is not None:
         _clear_unix(args.unix)
-    http_sockets = _bind_tcp(http, f"--http {args.http}") if http is not None else []
+    start.http_sockets = _bind_tcp(http, f"--http {args.http}") if http is not None else []
+    if args.store is not None:
+        # Bound now, listening only once this server owns the shards: a standby's port
+        # refuses connections, and workers and clients go on to the next address.
+        start.listen_sockets = _bind_tcp(listen, f"--listen {args.listen}") if listen is not None else []
+        return await _serve_store(start)
     if args.backup is not None:
         _check_backup(args.backup)
     server = await Server.open(str(args.dir), args.shards, args.backup)
-    server.callback_url = public_url
+    return await _run(server, start, f"in {args.dir}")
+
+
+class Start:
+    """The settings a start checked, for the run (and, on a store, each run after a
+    standby's wait)."""
+
+    def __init__(
+        self, args: argparse.Namespace, listen: tuple[str, int] | None, http: tuple[str, int] | None
+    ):
+        self.args = args
+        self.listen = listen
+        self.http = http
+        self.invoked: list[endpoints.Endpoint] = []
+        self.public_url: str | None = None
+        self.codec_url: str | None = None
+        self.security: Security
+        self.http_sockets: list[socket.socket] = []
+        self.listen_sockets: list[socket.socket] = []
+        self.unix_mode = 0o600
+
+
+async def _serve_store(start: Start) -> int:
+    """On a PostgreSQL store: stand by until this server owns the shards, then serve
+    them until stopped; a server that loses them exits with status 3 (a supervisor
+    starts it again, as a standby)."""
+    args = start.args
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    connections = await database.pool(args.store)
+    try:
+        shards = await database.prepare(connections, args.store, args.shards)
+        where = args.listen or f"unix:{args.unix}"
+        ownership = Ownership(connections, shards, where)
+        if not await wait_to_own(ownership, stopping):
+            return 0
+        store = PgStore(connections, args.store, shards, ownership)
+        await store.take()
+        server = Server.on_store(store)
+        stopping_task = loop.create_task(stopping.wait())
+        stopping_task.add_done_callback(lambda _: server.stopped.set())
+        await _run(server, start, "in PostgreSQL (this server owns them)")
+        stopping_task.cancel()
+        if store.deposed:
+            print(f"fusee server: stepped down: {store.stopped}", file=sys.stderr, flush=True)
+            return 3
+        if store.stopped is not None:
+            raise IoError(f"--store: {store.stopped}")
+        return 0
+    finally:
+        await connections.close()
+
+
+async def _run(server: Server, start: Start, where: str) -> int:
+    """Listen, serve until a signal (or the store) stops the server, and stop cleanly."""
+    args, listen, http, security = start.args, start.listen, start.http, start.security
+    tls = security.tls
+    server.callback_url = start.public_url
     loop = asyncio.get_running_loop()
     unix_inode = None
 
@@ -307,20 +389,27 @@ async def serve(args: argparse.Namespace) -> int:
     def secured() -> ServerConnection:
         return ServerConnection(server, security.tokens, security.binding)
 
+    factory = secured if tls is not None else plain
+    handshake_s = handshake.DEADLINE_S if tls is not None else None
     try:
         if listen is not None:
-            tcp = await loop.create_server(
-                secured if tls is not None else plain,
-                listen[0],
-                listen[1],
-                ssl=tls,
-                ssl_handshake_timeout=handshake.DEADLINE_S if tls is not None else None,
-            )
-            server.listeners.append(tcp)
-            port = tcp.sockets[0].getsockname()[1]
+            if start.listen_sockets:
+                for sock in start.listen_sockets:
+                    server.listeners.append(
+                        await loop.create_server(
+                            factory, sock=sock, ssl=tls, ssl_handshake_timeout=handshake_s
+                        )
+                    )
+            else:
+                server.listeners.append(
+                    await loop.create_server(
+                        factory, listen[0], listen[1], ssl=tls, ssl_handshake_timeout=handshake_s
+                    )
+                )
+            port = server.listeners[0].sockets[0].getsockname()[1]
             print(f"fusee server: listening on {listen[0]}:{port}", file=sys.stderr, flush=True)
         if args.unix is not None:
-            unix = _bind_unix(args.unix, unix_mode)
+            unix = _bind_unix(args.unix, start.unix_mode)
             unix_inode = os.lstat(args.unix).st_ino  # removed at the stop if still ours
             server.listeners.append(await loop.create_unix_server(plain, sock=unix))
             print(f"fusee server: listening on unix:{args.unix}", file=sys.stderr, flush=True)
@@ -329,10 +418,10 @@ async def serve(args: argparse.Namespace) -> int:
         raise SettingError(f"--listen/--unix: {error.strerror or error}") from None
     api = None
     if http is not None:
-        api = HttpApi(server, security.tokens, tls is not None, args.identity_header, codec_url)
+        api = HttpApi(server, security.tokens, tls is not None, args.identity_header, start.codec_url)
         security.watchers.append(api.guard)
         try:
-            port = await api.start(http_sockets, tls)
+            port = await api.start(start.http_sockets, tls)
         except OSError as error:
             await api.close()
             await server.stop()
@@ -345,20 +434,20 @@ async def serve(args: argparse.Namespace) -> int:
         print(f"fusee server: web UI on {scheme}://{host}:{port}/ (API at /v1)", file=sys.stderr, flush=True)
         if server.callback_url is None:  # port 0 is known now
             server.callback_url = _public_url(None, (http[0], port), tls is not None)
-    print(f"fusee server: {server.shards} shards in {args.dir}, ready", file=sys.stderr, flush=True)
+    print(f"fusee server: {server.shards} shards {where}, ready", file=sys.stderr, flush=True)
     server.start()
-    if invoked:
-        server.invoker = Invoker(server, invoked)
+    if start.invoked:
+        server.invoker = Invoker(server, start.invoked)
         if api is not None:
             api.metrics.watch(server.invoker)
         server.invoker.start()
-        for endpoint in invoked:
+        for endpoint in start.invoked:
             print(f"fusee server: invoking {endpoint.url}", file=sys.stderr, flush=True)
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, server.stopped.set)
     loop.add_signal_handler(signal.SIGHUP, security.reload)
     await server.stopped.wait()
-    logger.info("stopping: releasing every lease, closing the log")
+    logger.info("stopping: releasing every lease, closing the store")
     try:
         await server.stop()
     finally:

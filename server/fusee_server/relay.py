@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
@@ -130,6 +130,7 @@ class Relay:
         self.rids = itertools.count(1)
         self.invoker: Waker | None = None
         self.limits: Any = None  # the server's limits (limits.py): answers their calls
+        self.answering: set[asyncio.Task[None]] = set()  # answers waiting for the database
 
     def waiting(self) -> int:
         """The calls (and listings' parts) waiting for a holder."""
@@ -183,6 +184,16 @@ class Relay:
 
     # -- calls from clients ---------------------------------------------------------------
 
+    def _later(self, client: Caller, answer: Awaitable[m.Answer]) -> None:
+        async def send() -> None:
+            found = await answer
+            if not client.closed:
+                client.send(found)
+
+        task = asyncio.get_running_loop().create_task(send())
+        self.answering.add(task)
+        task.add_done_callback(self.answering.discard)
+
     def call(self, client: Caller, call: m.Call) -> None:
         if call.method == "invocations":
             # Answered here, whatever the shard and the arguments say (it names neither).
@@ -190,7 +201,11 @@ class Relay:
             client.send(m.Answer(call.rid, m.encode_value(metrics)))
             return
         if call.method in LIMIT_METHODS and self.limits is not None:
-            client.send(self.limits.call(call))  # answered here: the server holds limits
+            answer = self.limits.call(call)  # answered here: the server holds limits
+            if isinstance(answer, m.Answer):
+                client.send(answer)
+            else:  # a definition on its way into the database
+                self._later(client, answer)
             return
         if call.shard == -1 and call.method != "list":
             # Only a listing goes to every holder: any other call sent so would run once

@@ -1,5 +1,5 @@
-"""`fusee server`: one log for every shard on this machine's disk, shards leased to
-workers over the wire, calls and messages relayed between them.
+"""`fusee server`: every shard's log in one store (this machine's disk, or a PostgreSQL
+database several servers share), shards leased to workers over the wire, calls and messages relayed between them.
 
 Everything here runs on one event loop, so a lease check and the write it guards happen
 in one step: no other frame can move the lease between them. The `Server` wires the
@@ -7,7 +7,8 @@ rooms that hold each mechanism (docs/server.md, *The server's rooms*):
 
 - `leases.py`: the lease table, epochs, liveness and revocation;
 - `relay.py`: messages, calls and listings, and what waits for a holder;
-- `disk.py`: the holders' writes and reads on the Rust disk path, and their answers;
+- `seam.py`: what the server asks of its store: `disk.py`, the Rust disk path, or
+  `postgres/`, a database several servers share;
 - `invoker.py`: invoked workers, for shards with work and no holder;
 - `limits.py`: limits' definitions, permits under leases and their waiting queue;
 - `listener.py`: a connection's handshake and states, handing every frame here.
@@ -18,16 +19,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from fusee.protocol import messages as m
 from fusee.protocol.frames import PAYLOAD_BYTES_MAX, FrameError
 from fusee_server.disk import Disk
 from fusee_server.invoker import Invoker, Reason
-from fusee_server.leases import Lease, Leases
+from fusee_server.leases import EPOCH_SHIFT, Lease, Leases
 from fusee_server.limits import ServerLimits
 from fusee_server.listener import ServerConnection
 from fusee_server.relay import Relay
+from fusee_server.seam import Store
+
+if TYPE_CHECKING:
+    from fusee_server.postgres.store import PgStore
 
 logger = logging.getLogger("fusee.server")
 
@@ -37,13 +43,15 @@ WATCH_S = 0.25  # how often liveness and waiting calls' deadlines are looked at
 class Server:
     frame_limit = PAYLOAD_BYTES_MAX
 
-    def __init__(self, disk: Disk, stopped: asyncio.Event) -> None:
-        self.disk = disk
+    def __init__(
+        self, store: Store, stopped: asyncio.Event, epochs: Callable[[int], int] | None = None
+    ) -> None:
+        self.store = store
         self.stopped = stopped
-        self.shards = len(disk.shards)
-        self.leases = Leases(self.shards, self)
-        self.relay = Relay(self.leases.table, disk)
-        self.limits = ServerLimits(disk.storage.root)
+        self.shards = store.shard_count
+        self.leases = Leases(self.shards, self, epochs)
+        self.relay = Relay(self.leases.table, store)
+        self.limits = ServerLimits(store.definitions)
         self.relay.limits = self.limits
         self.limits.wake = self._permit_kept
         self.listeners: list[asyncio.Server] = []
@@ -57,6 +65,14 @@ class Server:
         continuous backup to `backup` if named."""
         stopped = asyncio.Event()
         return cls(await Disk.open(root, shards, stopped.set, backup), stopped)
+
+    @classmethod
+    def on_store(cls, store: PgStore) -> Server:
+        """A server on a PostgreSQL store whose shards this process owns now: worker
+        epochs grow with the store's epochs, across every server (leases.py)."""
+        stopped = asyncio.Event()
+        store.failed = stopped.set
+        return cls(store, stopped, lambda index: store.ownership.epochs[index] << EPOCH_SHIFT)
 
     @property
     def invoker(self) -> Invoker | None:
@@ -93,6 +109,12 @@ class Server:
 
     def fail_waiting(self, index: int, before: float, why: str) -> None:
         self.relay.fail_waiting(index, before, why)
+
+    def dues(self) -> list[int | None]:
+        return self.store.dues()
+
+    def set_due(self, index: int, due_ms: int) -> None:
+        self.store.set_due(index, due_ms)
 
     # -- connections ----------------------------------------------------------------------
 
@@ -165,7 +187,7 @@ class Server:
                 int(leases.silence_s * 1000),
                 conn.session,
                 invocation.budget_left_ms(now),
-                self.disk.preopen(granted),
+                self.store.preopen(granted),
                 self.callback_url or "",
             )
         )
@@ -185,6 +207,7 @@ class Server:
 
     def granted(self, index: int) -> None:
         """After the grant went out: what waited for a holder goes to it."""
+        self.store.set_due(index, 0)  # held: if this server goes now, the next one looks at it
         self.limits.held_by(index)
         if self.invoker is not None:
             self.invoker.held(index)
@@ -224,11 +247,11 @@ class Server:
         if kind is m.Append:
             lease = self.leases.held(conn, message.shard, message.epoch)
             if lease is not None:
-                self.disk.append(conn, lease, message)
+                self.store.append(conn, lease, message)
         elif kind is m.PutRun:
             lease = self.leases.held(conn, message.shard, message.epoch)
             if lease is not None:
-                self.disk.put_run(conn, lease, message)
+                self.store.put_run(conn, lease, message)
         elif kind is m.Ping:
             pass  # its bytes were the point
         elif conn.role == m.ROLE_PINGER:
@@ -277,13 +300,13 @@ class Server:
         all staged, none comes after, and an answer behind the release may rest on them
         (a close past its deadline answers as if they were durable: Shard.close), so the
         relay holds such an answer until they are (Relay.answered)."""
-        conn.released[lease.index] = self.disk.log.appended(lease.index)
+        conn.released[lease.index] = self.store.appended(lease.index)
         self.limits.released(conn, lease.index)
         self.leases.free(lease, f"released by {conn}", skip=conn)
         conn.send(m.Reply(request.rid))
 
     async def _request(self, conn: ServerConnection, lease: Lease, request: m.Request) -> None:
-        reply = await self.disk.reply(lease.index, request)
+        reply = await self.store.reply(lease.index, request)
         try:
             conn.send(reply)
         except FrameError as error:  # an answer over the frame limit (too many frames asked for)
@@ -303,4 +326,4 @@ class Server:
         for conn in list(self.leases.connections):
             conn.close()
             self.lost(conn)
-        await self.disk.close()
+        await self.store.close()
