@@ -1,5 +1,6 @@
 """Server addresses as workers and clients write them (docs/server.md, *Addresses*):
-`host:port?option=value&...`, `[::1]:7600`, `unix:/path.sock?...`.
+`host:port?option=value&...`, `[::1]:7600`, `unix:/path.sock?...`, and a list of the
+servers sharing one PostgreSQL store, `a:7600,b:7600?...` (the options apply to each).
 
 An unknown or repeated option is an error naming it, so a misspelt option never turns
 security off without a word; so is a TLS option on a `unix:` address (the socket file's
@@ -12,6 +13,7 @@ trusted from one CA to every public one (give the system bundle as `ca=` for tha
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import parse_qsl
 
 import msgspec
@@ -39,6 +41,9 @@ class Address(msgspec.Struct, frozen=True, kw_only=True):
     token_file: str | None = None
     max_shards: int | None = None  # a worker holds at most this many shards
     invocation: str | None = None  # an invoked worker's invocation ID
+    # The other servers of a list (host, port): a connection goes to the first that
+    # accepts one (the server owning the shards; a standby's port refuses).
+    others: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         # Here, not only in `parse`: `Client.connect(tls=...)` and `structs.replace` build
@@ -50,6 +55,13 @@ class Address(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def tls(self) -> bool:
         return self.ca is not None
+
+    def hosts(self) -> list[Address]:
+        """One address per server of the list (just this one, without a list)."""
+        if not self.others:
+            return [self]
+        first = msgspec.structs.replace(self, others=())
+        return [first, *(msgspec.structs.replace(first, host=h, port=p) for h, p in self.others)]
 
 
 def _tls_problem(address: Address) -> str | None:
@@ -84,8 +96,12 @@ def parse(text: str) -> Address:
         if not path:
             raise RejectedError(f"address {text!r}: unix: needs a socket path")
         return _address(text, options, unix=path)
-    host, port = _host_port(text, where)
-    return _address(text, options, host=host, port=port)
+    listed = where.split(",")
+    hosts = [_host_port(text, one) for one in listed]
+    if len(set(hosts)) != len(hosts):
+        raise RejectedError(f"address {text!r}: a server is listed twice")
+    (host, port), others = hosts[0], tuple(hosts[1:])
+    return _address(text, options, host=host, port=port, others=others)
 
 
 def _options(text: str, query: str) -> dict[str, str]:
@@ -126,7 +142,7 @@ def _host_port(text: str, where: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
-def _address(text: str, options: dict[str, str], **where: str | int) -> Address:
+def _address(text: str, options: dict[str, str], **where: Any) -> Address:
     max_shards: int | None = None
     if "max-shards" in options:
         value = options["max-shards"]

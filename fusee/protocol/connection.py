@@ -177,6 +177,7 @@ class ClientConnection(FramedConnection):
         self.setup = ClientSetup(token, opening)
         self.handler = handler
         self.where = where
+        self.address: Address | None = None  # the one it reached (of a list: the server that took it)
         self.ready: asyncio.Future[Welcome] = asyncio.get_running_loop().create_future()
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.given_up = False  # connect() failed with it: its close is nobody's news
@@ -284,8 +285,39 @@ def client_tls(address: Address) -> ssl.SSLContext | None:
     return context
 
 
+_first: dict[tuple[tuple[str | None, int | None], ...], int] = {}  # a list's server that accepted last
+
+
 async def connect(address: Address, opening: Open, handler: Handler) -> tuple[ClientConnection, Welcome]:
-    """Connect, authenticate and OPEN; ConnectionError saying what to change otherwise."""
+    """Connect, authenticate and OPEN; ConnectionError saying what to change otherwise.
+
+    With a list of servers, the first that takes the connection, starting from the one
+    that took the last (the shards' owner; a standby's port refuses connections). Only a
+    server that cannot be reached sends the connection on to the next: one that refuses
+    it (a token, a version) would refuse it the same on every server."""
+    hosts = address.hosts()
+    if len(hosts) == 1:
+        return await _connect_one(address, opening, handler)
+    key = tuple((a.host, a.port) for a in hosts)
+    start = _first.get(key, 0)
+    failures: list[str] = []
+    for k in range(len(hosts)):
+        i = (start + k) % len(hosts)
+        try:
+            found = await _connect_one(hosts[i], opening, handler)
+        except _Unreachable as error:
+            failures.append(str(error))
+            continue
+        _first[key] = i
+        return found
+    raise errors.ConnectionError(f"no server of the list answered: {'; '.join(failures)}")
+
+
+class _Unreachable(errors.ConnectionError):
+    """Nothing took the connection there (refused, unreachable, timed out)."""
+
+
+async def _connect_one(address: Address, opening: Open, handler: Handler) -> tuple[ClientConnection, Welcome]:
     token = _secrets.load(address.token_file, "token-file=") if address.token_file is not None else None
     where = address.unix if address.unix is not None else f"{address.host}:{address.port}"
     context = client_tls(address)
@@ -298,7 +330,9 @@ async def connect(address: Address, opening: Open, handler: Handler) -> tuple[Cl
 
     host, port = address.host or "", address.port or 0
     try:
-        return await _connect(address, factory, context, host, port, where)
+        conn, welcome = await _connect(address, factory, context, host, port, where)
+        conn.address = address
+        return conn, welcome
     except BaseException:
         # Timed out, refused or cancelled (a worker's reconnect stopped by its close) after
         # the socket was made: it is closed here, or it would stay open with nobody reading.
@@ -339,12 +373,10 @@ async def _connect(
             "a client certificate signed by that CA)"
         ) from None
     except TimeoutError:  # the builtin, asyncio.timeout's
-        raise errors.ConnectionError(
+        raise _Unreachable(
             f"the server at {where} did not complete the connection within {CONNECT_TIMEOUT_S:g} s"
         ) from None
     # The builtin ConnectionError among them; fusee's (from `conn.ready`) is no OSError.
     except OSError as error:
-        raise errors.ConnectionError(
-            f"cannot connect to the server at {where}: {error.strerror or error}"
-        ) from None
+        raise _Unreachable(f"cannot connect to the server at {where}: {error.strerror or error}") from None
     return conn, welcome

@@ -11,7 +11,7 @@ Who sends what:
     worker/client -> server   OPEN, PING, REQUEST, APPEND, PUT_RUN, RELAY, CALL, ANSWER, IDLE,
                               PERMIT_ASK, PERMIT_RETURN, PERMIT_RENEW (workers)
     server -> worker/client   WELCOME, LEASE, REPLY, DURABLE, RUN_PUT, RELAY, CALL, ANSWER,
-                              DRAIN, PERMIT_GRANT
+                              DRAIN, PERMIT_GRANT, PING (a worker's ping, answered)
 
 A connection the server refuses (a bad token, a bad OPEN) gets the token exchange's
 REFUSED frame, its reason in UTF-8, and is closed.

@@ -160,7 +160,9 @@ class RemoteStorage:
             self.on_message(message)
 
     def _start_pinger(self, session: bytes) -> None:
-        self.pinger = Pinger(self.address, session, self.ping_s, self.silence_limit_s)
+        # To the server the worker's connection reached (of a list: the one owning the shards).
+        reached = self.conn.address if self.conn is not None and self.conn.address is not None else self.address
+        self.pinger = Pinger(reached, session, self.ping_s, self.silence_limit_s)
         self.pinger.start()
 
     @property
@@ -178,6 +180,15 @@ class RemoteStorage:
             # This tick came late by more than the server waits: the process was stopped
             # (or starved) meanwhile, and its leases are gone. Ticking on would make the
             # frames waiting in the socket look fresh (_was_silent reads last_tick).
+            return
+        if self.address.others and self.silence_limit_s and now - conn.last_read > self.silence_limit_s:
+            # The server answers every ping: one that said nothing this long is stopped or
+            # cut off, and of a list of servers another may own the shards by now.
+            silent = now - conn.last_read
+            conn.close()
+            self.on_lost(
+                errors.ConnectionError(f"the server at {conn.where} answered nothing for {silent:.1f} s")
+            )
             return
         self.last_tick = now
         if self.last_tick - conn.last_sent >= self.ping_s * 0.9:
@@ -218,6 +229,8 @@ class RemoteStorage:
             self.granted[message.shard] = message.epoch
             if self.on_lease is not None:
                 self.on_lease(message.shard)
+        elif kind is m.Ping:
+            pass  # the server's answer to ours: it is alive (`_ping`)
         elif kind is m.Call:
             if self.on_call is not None:
                 self.on_call(message)

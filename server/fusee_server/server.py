@@ -253,7 +253,8 @@ class Server:
             if lease is not None:
                 self.store.put_run(conn, lease, message)
         elif kind is m.Ping:
-            pass  # its bytes were the point
+            if conn.role == m.ROLE_WORKER:
+                conn.send(m.Ping())  # answered: a worker hears a server that stopped (RemoteStorage._ping)
         elif conn.role == m.ROLE_PINGER:
             conn.fail(f"{kind.__name__} on a pinger connection (it sends PING only)")
         elif kind is m.Request:
