@@ -151,7 +151,7 @@ def _address(text: str, options: dict[str, str], **where: Any) -> Address:
         max_shards = int(value)
     try:
         return Address(
-            **where,  # type: ignore[arg-type]
+            **where,
             ca=options.get("ca"),
             cert=options.get("cert"),
             key=options.get("key"),

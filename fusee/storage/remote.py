@@ -161,7 +161,9 @@ class RemoteStorage:
 
     def _start_pinger(self, session: bytes) -> None:
         # To the server the worker's connection reached (of a list: the one owning the shards).
-        reached = self.conn.address if self.conn is not None and self.conn.address is not None else self.address
+        reached = (
+            self.conn.address if self.conn is not None and self.conn.address is not None else self.address
+        )
         self.pinger = Pinger(reached, session, self.ping_s, self.silence_limit_s)
         self.pinger.start()
 

@@ -120,13 +120,17 @@ async def test_an_owner_stopped_past_its_lease_steps_down_when_resumed_and_write
     await eventually(lambda: owner([standby], lines) is not None, timeout=TAKEOVER_S + 5, every=0.05)
     # The worker hears nothing from the stopped server and goes to the next of its list.
     worker.wait_for(r"^reconnected$", timeout=20)
-    epochs = postgres.sql("SELECT string_agg(epoch::text, ',' ORDER BY shard) FROM fusee_shards", pg_url.rsplit("/", 1)[1])
+    epochs = postgres.sql(
+        "SELECT string_agg(epoch::text, ',' ORDER BY shard) FROM fusee_shards", pg_url.rsplit("/", 1)[1]
+    )
     counts = _rows(postgres, pg_url)
     frozen.signal(signal.SIGCONT)
     assert frozen.popen.wait(timeout=20) == 3
     assert any("stepped down" in line for line in frozen.lines), frozen.output()
     # Nothing of the resumed server reached the database: the epochs are the standby's.
-    after = postgres.sql("SELECT string_agg(epoch::text, ',' ORDER BY shard) FROM fusee_shards", pg_url.rsplit("/", 1)[1])
+    after = postgres.sql(
+        "SELECT string_agg(epoch::text, ',' ORDER BY shard) FROM fusee_shards", pg_url.rsplit("/", 1)[1]
+    )
     assert after == epochs
     del counts
     other = await retry(lambda: fusee.Client.connect(standby.address()), timeout=30)

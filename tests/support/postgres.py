@@ -93,11 +93,15 @@ class Postgres:
         # postmaster refuse for a moment: tried again until the last one left.
         deadline = time.monotonic() + 30
         while True:
-            done = self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "start", check=False)
+            done = self._run(
+                "pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "start", check=False
+            )
             if done.returncode == 0:
                 return self
             if time.monotonic() > deadline:
-                raise RuntimeError(f"pg_ctl start failed: {done.stdout}{done.stderr}{self.log.read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"pg_ctl start failed: {done.stdout}{done.stderr}{self.log.read_text()[-2000:]}"
+                )
             time.sleep(0.2)
 
     def stop(self) -> None:

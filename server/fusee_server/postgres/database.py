@@ -19,6 +19,8 @@ from fusee._errors import IoError, RejectedError, SettingError
 from fusee_server.postgres import schema
 
 logger = logging.getLogger("fusee.server")
+# The pool's own reconnects log a traceback each; the store says it once (store.py).
+logging.getLogger("asyncpg.pool").setLevel(logging.ERROR)
 
 CONNECT_TIMEOUT_S = 10.0
 STATEMENT_TIMEOUT_MS = 30_000  # a statement stuck this long (a lock never let go) fails
@@ -61,6 +63,9 @@ def connection_errors() -> tuple[type[BaseException], ...]:
         asyncpg.exceptions.CannotConnectNowError,
         asyncpg.exceptions.OperatorInterventionError,  # admin shutdown, crash shutdown
         asyncpg.exceptions.ConnectionFailureError,
+        # A connection left mid-protocol by a statement that failed as the database went
+        # away ("another operation is in progress"): dropped, and the outcome asked for.
+        asyncpg.exceptions.InternalClientError,
     )
 
 
