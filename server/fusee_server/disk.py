@@ -26,6 +26,7 @@ from fusee.protocol import messages as m
 from fusee_server import _native
 from fusee_server.backup.continuous import Backup
 from fusee_server.limits import DefinitionsFile
+from fusee_server.seam import acknowledge
 from fusee_server.store import LocalStorage
 
 if TYPE_CHECKING:
@@ -143,12 +144,8 @@ class Disk:
             self.failed()
             return
         if flush is not None:
-            counts = self.counts[lease.index]
-            counts["flushes"] += 1
-            counts["flushed_records"] += flush[1]
-            counts["flush_us"] += int((perf_counter() - flush[0]) * 1_000_000)
-        # Only to the lease it was written under: a new holder's positions are its own.
-        if lease.holder is conn and lease.epoch == epoch:
+            acknowledge(self.counts[lease.index], conn, lease, epoch, result, flush)
+        elif lease.holder is conn and lease.epoch == epoch:
             conn.send(m.Durable([(lease.index, epoch, result)]))
 
     def after_durable(self, index: int, position: int, then: Callable[[str | None], None]) -> None:

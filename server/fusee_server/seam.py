@@ -13,6 +13,7 @@ durable, and a new holder's open reads only after the previous holder's writes s
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fusee.protocol import messages as m
@@ -71,3 +72,21 @@ class Store(Protocol):
 
     async def close(self) -> None:
         """Everything staged made durable (unless the store stopped), then closed."""
+
+
+def acknowledge(
+    counts: dict[str, int],
+    conn: ServerConnection,
+    lease: Lease,
+    epoch: int,
+    position: int,
+    flush: tuple[float, int],
+) -> None:
+    """A holder's records are durable up to `position`: the flush counted (`flush` is when
+    it was asked and how many records it took) and DURABLE sent, only to the lease they
+    were written under (a new holder's positions are its own)."""
+    counts["flushes"] += 1
+    counts["flushed_records"] += flush[1]
+    counts["flush_us"] += int((perf_counter() - flush[0]) * 1_000_000)
+    if lease.holder is conn and lease.epoch == epoch:
+        conn.send(m.Durable([(lease.index, epoch, position)]))

@@ -28,6 +28,7 @@ from fusee.engine.shard_metrics import zeros
 from fusee.protocol import messages as m
 from fusee_server.postgres.database import connection_errors, driver, fenced
 from fusee_server.postgres.ownership import Ownership
+from fusee_server.seam import acknowledge
 
 if TYPE_CHECKING:
     from fusee_server.leases import Lease
@@ -211,12 +212,7 @@ class PgStore:
     ) -> None:
         if isinstance(result, BaseException):
             return  # the store stopped (and the server with it): nothing is acknowledged
-        counts = self.counts[lease.index]
-        counts["flushes"] += 1
-        counts["flushed_records"] += flush[1]
-        counts["flush_us"] += int((perf_counter() - flush[0]) * 1_000_000)
-        if lease.holder is conn and lease.epoch == epoch:
-            conn.send(m.Durable([(lease.index, epoch, result)]))
+        acknowledge(self.counts[lease.index], conn, lease, epoch, result, flush)
 
     def after_durable(self, index: int, position: int, then: Callable[[str | None], None]) -> None:
         def written(result: int | BaseException) -> None:
