@@ -22,7 +22,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests.support, when run as `python bench/x.py`
 
-from tests.support.procs import Proc  # noqa: E402 (after the path above)
+from tests.support.procs import Proc, free_port  # noqa: E402, F401 (after the path above; free_port for the benchmarks)
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -74,15 +74,27 @@ def thread_switches(pid: int | str) -> int:
 
 
 class Server(Child):
-    """`fusee server` on loopback TCP (any free port) and a Unix socket."""
+    """`fusee server` on loopback TCP (any free port) and a Unix socket; or, given `store`
+    (a PostgreSQL URL), on that database and the TCP port `port` alone, where `ready`
+    returns once it owns the shards or, with `standby`, once it stands by."""
 
-    def __init__(self, dir: Path, unix: Path, shards: int) -> None:
-        args = [sys.executable, "-m", "fusee", "server", "--dir", str(dir), "--shards", str(shards)]
-        super().__init__([*args, "--listen", "127.0.0.1:0", "--unix", str(unix)])
+    def __init__(
+        self, dir: Path, unix: Path, shards: int, store: str = "", port: int = 0, standby: bool = False
+    ) -> None:
+        args = [sys.executable, "-m", "fusee", "server", "--shards", str(shards)]
+        if store:
+            args += ["--store", store, "--listen", f"127.0.0.1:{port}"]
+        else:
+            args += ["--dir", str(dir), "--listen", "127.0.0.1:0", "--unix", str(unix)]
+        super().__init__(args)
         self.unix = unix
-        self.tcp = ""
+        self.tcp = f"127.0.0.1:{port}" if store else ""
+        self.standby = standby
 
     async def ready(self) -> Server:
+        if self.standby:
+            await self.wait_for_async(r"standby:")
+            return self
         self.tcp = (await self.wait_for_async(r"listening on (127\.0\.0\.1:\d+)")).group(1)
         await self.wait_for_async(r"ready$")
         return self

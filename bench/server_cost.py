@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import itertools
 import os
@@ -44,17 +45,23 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from _server_procs import Child, Server, Worker, run_in, thread_switches
+from _pg_floor import TRIPS, Database, floor_us
+from _server_procs import Child, Server, Worker, free_port, run_in, thread_switches
 from fusee_server import _native
 
 import fusee
 
 PATHS = ("local", "unix", "tcp")
-ROW_NAMES = {"local": "Local mode", "unix": "Unix socket", "tcp": "Loopback TCP"}
+ROW_NAMES = {
+    "local": "Local mode",
+    "unix": "Unix socket",
+    "tcp": "Loopback TCP",
+    "postgresql": "Loopback TCP, PostgreSQL store",
+}
 RANGE_DASH = "\u2013"  # as the reference table writes a range
 OVER_LOCAL_GOAL_US = 60.0  # a step over TCP at most local + this
 RSS_GOAL_MIB = 64.0
@@ -133,11 +140,13 @@ class Round:
 async def open_engine(path: str, local_dir: Path, server: Server) -> fusee.Engine:
     if path == "local":
         return await fusee.Engine.open(str(local_dir), workflows=WORKFLOWS, shards=1)
-    return await fusee.Engine.open(durability="server", address=server.address(path), workflows=WORKFLOWS)
+    address = server.tcp if path == "postgresql" else server.address(path)
+    return await fusee.Engine.open(durability="server", address=address, workflows=WORKFLOWS)
 
 
 async def step_round(path: str, local_dir: Path, server: Server, steps: int, warmup: int, r: int) -> Round:
-    """Open an engine on `path`, warm it up, time one workflow of `steps` steps, close."""
+    """Open an engine on `path` (`server` is the one serving it), warm it up, time one
+    workflow of `steps` steps, close."""
     engine = await open_engine(path, local_dir, server)
     try:
         await (await engine.start(timed, f"warm-{path}-{r}", warmup)).result()
@@ -161,40 +170,43 @@ def us_range(values: list[float], sign: bool = False) -> str:
     return low if low == high else f"{low}{' to ' if sign else RANGE_DASH}{high}"
 
 
-async def step_table(args: argparse.Namespace, scratch: Path, disk: str) -> None:
-    """The reference table, rounds alternating the three paths (each round in another order,
-    so none always follows the same one)."""
-    server = await Server(scratch / "server-1", scratch / "s1.sock", shards=1).ready()
-    rounds: dict[str, list[Round]] = {path: [] for path in PATHS}
-    try:
-        for r in range(args.rounds):
-            for path in PATHS[r % 3 :] + PATHS[: r % 3]:
-                rounds[path].append(
-                    await step_round(path, scratch / "local", server, args.steps, args.warmup_steps, r)
-                )
-    finally:
-        server.stop()
-    floor = await echo_floor(scratch)
-    print(
-        f"sequential step: {args.steps} steps of one workflow, {args.rounds} rounds alternating local mode, "
-        f"the Unix socket and loopback TCP; one shard; {disk}"
-    )
+async def step_rounds(
+    args: argparse.Namespace, scratch: Path, servers: dict[str, Server]
+) -> dict[str, list[Round]]:
+    """Rounds alternating the paths (`local` and those `servers` serve), each round in
+    another order, so none always follows the same one."""
+    paths = ["local", *servers]
+    rounds: dict[str, list[Round]] = {path: [] for path in paths}
+    n = len(paths)
+    for r in range(args.rounds):
+        for path in paths[r % n :] + paths[: r % n]:
+            server = servers.get(path, next(iter(servers.values())))
+            rounds[path].append(
+                await step_round(path, scratch / "local", server, args.steps, args.warmup_steps, r)
+            )
+    return rounds
+
+
+def print_steps(rounds: dict[str, list[Round]]) -> float:
+    """The table's rows, and under them p90, mean and context switches; returns the
+    median of the rounds' difference over local mode of the last path."""
+    paths = list(rounds)
     print("| Path | Step p50 | Over local |\n| --- | ---: | ---: |")
     local = [x.step_us for x in rounds["local"]]
-    tcp_over = 0.0
-    for path in PATHS:
+    last_over = 0.0
+    for path in paths:
         steps = [x.step_us for x in rounds[path]]
         over = ""
         if path != "local":
             diffs = [s - base for s, base in zip(steps, local, strict=True)]
             over = f"{p50(diffs):+.1f} µs ({us_range(diffs, sign=True)})"
-            tcp_over = p50(diffs)
+            last_over = p50(diffs)
         print(f"| {ROW_NAMES[path]} | {p50(steps):.1f} µs ({us_range(steps)}) | {over} |")
-    named = {path: ROW_NAMES[path].lower() for path in PATHS}
+    named = {path: ROW_NAMES[path].lower() for path in paths}
     spread = ", ".join(
         f"{named[path]} {p50([x.p90_us for x in rounds[path]]):.1f} and "
         f"{statistics.fmean(x.mean_us for x in rounds[path]):.1f} µs"
-        for path in PATHS
+        for path in paths
     )
     print(f"  (the median of the rounds' p50, and their range; p90 and mean: {spread})")
     switches = "; ".join(
@@ -204,9 +216,26 @@ async def step_table(args: argparse.Namespace, scratch: Path, disk: str) -> None
             if path == "local"
             else f" + {p50([x.server_switches for x in rounds[path]]):.1f} in the server"
         )
-        for path in PATHS
+        for path in paths
     )
     print(f"  voluntary context switches per step (every thread), median of the rounds: {switches}")
+    return last_over
+
+
+async def step_table(args: argparse.Namespace, scratch: Path, disk: str) -> None:
+    """The reference table: local mode, the Unix socket and loopback TCP."""
+    server = await Server(scratch / "server-1", scratch / "s1.sock", shards=1).ready()
+    try:
+        rounds = await step_rounds(args, scratch, {"unix": server, "tcp": server})
+    finally:
+        server.stop()
+    floor = await echo_floor(scratch)
+    print(
+        f"sequential step: {args.steps} steps of one workflow, {args.rounds} rounds alternating local mode, "
+        f"the Unix socket and loopback TCP; one shard; {disk}"
+    )
+    tcp_over = print_steps(rounds)
+    named = {path: ROW_NAMES[path].lower() for path in PATHS}
     trips = ", ".join(f"{named[path]} {floor[path]:.1f} µs" for path in floor)
     print(
         f'  the floor under "Over local" here: a bare asyncio round trip of {ECHO_BYTES} bytes to '
@@ -291,24 +320,41 @@ class Window:
     per_worker: list[float]
     server_cpu: float  # share of one core over the window
     worker_cpu: list[float]
-    rss_kib: int = 0  # the server's, idle, after the window (1 worker only)
+    servers_cpu: list[float] = field(default_factory=list)  # each server's, the owner first
+    rss_kib: int = 0  # the (owning) server's, idle, after the window (1 worker only)
     hwm_kib: int = 0
     start_rss_kib: int = 0
+    servers_rss_kib: list[int] = field(default_factory=list)
 
 
-async def workers_window(args: argparse.Namespace, scratch: Path, workers: int) -> Window:
-    """A fresh server of four shards and `workers` worker processes splitting them; all
-    step at once; each counts its steps over the same window. With `workers` 0: one
-    process in local mode instead (four shards, its own data directory), no server."""
-    server = None
-    if workers:
-        server = Server(scratch / f"server-{workers}w", scratch / f"s{workers}.sock", THROUGHPUT_SHARDS)
-        await server.ready()
+async def disk_servers(scratch: Path, workers: int) -> list[Server]:
+    """A fresh server of four shards on a data directory of its own."""
+    server = Server(scratch / f"server-{workers}w", scratch / f"s{workers}.sock", THROUGHPUT_SHARDS)
+    return [await server.ready()]
+
+
+async def workers_window(
+    args: argparse.Namespace,
+    scratch: Path,
+    workers: int,
+    servers: Callable[[], Awaitable[list[Server]]] | None = None,
+    rss: bool = False,
+) -> Window:
+    """Fresh servers of four shards (`servers`' first one owns them; by default one on a
+    data directory) and `workers` worker processes splitting them, reaching every server
+    through one address list; all step at once; each counts its steps over the same
+    window. With `workers` 0: one process in local mode instead (four shards, its own data
+    directory), no server. With `rss`, every server's memory is read after the window."""
+    started_servers = (
+        await (servers or functools.partial(disk_servers, scratch, workers))() if workers else []
+    )
+    server = started_servers[0] if started_servers else None
     started: list[Worker] = []
     try:
         start_rss = server.status_kib("VmRSS") if server else 0
         if server:
-            address = server.address("tcp", max_shards=THROUGHPUT_SHARDS // workers)
+            shards = THROUGHPUT_SHARDS // workers
+            address = ",".join(s.tcp for s in started_servers) + f"?max-shards={shards}"
         else:
             address = f"{LOCAL_PREFIX}{scratch / 'local-4'}"
         script = Path(__file__).resolve()
@@ -320,27 +366,31 @@ async def workers_window(args: argparse.Namespace, scratch: Path, workers: int) 
         for worker in started:
             worker.send(f"go {args.warmup} {args.window}")
         await asyncio.sleep(args.warmup)
-        cpu_before, began = (server.cpu_s() if server else 0.0), time.monotonic()
+        cpu_before, began = [s.cpu_s() for s in started_servers], time.monotonic()
         counts = [
             (await w.wait_for_async(r"^steps (\S+) (\S+) (\S+)$", args.window + 60)).groups() for w in started
         ]
-        server_cpu = ((server.cpu_s() - cpu_before) if server else 0.0) / (time.monotonic() - began)
+        elapsed = time.monotonic() - began
+        cpu = [(s.cpu_s() - before) / elapsed for s, before in zip(started_servers, cpu_before, strict=True)]
         per_worker = [int(n) / float(s) for n, s, _ in counts]
-        window = Window(sum(per_worker), per_worker, server_cpu, [float(c) for _, _, c in counts])
+        window = Window(
+            sum(per_worker), per_worker, cpu[0] if cpu else 0.0, [float(c) for _, _, c in counts], cpu
+        )
         for worker in started:
             worker.send("quiesce")
         for worker in started:
             await worker.wait_for_async(r"^quiet$", 60)
-        if server and workers == 1:
+        if server and (rss or workers == 1):
             await asyncio.sleep(args.idle)
             window.rss_kib = server.status_kib("VmRSS")
             window.hwm_kib = server.status_kib("VmHWM")
             window.start_rss_kib = start_rss
+            window.servers_rss_kib = [s.status_kib("VmRSS") for s in started_servers]
     finally:
         for worker in reversed(started):
             worker.stop()
-        if server:
-            server.stop()
+        for each in reversed(started_servers):
+            each.stop()
     return window
 
 
@@ -382,6 +432,79 @@ def print_rss(window: Window, idle_s: float) -> None:
         f"window: {mib:.1f} MiB (at its start {window.start_rss_kib / 1024:.1f} MiB, peak "
         f"{window.hwm_kib / 1024:.1f} MiB); goal: under {RSS_GOAL_MIB:.0f} MiB: {verdict}"
     )
+
+
+# -- --store postgresql: the same figures on the PostgreSQL store -------------------------
+
+
+async def pg_servers(db: Database, count: int, shards: int = THROUGHPUT_SHARDS) -> list[Server]:
+    """`count` fresh servers on a new database of `shards`: the first owns the shards, the
+    others stand by."""
+    url = await db.fresh()
+    first = await Server(Path(), Path(), shards, store=url, port=free_port()).ready()
+    rest = [
+        Server(Path(), Path(), shards, store=url, port=free_port(), standby=True) for _ in range(count - 1)
+    ]
+    for each in rest:
+        await each.ready()
+    return [first, *rest]
+
+
+def mib(kib: int) -> str:
+    return f"{kib / 1024:.1f} MiB"
+
+
+async def store_tables(args: argparse.Namespace, scratch: Path, disk: str) -> None:
+    """The step table, steps per second and memory with the PostgreSQL store, each beside
+    the disk store measured in the same run, and the database's own floor."""
+    db = Database(args.store, scratch)
+    try:
+        floor = await floor_us(await db.fresh())
+        servers = {
+            "tcp": await Server(scratch / "server-1", scratch / "s1.sock", shards=1).ready(),
+            "postgresql": (await pg_servers(db, 1, shards=1))[0],
+        }
+        try:
+            rounds = await step_rounds(args, scratch, servers)
+        finally:
+            for server in servers.values():
+                server.stop()
+        print(
+            f"sequential step: {args.steps} steps of one workflow, {args.rounds} rounds alternating local "
+            f"mode, a server on a data directory and a server on PostgreSQL, both over loopback TCP; one "
+            f"shard; the disk: {disk}; the database: {db.where()}"
+        )
+        print_steps(rounds)
+        on_pg = p50([x.step_us for x in rounds["postgresql"]])
+        over = p50([a.step_us - b.step_us for a, b in zip(rounds["postgresql"], rounds["tcp"], strict=True)])
+        print(
+            f"  the database's floor from asyncio, p50 of {TRIPS:,}: SELECT 1 {floor['select']:.1f} µs, a "
+            f"one-row UPDATE committed {floor['commit']:.1f} µs; a step on PostgreSQL: {on_pg:.1f} µs, "
+            f"{on_pg / floor['commit']:.2f}x that commit, {over:+.1f} µs over the disk server"
+        )
+        print(
+            f"steps per second: {THROUGHPUT_SHARDS} shards over loopback TCP, worker processes splitting "
+            f"them, {args.in_flight} runs of {args.run_steps} steps at once per shard, counted over "
+            f"{args.window:g} s after {args.warmup:g} s ({os.cpu_count()} cores); CPU: 100% is one core"
+        )
+        print("| Servers | Workers | Disk store | PostgreSQL store | CPU, servers | Servers' RSS, idle |")
+        print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+        for count, workers in [(1, w) for w in WORKER_COUNTS] + [(2, 4), (3, 4)]:
+            on_disk = await workers_window(args, scratch, workers) if count == 1 else None
+            window = await workers_window(
+                args, scratch, workers, functools.partial(pg_servers, db, count), True
+            )
+            cpu = " + ".join(f"{c:.0%}" for c in window.servers_cpu)
+            print(
+                f"| {count} | {workers} | {f'{on_disk.steps_per_s:,.0f}' if on_disk else '(one server)'} | "
+                f"{window.steps_per_s:,.0f} | {cpu} | {', '.join(mib(k) for k in window.servers_rss_kib)} |"
+            )
+        print(
+            "  (one server owns every shard and serves them; the others stand by, ready to take them "
+            "over: docs/postgresql.md)"
+        )
+    finally:
+        db.stop()
 
 
 # -- a worker process ---------------------------------------------------------------------
@@ -463,9 +586,12 @@ async def run_all(args: argparse.Namespace, scratch: Path) -> None:
     disk = (
         f"{kind} under {scratch.parent}, flush p50 {flush_us:.0f} µs ({'O_DIRECT' if direct else 'buffered'})"
     )
-    await step_table(args, scratch, disk)
-    first = await worker_table(args, scratch)
-    print_rss(first, args.idle)
+    if args.store:
+        await store_tables(args, scratch, disk)
+    else:
+        await step_table(args, scratch, disk)
+        first = await worker_table(args, scratch)
+        print_rss(first, args.idle)
     print(f"({time.monotonic() - began:.0f} s in all)")
 
 
@@ -483,6 +609,12 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--idle", type=float, default=2.0, help="seconds idle before the RSS is read")
     parser.add_argument("--disk-check", type=float, default=0.5, help="seconds of the flush latency check")
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()), help="parent of the scratch")
+    parser.add_argument(
+        "--store",
+        metavar="postgresql[://URL]",
+        default="",
+        help="the figures on the PostgreSQL store beside the disk's: a private cluster, or the one at URL",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: every figure, few seconds each")
     parser.add_argument("--worker", metavar="ADDRESS", help=argparse.SUPPRESS)  # a worker process
     parser.add_argument("--echo", metavar="PATH", help=argparse.SUPPRESS)  # the round trip's far end
@@ -492,6 +624,12 @@ def arguments() -> argparse.Namespace:
         args.in_flight, args.warmup, args.window, args.idle, args.disk_check = 16, 0.3, 0.7, 0.5, 0.1
     if args.worker is None and args.echo is None and (args.steps < 2 or args.rounds < 1):
         parser.error("need at least 2 steps and 1 round")
+    if (
+        args.store
+        and args.store != "postgresql"
+        and not args.store.startswith(("postgresql://", "postgres://"))
+    ):
+        parser.error(f"--store {args.store!r}: expected postgresql (a private cluster) or postgresql://URL")
     return args
 
 

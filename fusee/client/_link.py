@@ -6,12 +6,18 @@ may or may not have taken effect, so it is retried under the same workflow, upda
 signal ID); meanwhile the link connects again, with backoff and jitter (fusee/_backoff.py),
 and calls made while it does wait for it (up to RECONNECT_WAIT_S) instead of failing. A
 closed link stops trying.
+
+Given a list of servers (`a:7600,b:7600`, docs/postgresql.md), the link also pings the
+one it reached every `ping_ms` its WELCOME gives, and drops it once it answered nothing
+for SILENCE_S: a server that froze (SIGSTOP, a paused VM) keeps its socket open, and its
+standby owns the shards meanwhile, so waiting on that socket would wait until it exits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from fusee import _errors as errors
@@ -26,6 +32,7 @@ logger = logging.getLogger("fusee.client")
 RECONNECT_FIRST_S = 0.05
 RECONNECT_MAX_S = 1.0  # a restarted server is found again within about a second
 RECONNECT_WAIT_S = 10.0  # how long a call waits for the link to be up again
+SILENCE_S = 4.0  # of a list of servers, one silent this long is dropped (a worker's limit too)
 
 
 class Link:
@@ -44,6 +51,8 @@ class Link:
         self.reconnecting: asyncio.Task[None] | None = None
         self.attempting = False  # a connection is being set up (close waits for it)
         self.last_attempt: FuseeError | None = None
+        self.watch: asyncio.TimerHandle | None = None  # the pings of a list's server
+        self.silence: str | None = None  # why the watch dropped the connection
 
     def _opening(self) -> m.Open:
         return m.Open(m.VERSION, m.ROLE_CLIENT, liveness=False)
@@ -59,6 +68,25 @@ class Link:
         self.shards = welcome.shards
         self.lost = None
         self.up.set()
+        if self.address.others and welcome.ping_ms:
+            self._watch(conn, welcome.ping_ms / 1000)
+
+    def _watch(self, conn: ClientConnection, every_s: float) -> None:
+        """A PING to the server `conn` reached (it answers each), or, after SILENCE_S of
+        nothing from it, the connection aborted: its `on_lost` says why, and the link
+        connects again through the list."""
+        self.watch = None
+        if conn is not self.conn or conn.closed or self.closed:
+            return
+        silent = time.monotonic() - conn.last_read
+        if silent > SILENCE_S:
+            self.silence = f"the server at {conn.where} answered nothing for {silent:.1f} s"
+            if conn.transport is not None:
+                conn.transport.abort()  # (close() would wait to flush to a peer not reading)
+            return
+        if time.monotonic() - conn.last_sent >= every_s * 0.9:
+            conn.send(m.Ping())
+        self.watch = asyncio.get_running_loop().call_later(every_s, self._watch, conn, every_s)
 
     # -- the connection's handler --------------------------------------------------------
 
@@ -70,6 +98,8 @@ class Link:
 
     def on_lost(self, error: errors.ConnectionError) -> None:
         # `conn` stays the last connection (closed now): `up` says whether it may be used.
+        if self.silence is not None:
+            error, self.silence = errors.ConnectionError(self.silence), None
         if not self.closed:
             self.up.clear()
             self.lost = error
@@ -154,6 +184,8 @@ class Link:
             return
         self.closed = True
         self.up.set()  # calls waiting for a connection raise ClosedError
+        if self.watch is not None:
+            self.watch.cancel()
         reconnecting = self.reconnecting
         if reconnecting is not None:
             if self.attempting:

@@ -253,8 +253,10 @@ class Server:
             if lease is not None:
                 self.store.put_run(conn, lease, message)
         elif kind is m.Ping:
-            if conn.role == m.ROLE_WORKER:
-                conn.send(m.Ping())  # answered: a worker hears a server that stopped (RemoteStorage._ping)
+            if conn.role != m.ROLE_PINGER:
+                # Answered: a worker or a client of a list of servers hears one that
+                # stopped (RemoteStorage._ping, client/_link.py).
+                conn.send(m.Ping())
         elif conn.role == m.ROLE_PINGER:
             conn.fail(f"{kind.__name__} on a pinger connection (it sends PING only)")
         elif kind is m.Request:

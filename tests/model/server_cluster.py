@@ -6,13 +6,16 @@ read back from the ledger file they append to."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.support.cluster import Cluster
-from tests.support.procs import Proc
+from tests.support.postgres import Postgres, StoreServer
+from tests.support.procs import Proc, Server, free_port
 
 WORKERS = 3  # two holders of two shards each, one standby
 MAX_SHARDS = 2
@@ -126,6 +129,84 @@ class WorkersCluster(Cluster[Proc]):
         worker.close()
         self.workers.remove(worker)
         self.gone.append(worker)
+
+
+class StoreCluster(WorkersCluster):
+    """The same cluster on the PostgreSQL store (docs/postgresql.md): two `fusee server
+    --store` on one database, one owning the shards and one standing by, on ports fixed for
+    the cluster's life; the workers and the client reach them through one address list.
+    Its moves: the owner SIGKILLed (`restart_server`: the standby takes over, a new standby
+    starts on the dead one's port), the owner SIGSTOPped past its lease and resumed
+    (`stop_server`: it must step down, status 3), and the database's postmaster SIGKILLed
+    and started again (`restart_database`)."""
+
+    def __init__(self, root: Path, database: Postgres, url: str) -> None:
+        self.database = database
+        self.url = url
+        self.ports = [free_port(), free_port()]
+        self.servers: list[StoreServer] = []
+        super().__init__(root)
+
+    def address(self, **options: str | int) -> str:
+        query = "&".join(f"{k.replace('_', '-')}={v}" for k, v in options.items())
+        return ",".join(f"127.0.0.1:{port}" for port in self.ports) + (f"?{query}" if query else "")
+
+    def start_server(self, *args: str, shards: int = 4, env: dict[str, str] | None = None) -> Server:
+        owner = self._start(self.ports[0], standby=False)
+        self._start(self.ports[1], standby=True)
+        return owner  # type: ignore[return-value]  (what a test asks of Server: lines, pid)
+
+    def _start(self, port: int, standby: bool) -> StoreServer:
+        server = StoreServer(self.url, port, standby=standby)
+        self.servers.append(server)
+        self.procs.append(server)
+        if not standby:
+            self.server = server  # type: ignore[assignment]
+        return server
+
+    def owner(self) -> StoreServer | None:
+        """The live server the database says owns the shards (its ID names its PID), or
+        None (no live lease; the database not answering)."""
+        try:
+            owners = self.database.sql(
+                "SELECT DISTINCT owner FROM fusee_shards WHERE expires > now()", self.url.rsplit("/", 1)[1]
+            ).split()
+        except subprocess.CalledProcessError:
+            return None
+        pids = {int(owner.split(":")[1]) for owner in owners}
+        found = [s for s in self.servers if s.pid in pids and s.popen.poll() is None]
+        return found[0] if len(found) == 1 else None
+
+    def standby_for(self, gone: StoreServer) -> None:
+        """A new standby on `gone`'s port, as a supervisor restarts a server."""
+        self.servers.remove(gone)
+        self._start(gone.port, standby=True)
+
+    def restart_server(self) -> Server:
+        deadline = time.monotonic() + 15
+        while (owner := self.owner()) is None:
+            assert time.monotonic() < deadline, "no server owns the shards"
+            time.sleep(0.05)
+        self._gone(owner)
+        self.standby_for(owner)
+        return owner  # type: ignore[return-value]
+
+    def stopped_down(self, owner: StoreServer) -> int:
+        """The deposed owner, resumed, exits by itself: its status (3: stepped down)."""
+        code = owner.popen.wait(timeout=30)
+        owner.close()
+        self.gone.append(owner)
+        self.standby_for(owner)
+        return code
+
+    def replace_exited(self) -> None:
+        """A standby for every server that exited by itself (one that stepped down while
+        the database was away longer than its lease)."""
+        for server in list(self.servers):
+            if server.popen.poll() is not None:
+                server.close()
+                self.gone.append(server)
+                self.standby_for(server)
 
 
 @dataclass

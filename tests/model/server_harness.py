@@ -2,7 +2,9 @@
 `fusee.Client` against a real `fusee server` and worker processes (server_cluster.py),
 the obligations each answer leaves (the same `Obligations` as in process), and the moves
 a cluster adds: a worker SIGKILLed (mid-call or between calls), a holder SIGSTOPped until
-its leases move, the server SIGKILLed and restarted on its directory.
+its leases move, the server SIGKILLed and restarted on its directory; on the PostgreSQL
+store (`StoreCluster`), the owning server SIGKILLed or SIGSTOPped past its lease and the
+database restarted.
 
 In process, the model reads the engine's memory right before and right after a call, and
 nothing runs in between. Here the workers run on while the test reads, so each call is
@@ -36,7 +38,7 @@ from fusee.engine.tokens import parse_token
 from .calls import Calls
 from .harness import Violation, answer_of
 from .journal import FINAL
-from .server_cluster import Ledger, ModelWorker, WorkersCluster
+from .server_cluster import Ledger, ModelWorker, StoreCluster, WorkersCluster
 from .server_cluster import status as _status
 from .workflows import BUMP, BUMP_STEP, GO, PLAN_TYPE, PROGRESS, Plan
 
@@ -69,9 +71,15 @@ class WallClock:
         return time.time_ns() // 1_000_000
 
 
+# A fresh PostgreSQL database per sequence, and its cluster (restarted by a move); None:
+# the server's data directory.
+Store = Callable[[], tuple[Any, str]] | None
+
+
 class ServerCalls(Calls):
-    def __init__(self) -> None:
+    def __init__(self, store: Store = None) -> None:
         super().__init__("server")
+        self.store = store
         self.root = Path(tempfile.mkdtemp(prefix="fusee-model-server-"))
         self.cluster: WorkersCluster | None = None
         self.client: fusee.Client
@@ -101,7 +109,11 @@ class ServerCalls(Calls):
         return self.loop.run_until_complete(bounded())
 
     async def open(self, fault_seed: int = 0) -> None:
-        self.cluster = WorkersCluster(self.root)
+        if self.store is not None:
+            database, url = self.store()
+            self.cluster = StoreCluster(self.root, database, url)
+        else:
+            self.cluster = WorkersCluster(self.root)
         self.client = await fusee.Client.connect(self.cluster.address())
         self.log(
             f"# fusee server on {self.cluster.host_port}; workers {[w.pid for w in self.cluster.workers]}"
@@ -656,6 +668,56 @@ class ServerCalls(Calls):
         try:
             self.log("# SIGKILL the server; restarted on its directory and port")
             self.cluster.restart_server()
+            await self.healthy()
+        finally:
+            self.moving = False
+
+    # -- the PostgreSQL store's moves ----------------------------------------------------
+
+    async def stop_server(self) -> None:
+        """SIGSTOP the owning server past its lease: the standby takes the shards over and
+        the workers and the client move to it through their address list. Resumed
+        (SIGCONT), the old owner must step down (exit status 3) having written nothing: its
+        epochs moved on in the database, which refuses them."""
+        cluster = self.cluster
+        assert isinstance(cluster, StoreCluster)
+        owner = cluster.owner()
+        if owner is None:
+            return
+        self.moves += 1
+        self.moving = True
+        try:
+            self.log(f"# SIGSTOP the owning server {owner.pid}, past its lease")
+            owner.signal(signal.SIGSTOP)
+            deadline = time.monotonic() + HEALTHY_TIMEOUT_S
+            while cluster.owner() in (owner, None):
+                if time.monotonic() > deadline:
+                    raise Violation("progress", "no standby took the shards over:\n" + cluster.outputs())
+                await asyncio.sleep(0.05)
+            await self.healthy()
+            self.log(f"# SIGCONT server {owner.pid}: it must step down")
+            owner.signal(signal.SIGCONT)
+            code = await asyncio.to_thread(cluster.stopped_down, owner)
+            if code != 3:
+                raise Violation(
+                    "fencing", f"a deposed server exited with {code}, not 3 (stepped down):\n{owner.output()}"
+                )
+            await self.healthy()
+        finally:
+            self.moving = False
+
+    async def restart_database(self) -> None:
+        """SIGKILL the database's postmaster and start it again: the servers ride it out
+        (their writes wait and are asked after), and nothing acknowledged is lost."""
+        cluster = self.cluster
+        assert isinstance(cluster, StoreCluster)
+        self.moves += 1
+        self.moving = True
+        try:
+            self.log("# SIGKILL the database's postmaster; started again")
+            await asyncio.to_thread(cluster.database.kill)
+            await asyncio.to_thread(cluster.database.start)
+            cluster.replace_exited()
             await self.healthy()
         finally:
             self.moving = False

@@ -40,7 +40,7 @@ from hypothesis.stateful import (
 
 from .harness import IDS, POLICIES, SHARDS, UPDATES, WIDS, model_settings
 from .server_checks import check, check_progress
-from .server_harness import ServerCalls
+from .server_harness import ServerCalls, Store
 
 # The plans of test_model.py with real-time durations kept short: sleeps and waits of at
 # most 1.5 s (2 s and 5 s on the virtual clock), and model.timed's timeout is 3 s here.
@@ -68,6 +68,7 @@ DELAYS_MS = st.sampled_from([0, 0, 1, 2, 5, 20])  # after the call was sent
 
 DEFAULT_EXAMPLES, DEFAULT_STEPS, DEFAULT_SEED, DEFAULT_STOPS = 6, 20, 5, 1
 SLOW_EXAMPLES, SLOW_STEPS, SLOW_STOPS = 40, 30, 3
+PG_EXAMPLES = 3  # each failover of a server costs its lease (5 s) and more
 EXAMPLES = int(os.environ.get("FUSEE_MODEL_SERVER_EXAMPLES", 0))
 STEPS = int(os.environ.get("FUSEE_MODEL_SERVER_STEPS", 0))
 SHRINK_S = float(os.environ.get("FUSEE_MODEL_SHRINK_S", 300))
@@ -96,10 +97,11 @@ class Recorded(ServerCalls):
 
 class ServerModel(RuleBasedStateMachine):
     max_stops = DEFAULT_STOPS
+    store: Store = None  # run_server_model's: the PostgreSQL store's moves join in
 
     def __init__(self) -> None:
         super().__init__()
-        self.h = Recorded()
+        self.h = Recorded(self.store)
         self.h.note = note
         self.stops = 0
 
@@ -237,14 +239,32 @@ class ServerModel(RuleBasedStateMachine):
     def restart_server(self) -> None:
         self.h.run(self.h.restart_server())
 
+    @precondition(lambda self: self.store is not None and self.stops < self.max_stops)
+    @rule()
+    def stop_server(self) -> None:
+        self.stops += 1
+        self.h.run(self.h.stop_server())
 
-def run_server_model(examples: int, steps: int, seed: int, max_stops: int) -> None:
-    machine = type("ServerModel_run", (ServerModel,), {"max_stops": max_stops})
+    @precondition(lambda self: self.store is not None)
+    @rule()
+    def restart_database(self) -> None:
+        self.h.run(self.h.restart_database())
+
+
+def run_server_model(examples: int, steps: int, seed: int, max_stops: int, store: Store = None) -> None:
+    """`store`: a fresh PostgreSQL database per sequence (and its cluster), the servers on
+    it, and the store's moves; None: a server on a data directory."""
+    machine = type(
+        "ServerModel_run",
+        (ServerModel,),
+        {"max_stops": max_stops, "store": staticmethod(store) if store else None},
+    )
     test = get_state_machine_test(
         machine,
         settings=model_settings(examples, steps),
     )
-    print(f"model[server]: seed {seed} (repeat: FUSEE_MODEL_SEED={seed})", flush=True)
+    name = "server, PostgreSQL store" if store else "server"
+    print(f"model[{name}]: seed {seed} (repeat: FUSEE_MODEL_SEED={seed})", flush=True)
     started = time.monotonic()
     TOTALS.clear()
     FAILED_AT.clear()
@@ -252,13 +272,13 @@ def run_server_model(examples: int, steps: int, seed: int, max_stops: int) -> No
     try:
         use_seed(seed)(test)()
     except BaseException as error:
-        error.add_note(f"model test in server mode: seed {seed} (repeat: FUSEE_MODEL_SEED={seed})")
+        error.add_note(f"model test in {name} mode: seed {seed} (repeat: FUSEE_MODEL_SEED={seed})")
         if SMALLEST and "Flaky" in type(error).__name__:  # (else the report has the sequence)
             error.add_note(f"the shortest failing sequence ({SMALLEST[1]}) made these calls:\n{SMALLEST[0]}")
         raise
     finally:
         print(
-            f"model[server]: {examples} sequences of {steps} steps from seed {seed} in "
+            f"model[{name}]: {examples} sequences of {steps} steps from seed {seed} in "
             f"{time.monotonic() - started:.1f} s ({int(TOTALS.get('sequences', 0))} run, "
             f"{int(TOTALS.get('moves', 0))} moves)"
         )

@@ -110,7 +110,7 @@ async def test_an_owner_stopped_past_its_lease_steps_down_when_resumed_and_write
     started, listed = servers(pg_url, procs, count=2)
     frozen, standby = started
     worker = start_worker(listed, steps_file=steps)
-    client = await fusee.Client.connect(frozen.address())
+    client = await fusee.Client.connect(listed)  # (the list's first: the owner, frozen below)
     ids = [f"slow-{i}" for i in range(12)]
     for wid in ids:
         await client.start("steps", wid, 20)
@@ -120,6 +120,11 @@ async def test_an_owner_stopped_past_its_lease_steps_down_when_resumed_and_write
     await eventually(lambda: owner([standby], lines) is not None, timeout=TAKEOVER_S + 5, every=0.05)
     # The worker hears nothing from the stopped server and goes to the next of its list.
     worker.wait_for(r"^reconnected$", timeout=20)
+    # So does the client (its socket to the stopped server stays open): its calls are
+    # answered by the standby before the old owner resumes.
+    status = await asyncio.wait_for(retry(lambda: client.run(ids[0]).status(), timeout=20), 20)
+    assert status.run == 1
+    assert client.link.conn is not None and client.link.conn.where == standby.host_port
     epochs = postgres.sql(
         "SELECT string_agg(epoch::text, ',' ORDER BY shard) FROM fusee_shards", pg_url.rsplit("/", 1)[1]
     )
@@ -131,14 +136,12 @@ async def test_an_owner_stopped_past_its_lease_steps_down_when_resumed_and_write
         "SELECT string_agg(epoch::text, ',' ORDER BY shard) FROM fusee_shards", pg_url.rsplit("/", 1)[1]
     )
     assert after == epochs
-    other = await retry(lambda: fusee.Client.connect(standby.address()), timeout=30)
-    results = {wid: await retry(lambda wid=wid: other.run(wid).result(), timeout=90) for wid in ids}
+    results = {wid: await retry(lambda wid=wid: client.run(wid).result(), timeout=90) for wid in ids}
     seen = steps_seen(steps)
     for wid, result in results.items():
         assert len(result) == 20
         for i, value in enumerate(result):
             assert value in seen[(wid, i)]
-    await other.close()
     await client.close()
 
 

@@ -25,13 +25,14 @@ import socket
 import time
 from typing import Any
 
-from fusee_server.postgres.database import connection_errors
+from fusee_server.postgres.database import connection_errors, driver
 
 logger = logging.getLogger("fusee.server")
 
 LEASE_S = 5.0  # a dead owner's shards are claimed this long after its last renewal
 RENEW_S = 1.0  # renewals, and a standby's claims, this often
 MARGIN_S = 0.5  # the owner's own deadline ends this much before the lease (clock rates differ)
+CLAIM_LOCK_MS = 500  # a claim waits this long for the shards' rows, at most
 
 
 class Ownership:
@@ -54,9 +55,15 @@ class Ownership:
         """Take every shard if no other server holds a live lease on one; True if taken."""
         sent = time.monotonic()
         async with self.pool.acquire() as conn, conn.transaction():
-            rows = await conn.fetch(
-                "SELECT shard, owner, expires > now() AS live FROM fusee_shards ORDER BY shard FOR UPDATE"
-            )
+            # Not waiting behind the owner's row locks (its commit under way): a live
+            # owner's lease is read as held, and the next look is a second away.
+            await conn.execute(f"SET LOCAL lock_timeout = {CLAIM_LOCK_MS}")
+            try:
+                rows = await conn.fetch(
+                    "SELECT shard, owner, expires > now() AS live FROM fusee_shards ORDER BY shard FOR UPDATE"
+                )
+            except driver().LockNotAvailableError:
+                return False
             if any(row["live"] and row["owner"] != self.id for row in rows):
                 return False
             claimed = await conn.fetch(

@@ -240,15 +240,24 @@ class PgStore:
         return []  # an invoked worker opens its shards with a REQUEST, as a long-lived one
 
     async def reply(self, index: int, request: m.Request) -> m.Reply:
-        try:
-            return await self._serve(index, request)
-        except (ValueError, IoError) as error:
-            return m.Reply(request.rid, error=f"shard {index}: {error}")
-        except connection_errors() as error:
-            return m.Reply(request.rid, error=f"shard {index}: the database is not answering: {error}")
-        except Exception as error:  # a bug here must answer, not leave the worker waiting
-            logger.exception("shard %d: %s request failed", index, request.op)
-            return m.Reply(request.rid, error=f"shard {index}: internal error: {error!r}")
+        backoff = Backoff(0.05, 1.0)
+        while True:
+            try:
+                return await self._serve(index, request)
+            except (ValueError, IoError) as error:
+                return m.Reply(request.rid, error=f"shard {index}: {error}")
+            except connection_errors() as error:
+                # The database restarting or failing over: a read is asked again while
+                # this server owns the shards (a lease at most; past it, it steps down).
+                # An error would stop the holder's shard, and its lease with it.
+                if self.stopped is not None or not self.ownership.owned():
+                    return m.Reply(
+                        request.rid, error=f"shard {index}: the database is not answering: {error}"
+                    )
+            except Exception as error:  # a bug here must answer, not leave the worker waiting
+                logger.exception("shard %d: %s request failed", index, request.op)
+                return m.Reply(request.rid, error=f"shard {index}: internal error: {error!r}")
+            await asyncio.sleep(backoff.step())
 
     async def close(self) -> None:
         """The staged writes committed (unless the store stopped), checkpoints finished,
@@ -524,27 +533,37 @@ class PgStore:
         self, index: int, position: int, runs_len: int, data: bytes, future: asyncio.Future[None]
     ) -> None:
         # One at a time per shard: the newest checkpoint is the one written last.
+        backoff = Backoff(0.05, 1.0)
         async with self.writing[index]:
-            try:
-                async with self.pool.acquire() as conn:
-                    await conn.fetchval(
-                        "SELECT fusee_checkpoint_v1($1, $2, $3, $4, $5)",
-                        index,
-                        self.ownership.epochs[index],
-                        position,
-                        runs_len,
-                        data,
-                    )
-            except driver().PostgresError as error:
-                if fenced(error):
-                    self._stop(Deposed("another server owns the shards now"), deposed=True)
-                if not future.done():
-                    future.set_exception(IoError(f"checkpoint: {error}"))
-                return
-            except connection_errors() as error:
-                if not future.done():  # the holder asks again after its next records
-                    future.set_exception(IoError(f"checkpoint: the database is not answering: {error}"))
-                return
+            while True:
+                try:
+                    async with self.pool.acquire() as conn:
+                        await conn.fetchval(
+                            "SELECT fusee_checkpoint_v1($1, $2, $3, $4, $5)",
+                            index,
+                            self.ownership.epochs[index],
+                            position,
+                            runs_len,
+                            data,
+                        )
+                    break
+                except driver().PostgresError as error:
+                    if not isinstance(error, connection_errors()):
+                        if fenced(error):
+                            self._stop(Deposed("another server owns the shards now"), deposed=True)
+                        if not future.done():
+                            future.set_exception(IoError(f"checkpoint: {error}"))
+                        return
+                    failure: BaseException = error
+                except connection_errors() as error:
+                    failure = error
+                # The database away: written again once it answers (writing it twice
+                # keeps the same two newest), while this server still owns the shard.
+                if self.stopped is not None or not self.ownership.owned():
+                    if not future.done():
+                        future.set_exception(IoError(f"checkpoint: the database is not answering: {failure}"))
+                    return
+                await asyncio.sleep(backoff.step())
         if not future.done():
             future.set_result(None)
 
