@@ -55,6 +55,8 @@ async def deposed(pg_url: str) -> AsyncIterator[Deposition]:
     yield Deposition(pool, old, new)
     if old.renewer is not None:
         old.renewer.cancel()
+    if old.commit_conn is not None:
+        await old.commit_conn.close()
     await pool.close()
 
 

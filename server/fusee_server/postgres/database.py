@@ -26,6 +26,16 @@ CONNECT_TIMEOUT_S = 10.0
 STATEMENT_TIMEOUT_MS = 30_000  # a statement stuck this long (a lock never let go) fails
 POOL_MAX = 4  # reads of records, frames and checkpoints side by side
 IDLE_IN_TRANSACTION_MS = 5_000
+SESSION: dict[str, Any] = {
+    "command_timeout": STATEMENT_TIMEOUT_MS / 1000,
+    "server_settings": {
+        "application_name": "fusee server",
+        # A server frozen inside a transaction (SIGSTOP, a paused VM) must not hold the
+        # shards' row locks for longer than a lease: the database ends its session, and
+        # a standby's claim goes through.
+        "idle_in_transaction_session_timeout": str(IDLE_IN_TRANSACTION_MS),
+    },
+}
 
 
 def check_url(url: str) -> str:
@@ -79,19 +89,7 @@ async def pool(url: str) -> Any:
     asyncpg = driver()
     try:
         return await asyncpg.create_pool(
-            url,
-            min_size=1,
-            max_size=POOL_MAX,
-            timeout=CONNECT_TIMEOUT_S,
-            command_timeout=STATEMENT_TIMEOUT_MS / 1000,
-            server_settings={
-                "application_name": "fusee server",
-                # A server frozen inside a transaction (SIGSTOP, a paused VM) must not hold
-                # the shards' row locks for longer than a lease: the database ends its
-                # session, and a standby's claim goes through.
-                "idle_in_transaction_session_timeout": str(IDLE_IN_TRANSACTION_MS),
-            },
-            reset=_keep_session,
+            url, min_size=1, max_size=POOL_MAX, timeout=CONNECT_TIMEOUT_S, reset=_keep_session, **SESSION
         )
     except connection_errors() as error:
         raise IoError(f"--store {_shown(url)}: cannot connect: {error}") from None
@@ -104,6 +102,11 @@ async def _keep_session(conn: Any) -> None:
     session state (no SET, LISTEN, cursor or session-level advisory lock; its one lock is
     a transaction's), and asyncpg's default reset costs a round trip per release: about
     150 µs of every group commit here (bench/server_cost.py --store postgresql)."""
+
+
+async def connection(url: str) -> Any:
+    """One connection of its own, with the pool's settings (the committer's: store.py)."""
+    return await driver().connect(url, timeout=CONNECT_TIMEOUT_S, **SESSION)
 
 
 def _shown(url: str) -> str:

@@ -26,6 +26,7 @@ from fusee._backoff import Backoff
 from fusee._errors import IoError
 from fusee.engine.shard_metrics import zeros
 from fusee.protocol import messages as m
+from fusee_server.postgres import database
 from fusee_server.postgres.database import connection_errors, driver, fenced
 from fusee_server.postgres.ownership import Ownership
 from fusee_server.seam import acknowledge
@@ -130,6 +131,9 @@ class PgStore:
         # (shard, position, callback, frames too): what waits for a commit
         self.waiters: list[tuple[int, int, Callable[[int | BaseException], None], bool]] = []
         self.committer: asyncio.Task[None] | None = None
+        # The committer's own connection, kept between commits: a pool's acquire and
+        # release cost about 45 µs of every group commit here.
+        self.commit_conn: Any = None
         self.writing: dict[int, asyncio.Lock] = {i: asyncio.Lock() for i in range(shards)}
         self.checkpointing: set[asyncio.Task[None]] = set()
         self.renewer: asyncio.Task[None] | None = None
@@ -276,6 +280,9 @@ class PgStore:
             await asyncio.wait(list(self.checkpointing))
         if self.lazy is not None:
             self.lazy.cancel()
+        if self.commit_conn is not None:
+            await self.commit_conn.close()
+            self.commit_conn = None
         if self.stopped is None:
             await self.ownership.release()
 
@@ -437,8 +444,9 @@ class PgStore:
         said = False
         while True:
             try:
-                async with self.pool.acquire() as conn:
-                    await conn.execute(COMMIT, *arguments)
+                if self.commit_conn is None:
+                    self.commit_conn = await database.connection(self.url)
+                await self.commit_conn.execute(COMMIT, *arguments)
                 if said:
                     logger.warning("the database answers again; the writes go on")
                 return
@@ -452,10 +460,13 @@ class PgStore:
                 failure: BaseException = error
             except connection_errors() as error:
                 failure = error
+            self._drop_commit_conn()
             if not said:
                 said = True
                 logger.warning("the database is not answering (%s); the writes wait for it", failure)
             while True:
+                if self.stopped is not None:  # (stopped meanwhile: it says why itself)
+                    raise Deposed(f"the store stopped: {self.stopped}")
                 if not self.ownership.owned():
                     raise Deposed("the database was away for longer than the lease")
                 await asyncio.sleep(backoff.step())
@@ -465,6 +476,11 @@ class PgStore:
                     break
                 except connection_errors():
                     continue
+
+    def _drop_commit_conn(self) -> None:
+        conn, self.commit_conn = self.commit_conn, None
+        if conn is not None:
+            conn.terminate()  # (lost, or its statement's outcome unknown: not reused)
 
     async def _landed(self, batch: Batch, arguments: list[Any]) -> bool:
         """Whether a batch whose commit's outcome is unknown is in the database."""
@@ -510,6 +526,7 @@ class PgStore:
         self.deposed = deposed
         if deposed:
             logger.error("stepping down: %s", error)
+        self._drop_commit_conn()
         waiting, self.waiters = self.waiters, []
         for _, _, callback, _ in waiting:
             callback(IoError(f"the store stopped: {error}"))
