@@ -130,7 +130,7 @@ async def prepare(connections: Any, url: str, shards: int | None) -> int:
             version = 0
             if exists:
                 found = await conn.fetchval("SELECT value FROM fusee_meta WHERE key = 'schema_version'")
-                version = int(found) if found is not None else 0
+                version = _number(found, "schema_version", url) if found is not None else 0
             if version > schema.VERSION:
                 raise RejectedError(
                     f"--store {_shown(url)}: its schema is version {version}, written by a newer "
@@ -172,10 +172,33 @@ async def _shard_count(conn: Any, url: str, shards: int | None) -> int:
             count,
         )
         return count
-    count = int(found)
+    count = _number(found, "shards", url)
+    if not 1 <= count <= 256:
+        raise RejectedError(f"--store {_shown(url)}: fusee_meta says {count} shards; a store has 1 to 256")
     if shards is not None and shards != count:
         raise RejectedError(
             f"--store {_shown(url)} has {count} shards, not the {shards} asked for "
             f"(leave --shards out, or give --shards {count})"
         )
+    rows = await conn.fetch("SELECT shard, position, runs_len, epoch FROM fusee_shards ORDER BY shard")
+    damaged = [row["shard"] for row in rows if min(row["position"], row["runs_len"], row["epoch"]) < 0]
+    if [row["shard"] for row in rows] != list(range(count)) or damaged:
+        raise RejectedError(
+            f"--store {_shown(url)}: fusee_shards is damaged: expected one row for each shard 0 to "
+            f"{count - 1} with no negative position, run-store length or epoch; found shards "
+            f"{[row['shard'] for row in rows]}"
+            + (f", negative values in {damaged}" if damaged else "")
+            + " (the database was changed by something other than a fusee server: restore it from a backup)"
+        )
     return count
+
+
+def _number(found: str, key: str, url: str) -> int:
+    """A number fusee_meta keeps as text; RejectedError if it is not one."""
+    try:
+        return int(found)
+    except ValueError:
+        raise RejectedError(
+            f"--store {_shown(url)}: fusee_meta's {key} is {found!r}, not a number (the database "
+            "was changed by something other than a fusee server: restore it from a backup)"
+        ) from None
