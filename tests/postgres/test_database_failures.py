@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import fusee
-from tests.support.postgres import Postgres, StoreServer, missing
+from tests.support.postgres import Postgres, StoreServer, missing, owned_store
 from tests.support.procs import Proc, free_port, retry, steps_seen
 from tests.support.waiting import eventually
 
@@ -164,29 +164,16 @@ async def test_a_checkpoint_and_a_read_during_a_database_restart_wait_for_it(own
     answering" while the postmaster restarted, which stopped the holder's shard with its
     lease still held, so nobody served it. A store that still owns its shards asks again
     once the database answers: both succeed, and the checkpoint is in the database."""
-    from fusee_server.postgres import database
-    from fusee_server.postgres.ownership import Ownership
-    from fusee_server.postgres.store import Batch, PgStore
-
     from fusee.protocol import messages as m
 
     cluster = Postgres().init()
     own_cluster.append(cluster)
     cluster.start()
     url = cluster.database()
-    pool = await database.pool(url)
+    pool, store = await owned_store(url, 1)
     try:
-        shards = await database.prepare(pool, url, 1)
-        ownership = Ownership(pool, shards, "here:7600")
-        assert await ownership.claim()
-        store = PgStore(pool, url, shards, ownership)
-        await store.take()
-        batch = Batch()
-        batch.records[0], batch.first[0] = [b"a", b"b"], 1
-        await store._commit(batch)
-        store._committed(batch)
         cluster.kill()
-        epoch = ownership.epochs[0]
+        epoch = store.ownership.epochs[0]
         checkpoint = asyncio.ensure_future(store._checkpoint(0, 2, b"index"))
         read = asyncio.ensure_future(
             store.reply(0, m.Request(1, "records", 0, epoch, after=0, max_bytes=1 << 20))

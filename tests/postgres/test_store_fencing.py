@@ -15,6 +15,7 @@ from fusee_server.postgres.ownership import Ownership
 from fusee_server.postgres.store import Batch, Deposed, PgStore
 
 from fusee._errors import IoError
+from tests.support.postgres import owned_store
 
 
 class Deposition:
@@ -37,17 +38,9 @@ class Deposition:
 
 @pytest.fixture
 async def deposed(pg_url: str) -> AsyncIterator[Deposition]:
-    pool = await database.pool(pg_url)
-    shards = await database.prepare(pool, pg_url, 2)
-    first = Ownership(pool, shards, "old:7600")
-    assert await first.claim()
-    old = PgStore(pool, pg_url, shards, first)
-    await old.take()
     # A write that lands, under the epoch the old server owns the shards by.
-    batch = Batch()
-    batch.records[0], batch.first[0] = [b"a", b"b"], 1
-    await old._commit(batch)
-    old._committed(batch)
+    pool, old = await owned_store(pg_url, 2, "old:7600")
+    shards = old.shard_count
     # Its leases lapse (the database's clock says so) and another server claims them.
     await pool.execute("UPDATE fusee_shards SET expires = now() - interval '1 second'")
     new = Ownership(pool, shards, "new:7600")

@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from tests.support.procs import Proc, free_port
 
@@ -170,3 +171,24 @@ class StoreServer(Proc):
     def address(self, **options: str | int) -> str:
         query = "&".join(f"{k.replace('_', '-')}={v}" for k, v in options.items())
         return self.host_port + (f"?{query}" if query else "")
+
+
+async def owned_store(url: str, shards: int, address: str = "here:7600") -> tuple[Any, Any]:
+    """A PostgreSQL store of `url` opened as a server opens it (the schema prepared, every
+    shard claimed, the claim renewed), with shard 0's records 1 and 2 (b"a", b"b")
+    committed: its pool and the store."""
+    from fusee_server.postgres import database
+    from fusee_server.postgres.ownership import Ownership
+    from fusee_server.postgres.store import Batch, PgStore
+
+    pool = await database.pool(url)
+    count = await database.prepare(pool, url, shards)
+    ownership = Ownership(pool, count, address)
+    assert await ownership.claim()
+    store = PgStore(pool, url, count, ownership)
+    await store.take()
+    batch = Batch()
+    batch.records[0], batch.first[0] = [b"a", b"b"], 1
+    await store._commit(batch)
+    store._committed(batch)
+    return pool, store
