@@ -25,13 +25,14 @@ from fusee._backoff import Backoff
 from fusee._errors import ClosedError, FuseeError
 from fusee.protocol import messages as m
 from fusee.protocol.address import Address
-from fusee.protocol.connection import ClientConnection, connect
+from fusee.protocol.connection import ClientConnection, connect, passed_over
 
 logger = logging.getLogger("fusee.client")
 
 RECONNECT_FIRST_S = 0.05
 RECONNECT_MAX_S = 1.0  # a restarted server is found again within about a second
 RECONNECT_WAIT_S = 10.0  # how long a call waits for the link to be up again
+FIRST_WAIT_S = 10.0  # of a list, a first connection waits this long for a server (a failover)
 SILENCE_S = 4.0  # of a list of servers, one silent this long is dropped (a worker's limit too)
 
 
@@ -59,8 +60,9 @@ class Link:
 
     async def open(self) -> None:
         """The first connection: its failure is the caller's (a wrong address or token
-        is said at once, not retried)."""
-        conn, welcome = await connect(self.address, self._opening(), self)
+        is said at once, not retried; of a list, servers none of which answers are tried
+        for FIRST_WAIT_S, as while a standby takes over)."""
+        conn, welcome = await connect(self.address, self._opening(), self, FIRST_WAIT_S)
         self._connected(conn, welcome)
 
     def _connected(self, conn: ClientConnection, welcome: m.Welcome) -> None:
@@ -81,6 +83,8 @@ class Link:
         silent = time.monotonic() - conn.last_read
         if silent > SILENCE_S:
             self.silence = f"the server at {conn.where} answered nothing for {silent:.1f} s"
+            if conn.address is not None:
+                passed_over(self.address, conn.address)
             if conn.transport is not None:
                 conn.transport.abort()  # (close() would wait to flush to a peer not reading)
             return

@@ -34,6 +34,10 @@ from fusee.protocol.opening import ClientSetup, Outgoing, Refused, State
 logger = logging.getLogger("fusee.wire")
 
 CONNECT_TIMEOUT_S = handshake.DEADLINE_S
+# Of a list of servers, one that has not finished the handshake this long is passed over:
+# a frozen server's kernel still accepts the TCP connection, and its standby owns the
+# shards meanwhile (a handshake on a live server takes milliseconds).
+LIST_CONNECT_TIMEOUT_S = 2.0
 
 
 READ_BYTES = 256 << 10  # what one read takes at most (a record page arrives in a few)
@@ -288,36 +292,62 @@ def client_tls(address: Address) -> ssl.SSLContext | None:
 _first: dict[tuple[tuple[str | None, int | None], ...], int] = {}  # a list's server that accepted last
 
 
-async def connect(address: Address, opening: Open, handler: Handler) -> tuple[ClientConnection, Welcome]:
+async def connect(
+    address: Address, opening: Open, handler: Handler, wait_s: float = 0.0
+) -> tuple[ClientConnection, Welcome]:
     """Connect, authenticate and OPEN; ConnectionError saying what to change otherwise.
 
     With a list of servers, the first that takes the connection, starting from the one
     that took the last (the shards' owner; a standby's port refuses connections). Only a
-    server that cannot be reached sends the connection on to the next: one that refuses
-    it (a token, a version) would refuse it the same on every server."""
+    server that cannot be reached (or does not finish the handshake within
+    LIST_CONNECT_TIMEOUT_S) sends the connection on to the next: one that refuses it (a
+    token, a version) would refuse it the same on every server. With `wait_s` (a first
+    connection), a list none of whose servers answered is tried again for that long: a
+    standby claims the shards within a lease of its owner's end."""
     hosts = address.hosts()
     if len(hosts) == 1:
         return await _connect_one(address, opening, handler)
-    key = tuple((a.host, a.port) for a in hosts)
-    start = _first.get(key, 0)
-    failures: list[str] = []
-    for k in range(len(hosts)):
-        i = (start + k) % len(hosts)
-        try:
-            found = await _connect_one(hosts[i], opening, handler)
-        except _Unreachable as error:
-            failures.append(str(error))
-            continue
-        _first[key] = i
-        return found
-    raise errors.ConnectionError(f"no server of the list answered: {'; '.join(failures)}")
+    key = _key(address)
+    deadline = time.monotonic() + wait_s
+    pause = 0.1
+    while True:
+        start = _first.get(key, 0)
+        failures: list[str] = []
+        for k in range(len(hosts)):
+            i = (start + k) % len(hosts)
+            try:
+                found = await _connect_one(hosts[i], opening, handler, LIST_CONNECT_TIMEOUT_S)
+            except _Unreachable as error:
+                failures.append(str(error))
+                continue
+            _first[key] = i
+            return found
+        if time.monotonic() + pause > deadline:
+            waited = f" (tried for {wait_s:g} s)" if wait_s else ""
+            raise errors.ConnectionError(f"no server of the list answered{waited}: {'; '.join(failures)}")
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 1.0)
+
+
+def _key(address: Address) -> tuple[tuple[str | None, int | None], ...]:
+    return tuple((a.host, a.port) for a in address.hosts())
+
+
+def passed_over(address: Address, reached: Address) -> None:
+    """`reached`, of the list `address`, went silent (frozen, cut off): the next
+    connection starts with the server after it, not with it."""
+    pairs = list(_key(address))
+    if len(pairs) > 1 and (reached.host, reached.port) in pairs:
+        _first[_key(address)] = (pairs.index((reached.host, reached.port)) + 1) % len(pairs)
 
 
 class _Unreachable(errors.ConnectionError):
     """Nothing took the connection there (refused, unreachable, timed out)."""
 
 
-async def _connect_one(address: Address, opening: Open, handler: Handler) -> tuple[ClientConnection, Welcome]:
+async def _connect_one(
+    address: Address, opening: Open, handler: Handler, timeout_s: float = CONNECT_TIMEOUT_S
+) -> tuple[ClientConnection, Welcome]:
     token = _secrets.load(address.token_file, "token-file=") if address.token_file is not None else None
     where = address.unix if address.unix is not None else f"{address.host}:{address.port}"
     context = client_tls(address)
@@ -330,7 +360,7 @@ async def _connect_one(address: Address, opening: Open, handler: Handler) -> tup
 
     host, port = address.host or "", address.port or 0
     try:
-        conn, welcome = await _connect(address, factory, context, host, port, where)
+        conn, welcome = await _connect(address, factory, context, host, port, where, timeout_s)
         conn.address = address
         return conn, welcome
     except BaseException:
@@ -348,10 +378,11 @@ async def _connect(
     host: str,
     port: int,
     where: str,
+    timeout_s: float,
 ) -> tuple[ClientConnection, Welcome]:
     loop = asyncio.get_running_loop()
     try:
-        async with asyncio.timeout(CONNECT_TIMEOUT_S):
+        async with asyncio.timeout(timeout_s):
             if address.unix is not None:
                 _, conn = await loop.create_unix_connection(factory, address.unix)
             elif context is not None:
@@ -361,7 +392,7 @@ async def _connect(
                     port,
                     ssl=context,
                     server_hostname=address.name or address.host,
-                    ssl_handshake_timeout=CONNECT_TIMEOUT_S,
+                    ssl_handshake_timeout=timeout_s,
                 )
             else:
                 _, conn = await loop.create_connection(factory, host, port)
@@ -374,7 +405,7 @@ async def _connect(
         ) from None
     except TimeoutError:  # the builtin, asyncio.timeout's
         raise _Unreachable(
-            f"the server at {where} did not complete the connection within {CONNECT_TIMEOUT_S:g} s"
+            f"the server at {where} did not complete the connection within {timeout_s:g} s"
         ) from None
     # The builtin ConnectionError among them; fusee's (from `conn.ready`) is no OSError.
     except OSError as error:

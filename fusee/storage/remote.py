@@ -37,7 +37,7 @@ from fusee._errors import FuseeError, IoError, LeaseLostError
 from fusee.journal import Ack, Msg
 from fusee.protocol import messages as m
 from fusee.protocol.address import Address
-from fusee.protocol.connection import ClientConnection, connect
+from fusee.protocol.connection import ClientConnection, connect, passed_over
 from fusee.protocol.pinger import Pinger
 from fusee.storage.contract import PAGE_BYTES, Durability, Receive, Report
 from fusee.storage.relay import Relay
@@ -49,6 +49,7 @@ SILENCE_SHARE = 0.8  # of the server's liveness timeout: silent longer, a worker
 APPEND_BYTES = 8 << 20  # records per APPEND frame, about (one record may be up to the log's limit)
 RECORD_BYTES_MAX = (64 << 20) - 4096  # the log's limit on one record (a batch's room)
 RECONNECT_FIRST_S = 0.05
+FIRST_WAIT_S = 10.0  # of a list, the first connection waits this long for a server (a failover)
 RECONNECT_MAX_S = 1.0  # a restarted server has its worker back within about a second
 
 _msg = msgspec.msgpack.Decoder(Msg)
@@ -104,14 +105,15 @@ class RemoteStorage:
     @classmethod
     async def connect(cls, address: Address, role: str = m.ROLE_WORKER) -> Self:
         storage = cls(address, role)
-        await storage._connect()
+        await storage._connect(FIRST_WAIT_S)
         return storage
 
-    async def _connect(self) -> None:
+    async def _connect(self, wait_s: float = 0.0) -> None:
         """Connect, and take the connection up: its grants, its pings, then the frames that
-        came behind its WELCOME."""
+        came behind its WELCOME. `wait_s`: the first connection waits that long for a
+        server of a list (a failover under way), as connect() says."""
         wire = _Wire(self)
-        conn, welcome = await connect(self.address, self.opening, wire)
+        conn, welcome = await connect(self.address, self.opening, wire, wait_s)
         if wire.lost is not None:  # gone between its WELCOME and now
             raise wire.lost
         if self.connections and welcome.shards != self.shards:
@@ -187,6 +189,8 @@ class RemoteStorage:
             # The server answers every ping: one that said nothing this long is stopped or
             # cut off, and of a list of servers another may own the shards by now.
             silent = now - conn.last_read
+            if conn.address is not None:
+                passed_over(self.address, conn.address)
             conn.close()
             self.on_lost(
                 errors.ConnectionError(f"the server at {conn.where} answered nothing for {silent:.1f} s")

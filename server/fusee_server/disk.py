@@ -100,6 +100,9 @@ class Disk:
     def set_due(self, index: int, due_ms: int) -> None:
         pass  # kept in the invoker's memory only: one server, and a restart hears them all
 
+    def serving(self) -> str | None:
+        return None  # the directory's lock is this server's while it runs
+
     # -- writes ---------------------------------------------------------------------------
 
     def append(self, conn: ServerConnection, lease: Lease, message: m.Append) -> None:

@@ -70,6 +70,9 @@ class Store(Protocol):
     def set_due(self, index: int, due_ms: int) -> None:
         """Keep a shard's due time (as `dues` gives it) for the next server."""
 
+    def serving(self) -> str | None:
+        """Why this server may not take a worker now (it no longer owns the shards), or None."""
+
     async def close(self) -> None:
         """Everything staged made durable (unless the store stopped), then closed."""
 

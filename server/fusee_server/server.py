@@ -120,6 +120,9 @@ class Server:
 
     def opened(self, conn: ServerConnection) -> str | None:
         """A connection finished its setup: a worker takes the free shards it has room for."""
+        refusal = self.store.serving()
+        if refusal is not None:
+            return refusal
         leases = self.leases
         if conn.role == m.ROLE_PINGER:
             worker = leases.sessions.get(conn.session)

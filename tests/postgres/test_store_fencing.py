@@ -133,3 +133,19 @@ async def test_a_store_of_a_newer_schema_or_another_shard_count_is_refused(pg_ur
             await database.prepare(pool, pg_url, None)
     finally:
         await pool.close()
+
+
+async def test_a_store_past_its_own_deadline_takes_no_connection(pg_url: str):
+    """Resumed after a freeze, a server's listener can run before its renewal notices
+    the lease is gone: its store says it serves nobody (Server.opened refuses with it)."""
+    pool, store = await owned_store(pg_url, 1)
+    try:
+        assert store.serving() is None
+        store.ownership.deadline = 0.0  # its own deadline passed while it was frozen
+        assert "no longer owns the shards" in (store.serving() or "")
+    finally:
+        if store.renewer is not None:
+            store.renewer.cancel()
+        if store.commit_conn is not None:
+            await store.commit_conn.close()
+        await pool.close()

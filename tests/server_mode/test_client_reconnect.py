@@ -57,3 +57,30 @@ async def test_a_client_outlives_a_server_restart(start_server, start_worker, ho
     finally:
         await client.close()
         await asyncio.to_thread(blocking.close)
+
+
+async def test_a_first_connection_to_a_list_waits_for_a_server_to_answer(start_server):
+    """Of a list of servers, none up yet (a failover, or a deployment whose servers start
+    after their clients): the first connection of a client and of a worker waits for one,
+    as their reconnects do, instead of failing at once."""
+    ports = [free_port(), free_port()]
+    listed = ",".join(f"127.0.0.1:{port}" for port in ports)
+    client = asyncio.ensure_future(fusee.Client.connect(listed))
+    worker = asyncio.ensure_future(fusee.Engine.open(durability="server", address=listed, workflows=[]))
+    await asyncio.sleep(1.0)
+    assert not client.done() and not worker.done()
+    await asyncio.to_thread(start_server, listen=f"127.0.0.1:{ports[1]}")
+    connected = await asyncio.wait_for(client, 15)
+    engine = await asyncio.wait_for(worker, 15)
+    assert sorted(shard.index for shard in engine.shards) == [0, 1, 2, 3]
+    await engine.close()
+    await connected.close()
+
+
+async def test_a_first_connection_to_a_list_says_when_no_server_answered_in_time(monkeypatch):
+    from fusee.client import _link
+
+    monkeypatch.setattr(_link, "FIRST_WAIT_S", 0.5)
+    listed = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
+    with pytest.raises(fusee.ConnectionError, match=r"no server of the list answered \(tried for 0.5 s\)"):
+        await fusee.Client.connect(listed)

@@ -160,6 +160,14 @@ class PgStore:
     def appended(self, index: int) -> int:
         return self._appended[index]
 
+    def serving(self) -> str | None:
+        # Resumed after a freeze (SIGSTOP, a paused VM) past its own deadline, this server
+        # hears its listener before its renewal: a worker it took would be granted shards
+        # a standby owns now (each write is fenced, but the worker would wait on it).
+        if self.stopped is None and self.ownership.owned():
+            return None
+        return "this server no longer owns the shards (a standby took them over): try the next server"
+
     def dues(self) -> list[int | None]:
         return list(self.due_ms)
 
