@@ -93,7 +93,7 @@ class Server(Child):
 
     async def ready(self) -> Server:
         if self.standby:
-            await self.wait_for_async(r"standby:")
+            await self.wait_for_async(r"standby at ")
             return self
         self.tcp = (await self.wait_for_async(r"listening on (127\.0\.0\.1:\d+)")).group(1)
         await self.wait_for_async(r"ready$")

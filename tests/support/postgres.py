@@ -166,7 +166,7 @@ class StoreServer(Proc):
         args = [sys.executable, "-m", "fusee", "server", "--store", url, "--shards", str(shards),
                 "--listen", self.host_port, *extra]  # fmt: skip
         super().__init__(args, env)
-        self.wait_for(r"standby:" if standby else r"ready", timeout=30)
+        self.wait_for(r"standby at " if standby else r"ready", timeout=30)
 
     def address(self, **options: str | int) -> str:
         query = "&".join(f"{k.replace('_', '-')}={v}" for k, v in options.items())

@@ -22,6 +22,7 @@ import asyncio
 import logging
 import os
 import socket
+import sys
 import time
 from typing import Any
 
@@ -145,8 +146,12 @@ async def wait_to_own(ownership: Ownership, stopping: asyncio.Event) -> bool:
             if not said:
                 said = True
                 holder = await ownership.holder()
-                logger.warning(
-                    "standby: the shards are held by %s; claiming them when its lease lapses", holder
+                # A plain line, as the owner's "ready" is: standing by is a normal state.
+                print(
+                    f"fusee server: standby at {ownership.address}: the shards are held by {holder}; "
+                    "claiming them when its lease lapses (workers and clients reach it once it owns them)",
+                    file=sys.stderr,
+                    flush=True,
                 )
         except connection_errors() as error:
             logger.warning("standby: the database is not answering (%s); trying again", error)
