@@ -159,7 +159,9 @@ async def test_a_shard_detached_mid_step_hands_its_runs_back_and_its_next_holder
         return all([done((await a.run(w).describe()).journal, "middle") for w in others])
 
     await eventually(others_asleep)
-    assert all(GATE.attempts[w] == 1 for w in held)
+    # (The held steps' threads may start after the others' on a loaded machine: their
+    # first attempts are waited for, and stay at one while held.)
+    await eventually(lambda: all(GATE.attempts[w] == 1 for w in held))
     old = a.by_index[0]
     report = await asyncio.wait_for(a.detach(0, deadline=1.0), 5)
     assert sorted(report.handed_back) == held
