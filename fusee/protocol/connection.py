@@ -336,9 +336,9 @@ def _key(address: Address) -> tuple[tuple[str | None, int | None], ...]:
 def passed_over(address: Address, reached: Address) -> None:
     """`reached`, of the list `address`, went silent (frozen, cut off): the next
     connection starts with the server after it, not with it."""
-    pairs = list(_key(address))
-    if len(pairs) > 1 and (reached.host, reached.port) in pairs:
-        _first[_key(address)] = (pairs.index((reached.host, reached.port)) + 1) % len(pairs)
+    key, at = _key(address), (reached.host, reached.port)
+    if len(key) > 1 and at in key:
+        _first[key] = (key.index(at) + 1) % len(key)
 
 
 class _Unreachable(errors.ConnectionError):

@@ -25,6 +25,7 @@ logging.getLogger("asyncpg.pool").setLevel(logging.ERROR)
 CONNECT_TIMEOUT_S = 10.0
 STATEMENT_TIMEOUT_MS = 30_000  # a statement stuck this long (a lock never let go) fails
 POOL_MAX = 4  # reads of records, frames and checkpoints side by side
+SHARDS_MAX = 256
 IDLE_IN_TRANSACTION_MS = 5_000
 SESSION: dict[str, Any] = {
     "command_timeout": STATEMENT_TIMEOUT_MS / 1000,
@@ -164,8 +165,8 @@ async def _shard_count(conn: Any, url: str, shards: int | None) -> int:
     found = await conn.fetchval("SELECT value FROM fusee_meta WHERE key = 'shards'")
     if found is None:
         count = shards if shards is not None else 4
-        if not 1 <= count <= 256:
-            raise RejectedError(f"--shards {count}: a store has 1 to 256 shards")
+        if not 1 <= count <= SHARDS_MAX:
+            raise RejectedError(f"--shards {count}: a store has 1 to {SHARDS_MAX} shards")
         await conn.execute("INSERT INTO fusee_meta (key, value) VALUES ('shards', $1)", str(count))
         await conn.execute(
             "INSERT INTO fusee_shards (shard) SELECT generate_series(0, $1 - 1) ON CONFLICT DO NOTHING",
@@ -173,8 +174,10 @@ async def _shard_count(conn: Any, url: str, shards: int | None) -> int:
         )
         return count
     count = _number(found, "shards", url)
-    if not 1 <= count <= 256:
-        raise RejectedError(f"--store {_shown(url)}: fusee_meta says {count} shards; a store has 1 to 256")
+    if not 1 <= count <= SHARDS_MAX:
+        raise RejectedError(
+            f"--store {_shown(url)}: fusee_meta says {count} shards; a store has 1 to {SHARDS_MAX}"
+        )
     if shards is not None and shards != count:
         raise RejectedError(
             f"--store {_shown(url)} has {count} shards, not the {shards} asked for "

@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fusee._backoff import Backoff
 from fusee._errors import IoError
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from fusee_server.listener import ServerConnection
 
 logger = logging.getLogger("fusee.server")
+T = TypeVar("T")
 
 FRAME_HEADER = 8  # the run store's offsets count a frame's length and checksum, as on disk
 RECORD_BYTES_MAX = 64 << 20
@@ -252,23 +253,28 @@ class PgStore:
         return []  # an invoked worker opens its shards with a REQUEST, as a long-lived one
 
     async def reply(self, index: int, request: m.Request) -> m.Reply:
+        try:
+            return await self._while_owned(lambda: self._serve(index, request))
+        except (ValueError, IoError) as error:
+            return m.Reply(request.rid, error=f"shard {index}: {error}")
+        except connection_errors() as error:
+            return m.Reply(request.rid, error=f"shard {index}: the database is not answering: {error}")
+        except Exception as error:  # a bug here must answer, not leave the worker waiting
+            logger.exception("shard %d: %s request failed", index, request.op)
+            return m.Reply(request.rid, error=f"shard {index}: internal error: {error!r}")
+
+    async def _while_owned(self, call: Callable[[], Awaitable[T]]) -> T:
+        """`call()`, asked again (with backoff) while the database is away and this server
+        still owns the shards: a lease at most, since past it, it steps down. A read or a
+        checkpoint that failed instead would stop its holder's shard, lease held. The
+        loss is raised once the store stopped or the shards are no longer owned."""
         backoff = Backoff(0.05, 1.0)
         while True:
             try:
-                return await self._serve(index, request)
-            except (ValueError, IoError) as error:
-                return m.Reply(request.rid, error=f"shard {index}: {error}")
-            except connection_errors() as error:
-                # The database restarting or failing over: a read is asked again while
-                # this server owns the shards (a lease at most; past it, it steps down).
-                # An error would stop the holder's shard, and its lease with it.
+                return await call()
+            except connection_errors():
                 if self.stopped is not None or not self.ownership.owned():
-                    return m.Reply(
-                        request.rid, error=f"shard {index}: the database is not answering: {error}"
-                    )
-            except Exception as error:  # a bug here must answer, not leave the worker waiting
-                logger.exception("shard %d: %s request failed", index, request.op)
-                return m.Reply(request.rid, error=f"shard {index}: internal error: {error!r}")
+                    raise
             await asyncio.sleep(backoff.step())
 
     async def close(self) -> None:
@@ -557,38 +563,32 @@ class PgStore:
     async def _write_checkpoint(
         self, index: int, position: int, runs_len: int, data: bytes, future: asyncio.Future[None]
     ) -> None:
-        # One at a time per shard: the newest checkpoint is the one written last.
-        backoff = Backoff(0.05, 1.0)
+        async def write() -> None:
+            async with self.pool.acquire() as conn:
+                await conn.fetchval(
+                    "SELECT fusee_checkpoint_v1($1, $2, $3, $4, $5)",
+                    index,
+                    self.ownership.epochs[index],
+                    position,
+                    runs_len,
+                    data,
+                )
+
+        # One at a time per shard: the newest checkpoint is the one written last. Written
+        # again after a lost connection (twice keeps the same two newest).
         async with self.writing[index]:
-            while True:
-                try:
-                    async with self.pool.acquire() as conn:
-                        await conn.fetchval(
-                            "SELECT fusee_checkpoint_v1($1, $2, $3, $4, $5)",
-                            index,
-                            self.ownership.epochs[index],
-                            position,
-                            runs_len,
-                            data,
-                        )
-                    break
-                except driver().PostgresError as error:
-                    if not isinstance(error, connection_errors()):
-                        if fenced(error):
-                            self._stop(Deposed("another server owns the shards now"), deposed=True)
-                        if not future.done():
-                            future.set_exception(IoError(f"checkpoint: {error}"))
-                        return
-                    failure: BaseException = error
-                except connection_errors() as error:
-                    failure = error
-                # The database away: written again once it answers (writing it twice
-                # keeps the same two newest), while this server still owns the shard.
-                if self.stopped is not None or not self.ownership.owned():
-                    if not future.done():
-                        future.set_exception(IoError(f"checkpoint: the database is not answering: {failure}"))
-                    return
-                await asyncio.sleep(backoff.step())
+            try:
+                await self._while_owned(write)
+            except connection_errors() as error:
+                if not future.done():
+                    future.set_exception(IoError(f"checkpoint: the database is not answering: {error}"))
+                return
+            except driver().PostgresError as error:
+                if fenced(error):
+                    self._stop(Deposed("another server owns the shards now"), deposed=True)
+                if not future.done():
+                    future.set_exception(IoError(f"checkpoint: {error}"))
+                return
         if not future.done():
             future.set_result(None)
 
